@@ -1,0 +1,18 @@
+//! fedweave-core: the backend-independent vocabulary of fedweave.
+//!
+//! Models cross every boundary as flat `f32` vectors described by a
+//! [`ParamLayout`]; every algorithm expresses "who learns from whom" as a
+//! [`CollaborationGraph`]; every random choice comes from an [`RngStream`]
+//! keyed by (seed, round, client, purpose) so results never depend on thread
+//! scheduling.
+
+pub mod graph;
+pub mod layout;
+pub mod rng;
+pub mod simplex;
+pub mod vecmath;
+
+pub use graph::CollaborationGraph;
+pub use layout::{LayerGroup, ParamLayout, TensorSpec};
+pub use rng::{Purpose, RngStream, rng_stream};
+pub use simplex::project_to_simplex;

@@ -1,0 +1,132 @@
+//! Vector math on flat `f32` parameter vectors.
+//!
+//! Reductions accumulate in `f64` in a fixed order, so results are exact
+//! enough for graph inference and identical on every run.
+
+/// ⟨a, b⟩.
+pub fn dot(a: &[f32], b: &[f32]) -> f64 {
+    debug_assert_eq!(a.len(), b.len());
+    // Four independent accumulators keep the loop vectorisable while the
+    // summation order stays fixed.
+    let mut acc = [0.0f64; 4];
+    let chunks = a.len() / 4;
+    for c in 0..chunks {
+        let i = 4 * c;
+        for k in 0..4 {
+            acc[k] += a[i + k] as f64 * b[i + k] as f64;
+        }
+    }
+    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for i in 4 * chunks..a.len() {
+        s += a[i] as f64 * b[i] as f64;
+    }
+    s
+}
+
+/// ‖a‖₂.
+pub fn norm(a: &[f32]) -> f64 {
+    dot(a, a).sqrt()
+}
+
+/// ‖a − b‖₂².
+pub fn sq_dist(a: &[f32], b: &[f32]) -> f64 {
+    debug_assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let d = *x as f64 - *y as f64;
+            d * d
+        })
+        .sum()
+}
+
+/// cos(a, b); 0 when either vector is zero.
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let na = norm(a);
+    let nb = norm(b);
+    if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        dot(a, b) / (na * nb)
+    }
+}
+
+/// y ← y + a·x.
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    debug_assert_eq!(x.len(), y.len());
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += a * xi;
+    }
+}
+
+/// out ← a − b.
+pub fn sub_into(a: &[f32], b: &[f32], out: &mut [f32]) {
+    for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
+        *o = x - y;
+    }
+}
+
+/// out ← Σ_j w_j · models_j, skipping zero weights. Accumulates in f64 per
+/// element so that a row of the graph mixes exactly, whatever its sparsity.
+pub fn weighted_sum(weights: &[f64], models: &[&[f32]], out: &mut [f32]) {
+    debug_assert_eq!(weights.len(), models.len());
+    let mut acc = vec![0.0f64; out.len()];
+    for (w, m) in weights.iter().zip(models) {
+        if *w == 0.0 {
+            continue;
+        }
+        for (a, x) in acc.iter_mut().zip(m.iter()) {
+            *a += w * *x as f64;
+        }
+    }
+    for (o, a) in out.iter_mut().zip(&acc) {
+        *o = *a as f32;
+    }
+}
+
+/// True when every element is finite.
+pub fn all_finite(a: &[f32]) -> bool {
+    a.iter().all(|x| x.is_finite())
+}
+
+/// Mean of a slice of f64 (0 for an empty slice).
+pub fn mean(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        0.0
+    } else {
+        xs.iter().sum::<f64>() / xs.len() as f64
+    }
+}
+
+/// Population standard deviation (0 for fewer than two values).
+pub fn std_dev(xs: &[f64]) -> f64 {
+    if xs.len() < 2 {
+        return 0.0;
+    }
+    let m = mean(xs);
+    (xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / xs.len() as f64).sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn basic_identities() {
+        let a = [1.0, 2.0, 3.0, 4.0, 5.0];
+        let b = [5.0, 4.0, 3.0, 2.0, 1.0];
+        assert_eq!(dot(&a, &b), 35.0);
+        assert!((norm(&[3.0, 4.0]) - 5.0).abs() < 1e-12);
+        assert_eq!(sq_dist(&a, &b), 40.0);
+        assert!((cosine(&[1.0, 0.0], &[0.0, 2.0])).abs() < 1e-12);
+        assert!((cosine(&[1.0, 1.0], &[-2.0, -2.0]) + 1.0).abs() < 1e-12);
+        assert_eq!(cosine(&[0.0, 0.0], &[1.0, 1.0]), 0.0);
+        let mut out = [0.0f32; 2];
+        weighted_sum(&[0.25, 0.75], &[&[4.0, 0.0], &[0.0, 4.0]], &mut out);
+        assert_eq!(out, [1.0, 3.0]);
+        let mut y = [1.0f32, 1.0];
+        axpy(2.0, &[1.0, -1.0], &mut y);
+        assert_eq!(y, [3.0, -1.0]);
+        assert!((std_dev(&[1.0, 3.0]) - 1.0).abs() < 1e-12);
+    }
+}
