@@ -38,7 +38,12 @@ impl CollaborationGraph {
         let n = rows.len();
         let mut g = Self::identity(n);
         for (i, r) in rows.iter().enumerate() {
-            assert_eq!(r.len(), n, "graph row {i} has {} entries, expected {n}", r.len());
+            assert_eq!(
+                r.len(),
+                n,
+                "graph row {i} has {} entries, expected {n}",
+                r.len()
+            );
             g.set_row(i, r);
         }
         g
@@ -107,7 +112,11 @@ impl CollaborationGraph {
                 }
             }
         }
-        if edges == 0 { 1.0 } else { mutual as f64 / edges as f64 }
+        if edges == 0 {
+            1.0
+        } else {
+            mutual as f64 / edges as f64
+        }
     }
 
     /// Element-wise mean of several graphs of the same size (the summary of

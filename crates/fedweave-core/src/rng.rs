@@ -66,13 +66,19 @@ mod tests {
     #[test]
     fn streams_are_reproducible_and_distinct() {
         let draw = |s, r, c, p| rng_stream(s, r, c, p).random::<u64>();
-        assert_eq!(draw(1, 2, 3, Purpose::Batches), draw(1, 2, 3, Purpose::Batches));
+        assert_eq!(
+            draw(1, 2, 3, Purpose::Batches),
+            draw(1, 2, 3, Purpose::Batches)
+        );
         let base = draw(1, 2, 3, Purpose::Batches);
         assert_ne!(base, draw(2, 2, 3, Purpose::Batches));
         assert_ne!(base, draw(1, 3, 3, Purpose::Batches));
         assert_ne!(base, draw(1, 2, 4, Purpose::Batches));
         assert_ne!(base, draw(1, 2, 3, Purpose::Attack));
         // Swapping round and client must not collide.
-        assert_ne!(draw(1, 2, 3, Purpose::Batches), draw(1, 3, 2, Purpose::Batches));
+        assert_ne!(
+            draw(1, 2, 3, Purpose::Batches),
+            draw(1, 3, 2, Purpose::Batches)
+        );
     }
 }

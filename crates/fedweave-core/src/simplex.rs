@@ -43,7 +43,11 @@ mod tests {
         };
         let mut x = vec![1.0 / v.len() as f64; v.len()];
         for _ in 0..500 {
-            let y: Vec<f64> = x.iter().zip(v).map(|(xi, vi)| xi - 0.5 * (xi - vi)).collect();
+            let y: Vec<f64> = x
+                .iter()
+                .zip(v)
+                .map(|(xi, vi)| xi - 0.5 * (xi - vi))
+                .collect();
             x = proj(&y);
         }
         x

@@ -1,0 +1,283 @@
+//! fedweave-algos: every algorithm as a pair of rules around the
+//! [`CollaborationGraph`]: how the server (or the peers) infer the graph from
+//! what clients sent, and what each client optimises locally.
+//!
+//! One file per algorithm holds both rules and the paper's defaults:
+//! [`local`], [`fedavg`] (FedAvg, FedAvg-FT, FedProx, FedProx-FT),
+//! [`pfedgraph`]. Model-poisoning and label-flip attacks are in [`attack`].
+
+#![warn(missing_docs)]
+
+pub mod attack;
+pub mod fedavg;
+pub mod local;
+mod params;
+pub mod pfedgraph;
+
+use fedweave_core::{CollaborationGraph, RngStream};
+use fedweave_nn::{LocalData, ModelSpec, SgdState, TrainConfig};
+
+pub use params::AlgoError;
+
+/// What every algorithm may read about the federation.
+pub struct Env<'a> {
+    /// The model architecture.
+    pub spec: &'a ModelSpec,
+    /// Local training settings.
+    pub train: &'a TrainConfig,
+    /// n_i: each client's share of training data (train + validation), as
+    /// the reference codes weight clients by it.
+    pub sizes: &'a [usize],
+    /// The common round-0 model every client starts from.
+    pub init: &'a [f32],
+}
+
+impl Env<'_> {
+    /// Number of clients.
+    pub fn clients(&self) -> usize {
+        self.sizes.len()
+    }
+
+    /// Data-size weights p over `who` (sums to 1), in the order of `who`.
+    pub fn size_weights(&self, who: &[usize]) -> Vec<f64> {
+        let total: f64 = who.iter().map(|&i| self.sizes[i] as f64).sum();
+        who.iter()
+            .map(|&i| self.sizes[i] as f64 / total.max(1.0))
+            .collect()
+    }
+}
+
+/// A client's own data.
+#[derive(Clone, Copy)]
+pub struct ClientData<'a> {
+    /// Training samples.
+    pub train: LocalData<'a>,
+    /// Validation samples.
+    pub val: LocalData<'a>,
+}
+
+/// What a client keeps between rounds.
+#[derive(Clone, Debug, Default)]
+pub struct ClientState {
+    /// The model the client holds: the one it received before training, the
+    /// one it trained after.
+    pub model: Vec<f32>,
+    /// An extra vector received with the model (pFedGraph's normalised mix).
+    pub aux: Option<Vec<f32>>,
+    /// Optimiser state, for methods whose optimiser persists across rounds.
+    pub sgd: SgdState,
+}
+
+/// What a client sends after local training.
+#[derive(Clone, Debug)]
+pub struct Upload {
+    /// The trained model.
+    pub model: Vec<f32>,
+    /// Number of model-sized vectors uploaded (for byte accounting).
+    pub vectors: usize,
+}
+
+/// A model (and optional extra vector) the server sends one client.
+#[derive(Clone, Debug)]
+pub struct Download {
+    /// The mixed model θ̃_i.
+    pub model: Vec<f32>,
+    /// An extra vector (pFedGraph's normalised mix in its code variant).
+    pub aux: Option<Vec<f32>>,
+}
+
+/// The result of one round's graph inference and mixing.
+#[derive(Clone, Debug)]
+pub struct Aggregation {
+    /// The round's graph over all clients (identity rows for absent ones;
+    /// the mean over layers for per-layer methods).
+    pub graph: CollaborationGraph,
+    /// Per-layer graphs, for methods that mix layer by layer.
+    pub layers: Vec<(String, CollaborationGraph)>,
+    /// One entry per client: `Some` replaces the client's model.
+    pub downloads: Vec<Option<Download>>,
+}
+
+/// Which model the evaluation protocol scores for a client each round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvalPoint {
+    /// The model right after local training (personalised methods, FedAvg-FT:
+    /// the global model fine-tuned by a round of local training).
+    AfterTraining,
+    /// The model received after mixing (FedAvg: the global model).
+    AfterMixing,
+}
+
+/// A federated algorithm: a local objective and a graph rule.
+pub trait Algorithm: Send + Sync {
+    /// The algorithm's name as in configs.
+    fn name(&self) -> &'static str;
+
+    /// Trains client `client` from `state.model` and returns its upload.
+    /// `state.model` must hold the trained model afterwards.
+    fn local_round(
+        &self,
+        env: &Env,
+        round: usize,
+        client: usize,
+        data: &ClientData,
+        state: &mut ClientState,
+        rng: &mut RngStream,
+    ) -> Upload;
+
+    /// Infers the round's graph from the participants' uploads (in the order
+    /// of `participants`) and says what each client receives.
+    fn aggregate(
+        &mut self,
+        env: &Env,
+        round: usize,
+        participants: &[usize],
+        uploads: &[&[f32]],
+    ) -> Aggregation;
+
+    /// Which model is evaluated.
+    fn eval_point(&self) -> EvalPoint {
+        EvalPoint::AfterTraining
+    }
+}
+
+/// Plain local training of `state.model` with optional extra loss terms.
+pub(crate) fn train_plain(
+    env: &Env,
+    data: &ClientData,
+    state: &mut ClientState,
+    extras: &[&dyn fedweave_nn::ExtraLoss],
+    rng: &mut RngStream,
+) {
+    fedweave_nn::train_local(
+        env.spec,
+        &mut state.model,
+        &data.train,
+        env.train,
+        extras,
+        &[],
+        None,
+        rng,
+    );
+}
+
+/// Mixes the participants' uploads along `graph` rows (indices over all
+/// clients) for every participant; rows identical to the previous one reuse
+/// its result, so FedAvg's N equal rows cost one weighted sum.
+pub(crate) fn mix_rows(
+    graph: &CollaborationGraph,
+    participants: &[usize],
+    uploads: &[&[f32]],
+) -> Vec<(usize, Vec<f32>)> {
+    use rayon::prelude::*;
+    let rows: Vec<Vec<f64>> = participants
+        .iter()
+        .map(|&i| participants.iter().map(|&j| graph.get(i, j)).collect())
+        .collect();
+    let d = uploads.first().map_or(0, |u| u.len());
+    // Distinct rows only: FedAvg-style broadcasts become one computation.
+    let mut distinct: Vec<usize> = Vec::new();
+    let mut which = Vec::with_capacity(rows.len());
+    for r in &rows {
+        match distinct.iter().position(|&k| rows[k] == *r) {
+            Some(pos) => which.push(pos),
+            None => {
+                which.push(distinct.len());
+                distinct.push(which.len() - 1);
+            }
+        }
+    }
+    let mixed: Vec<Vec<f32>> = distinct
+        .par_iter()
+        .map(|&k| {
+            let mut out = vec![0.0f32; d];
+            fedweave_core::vecmath::weighted_sum(&rows[k], uploads, &mut out);
+            out
+        })
+        .collect();
+    participants
+        .iter()
+        .zip(which)
+        .map(|(&i, w)| (i, mixed[w].clone()))
+        .collect()
+}
+
+/// The graph over all `n` clients whose rows for `participants` are `rows`
+/// (entries over participants) and identity elsewhere.
+pub(crate) fn embed_rows(
+    n: usize,
+    participants: &[usize],
+    rows: &[Vec<f64>],
+) -> CollaborationGraph {
+    let mut g = CollaborationGraph::identity(n);
+    for (r, &i) in rows.iter().zip(participants) {
+        let mut full = vec![0.0; n];
+        for (w, &j) in r.iter().zip(participants) {
+            full[j] = *w;
+        }
+        g.set_row(i, &full);
+    }
+    g
+}
+
+/// Builds an algorithm by name from its config table (without `name`).
+/// Returns the algorithm and its fully resolved parameters.
+pub fn build(
+    name: &str,
+    params: &toml::Table,
+    clients: usize,
+) -> Result<(Box<dyn Algorithm>, toml::Table), AlgoError> {
+    match name {
+        "local" => {
+            params::build::<local::LocalParams, _>(name, params, |p| Box::new(local::Local::new(p)))
+        }
+        "fedavg" | "fedavg-ft" | "fedprox" | "fedprox-ft" => {
+            params::build::<fedavg::FedAvgParams, _>(name, params, |p| {
+                Box::new(fedavg::FedAvg::new(name, p))
+            })
+        }
+        "pfedgraph" => params::build::<pfedgraph::PFedGraphParams, _>(name, params, |p| {
+            Box::new(pfedgraph::PFedGraph::new(p, clients))
+        }),
+        _ => Err(AlgoError::UnknownAlgorithm {
+            name: name.to_string(),
+            known: catalogue()
+                .iter()
+                .map(|c| c.0)
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+/// `(name, description, reference)` of every algorithm, for `fedweave list`.
+pub fn catalogue() -> &'static [(&'static str, &'static str, &'static str)] {
+    &[
+        ("local", "each client trains alone; W = I", "—"),
+        (
+            "fedavg",
+            "one global model; every row of W = data-size weights p; evaluates the global model",
+            "McMahan et al., AISTATS 2017",
+        ),
+        (
+            "fedavg-ft",
+            "FedAvg, evaluated after each client fine-tunes the global model for a round of local training",
+            "pFedGraph/DPFL baseline",
+        ),
+        (
+            "fedprox",
+            "FedAvg with the proximal term μ/2‖θ−θ_g‖² (mu = 0.01)",
+            "Li et al., MLSys 2020",
+        ),
+        (
+            "fedprox-ft",
+            "FedProx, evaluated after local fine-tuning",
+            "pFedGraph baseline",
+        ),
+        (
+            "pfedgraph",
+            "W_i = simplex projection of p + s_i/(2·alpha), s = cos(θ−θ_init); local CE − λ·cos(θ, θ̃_i)",
+            "Ye et al., ICML 2023",
+        ),
+    ]
+}

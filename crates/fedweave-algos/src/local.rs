@@ -1,0 +1,55 @@
+//! Local training: no collaboration, W = I. The floor every personalised
+//! method must beat.
+
+use crate::params::Validate;
+use crate::{Aggregation, Algorithm, ClientData, ClientState, Env, Upload, train_plain};
+use fedweave_core::{CollaborationGraph, RngStream};
+use serde::{Deserialize, Serialize};
+
+/// Local has no parameters.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalParams {}
+
+impl Validate for LocalParams {}
+
+/// Each client trains alone.
+pub struct Local;
+
+impl Local {
+    /// Builds the algorithm.
+    pub fn new(_: LocalParams) -> Self {
+        Self
+    }
+}
+
+impl Algorithm for Local {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn local_round(
+        &self,
+        env: &Env,
+        _: usize,
+        _: usize,
+        data: &ClientData,
+        state: &mut ClientState,
+        rng: &mut RngStream,
+    ) -> Upload {
+        train_plain(env, data, state, &[], rng);
+        // Nothing leaves the client.
+        Upload {
+            model: Vec::new(),
+            vectors: 0,
+        }
+    }
+
+    fn aggregate(&mut self, env: &Env, _: usize, _: &[usize], _: &[&[f32]]) -> Aggregation {
+        Aggregation {
+            graph: CollaborationGraph::identity(env.clients()),
+            layers: Vec::new(),
+            downloads: vec![None; env.clients()],
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Typed per-algorithm parameters parsed from the `[algorithm]` table.
+
+use crate::Algorithm;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Errors building an algorithm.
+#[derive(Debug, thiserror::Error)]
+pub enum AlgoError {
+    /// No algorithm has this name.
+    #[error("unknown algorithm `{name}` (known: {known})")]
+    UnknownAlgorithm {
+        /// The name given.
+        name: String,
+        /// The names fedweave knows.
+        known: String,
+    },
+    /// A key is unknown for this algorithm, or has the wrong type.
+    #[error("algorithm `{algorithm}`: {message}")]
+    BadParameter {
+        /// The algorithm being configured.
+        algorithm: String,
+        /// What is wrong, naming the key (`algorithm.<key>`).
+        message: String,
+    },
+}
+
+/// Parses `P` from `table` (unknown keys rejected), validates it, and
+/// returns the algorithm together with the resolved table.
+pub(crate) fn build<P, F>(
+    name: &str,
+    table: &toml::Table,
+    make: F,
+) -> Result<(Box<dyn Algorithm>, toml::Table), AlgoError>
+where
+    P: DeserializeOwned + Serialize + Validate,
+    F: FnOnce(P) -> Box<dyn Algorithm>,
+{
+    let bad = |message: String| AlgoError::BadParameter {
+        algorithm: name.to_string(),
+        message,
+    };
+    let params: P =
+        toml::Value::Table(table.clone())
+            .try_into()
+            .map_err(|e: toml::de::Error| {
+                bad(format!(
+                    "in [algorithm]: {}",
+                    e.message()
+                        .replace("unknown field `", "unknown key `algorithm.")
+                ))
+            })?;
+    params.validate().map_err(bad)?;
+    let resolved = match toml::Value::try_from(&params) {
+        Ok(toml::Value::Table(t)) => t,
+        _ => toml::Table::new(),
+    };
+    Ok((make(params), resolved))
+}
+
+/// Range checks beyond what types express.
+pub(crate) trait Validate {
+    /// `Err(message naming the key)` when a value is impossible.
+    fn validate(&self) -> Result<(), String> {
+        Ok(())
+    }
+}

@@ -1,0 +1,335 @@
+//! pFedGraph (Ye et al., ICML 2023): personalized FL with inferred
+//! collaboration graphs.
+//!
+//! Graph rule: S_ij = cos(θ_i − θ_init, θ_j − θ_init) with θ_init the round-0
+//! model, values above 0.9 set to 1; row i of W is the Euclidean projection
+//! of p + s_i/(2·alpha) onto the simplex — the exact solution of the paper's
+//! per-client quadratic program (see `fedweave_core::simplex`). Mixed model
+//! θ̃_i = Σ_j W_ij θ_j; each client starts its next round from θ̃_i.
+//!
+//! Local objective (from the second round on): CE − λ·cos(θ, θ̃_i), the
+//! paper's pull toward the mixed model. `reg_sign = "code"` and
+//! `reg_target = "normalized"` reproduce the authors' code, which adds
+//! +λ·⟨c_i, θ⟩/‖θ‖ with c_i = Σ_j W_ij θ_j/‖θ_j‖ (METHODS.md §1.4).
+
+use crate::params::Validate;
+use crate::{
+    Aggregation, Algorithm, ClientData, ClientState, Download, Env, Upload, embed_rows, mix_rows,
+    train_plain,
+};
+use fedweave_core::vecmath::{dot, norm, weighted_sum};
+use fedweave_core::{RngStream, project_to_simplex};
+use fedweave_nn::CosinePull;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::ops::Range;
+
+/// Which layers the similarity is computed on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SimilarityOn {
+    /// The whole model (the code's `difference_measure = "all"`).
+    All,
+    /// Only the layer groups whose name starts with `fc`.
+    Fc,
+}
+
+/// Sign of the cosine regulariser.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RegSign {
+    /// −λ·cos: pull toward the mixed model (paper Eq. 3; the default).
+    Paper,
+    /// +λ·…: the authors' code (open issue #1 of their repository).
+    Code,
+}
+
+/// Target of the cosine regulariser.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RegTarget {
+    /// cos(θ, θ̃_i) with the mixed model itself (one download).
+    Mixed,
+    /// ⟨c_i, θ⟩/‖θ‖ with c_i = Σ_j W_ij θ_j/‖θ_j‖ (the code; two downloads).
+    Normalized,
+}
+
+/// pFedGraph's parameters.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PFedGraphParams {
+    /// The code's `alpha` (larger ⇒ closer to data-size weights); default
+    /// 0.08·K.
+    pub alpha: Option<f64>,
+    /// λ of the cosine regulariser.
+    pub lambda: f32,
+    /// Similarities above this become 1.
+    pub threshold: f64,
+    /// Similarity on all layers or on the fc layers only.
+    pub similarity: SimilarityOn,
+    /// Regulariser sign.
+    pub reg_sign: RegSign,
+    /// Regulariser target.
+    pub reg_target: RegTarget,
+}
+
+impl Default for PFedGraphParams {
+    fn default() -> Self {
+        Self {
+            alpha: None,
+            lambda: 0.01,
+            threshold: 0.9,
+            similarity: SimilarityOn::All,
+            reg_sign: RegSign::Paper,
+            reg_target: RegTarget::Mixed,
+        }
+    }
+}
+
+impl Validate for PFedGraphParams {
+    fn validate(&self) -> Result<(), String> {
+        if let Some(a) = self.alpha
+            && !(a > 0.0 && a.is_finite())
+        {
+            return Err(format!("algorithm.alpha must be > 0, got {a}"));
+        }
+        if !(self.lambda >= 0.0 && self.lambda.is_finite()) {
+            return Err(format!("algorithm.lambda must be ≥ 0, got {}", self.lambda));
+        }
+        Ok(())
+    }
+}
+
+/// The pFedGraph algorithm.
+pub struct PFedGraph {
+    params: PFedGraphParams,
+    alpha: f64,
+}
+
+impl PFedGraph {
+    /// Builds pFedGraph for `clients` clients (alpha defaults to 0.08·K).
+    pub fn new(mut params: PFedGraphParams, clients: usize) -> Self {
+        let alpha = *params.alpha.get_or_insert(0.08 * clients as f64);
+        Self { params, alpha }
+    }
+}
+
+/// S_ij = cos(Δ_i, Δ_j) over the `ranges` of each Δ, with values above
+/// `threshold` set to 1 (so S_ii = 1). One pass computes all norms; the
+/// N(N−1)/2 dot products run in parallel by row, in a fixed order.
+pub fn similarity_matrix(
+    deltas: &[Vec<f32>],
+    ranges: &[Range<usize>],
+    threshold: f64,
+) -> Vec<Vec<f64>> {
+    let n = deltas.len();
+    let dot_on = |a: &[f32], b: &[f32]| {
+        ranges
+            .iter()
+            .map(|r| dot(&a[r.clone()], &b[r.clone()]))
+            .sum::<f64>()
+    };
+    let norms: Vec<f64> = deltas.iter().map(|d| dot_on(d, d).sqrt()).collect();
+    let upper: Vec<Vec<f64>> = (0..n)
+        .into_par_iter()
+        .map(|i| {
+            (i..n)
+                .map(|j| {
+                    let c = if norms[i] == 0.0 || norms[j] == 0.0 {
+                        0.0
+                    } else {
+                        dot_on(&deltas[i], &deltas[j]) / (norms[i] * norms[j])
+                    };
+                    if i == j || c > threshold { 1.0 } else { c }
+                })
+                .collect()
+        })
+        .collect();
+    let mut s = vec![vec![0.0; n]; n];
+    for i in 0..n {
+        for j in i..n {
+            s[i][j] = upper[i][j - i];
+            s[j][i] = upper[i][j - i];
+        }
+    }
+    s
+}
+
+/// Row i = Π_simplex(p + s_i/(2·alpha)): the solution of
+/// min_x alpha·xᵀx − (s_i + 2·alpha·p)ᵀx over the simplex.
+pub fn infer_graph(similarity: &[Vec<f64>], p: &[f64], alpha: f64) -> Vec<Vec<f64>> {
+    similarity
+        .iter()
+        .map(|s| {
+            let v: Vec<f64> = p
+                .iter()
+                .zip(s)
+                .map(|(pi, si)| pi + si / (2.0 * alpha))
+                .collect();
+            project_to_simplex(&v)
+        })
+        .collect()
+}
+
+impl Algorithm for PFedGraph {
+    fn name(&self) -> &'static str {
+        "pfedgraph"
+    }
+
+    fn local_round(
+        &self,
+        env: &Env,
+        round: usize,
+        _: usize,
+        data: &ClientData,
+        state: &mut ClientState,
+        rng: &mut RngStream,
+    ) -> Upload {
+        // The client starts from θ̃_i (state.model); from the second round on
+        // the regulariser pulls it toward θ̃_i (or c_i in the code variant).
+        if round > 1 && self.params.lambda > 0.0 {
+            let coef = match self.params.reg_sign {
+                RegSign::Paper => -self.params.lambda,
+                RegSign::Code => self.params.lambda,
+            };
+            let target = match (&self.params.reg_target, &state.aux) {
+                (RegTarget::Normalized, Some(c)) => c.clone(),
+                _ => state.model.clone(),
+            };
+            let term = CosinePull {
+                coef,
+                target: &target,
+                divide_by_target_norm: self.params.reg_target == RegTarget::Mixed,
+            };
+            train_plain(env, data, state, &[&term], rng);
+        } else {
+            train_plain(env, data, state, &[], rng);
+        }
+        Upload {
+            model: state.model.clone(),
+            vectors: 1,
+        }
+    }
+
+    fn aggregate(
+        &mut self,
+        env: &Env,
+        _: usize,
+        participants: &[usize],
+        uploads: &[&[f32]],
+    ) -> Aggregation {
+        let ranges = match self.params.similarity {
+            SimilarityOn::All => vec![0..env.init.len()],
+            SimilarityOn::Fc => env.spec.layout().ranges_with_prefix("fc"),
+        };
+        let deltas: Vec<Vec<f32>> = uploads
+            .par_iter()
+            .map(|u| u.iter().zip(env.init).map(|(a, b)| a - b).collect())
+            .collect();
+        let s = similarity_matrix(&deltas, &ranges, self.params.threshold);
+        let p = env.size_weights(participants);
+        let rows = infer_graph(&s, &p, self.alpha);
+        let graph = embed_rows(env.clients(), participants, &rows);
+        let mixed = mix_rows(&graph, participants, uploads);
+        let normalized: Option<Vec<Vec<f32>>> = (self.params.reg_target == RegTarget::Normalized)
+            .then(|| {
+                let unit: Vec<Vec<f32>> = uploads
+                    .iter()
+                    .map(|u| {
+                        let nu = norm(u).max(1e-12) as f32;
+                        u.iter().map(|x| x / nu).collect()
+                    })
+                    .collect();
+                let unit_refs: Vec<&[f32]> = unit.iter().map(|u| u.as_slice()).collect();
+                rows.iter()
+                    .map(|r| {
+                        let mut c = vec![0.0f32; env.init.len()];
+                        weighted_sum(r, &unit_refs, &mut c);
+                        c
+                    })
+                    .collect()
+            });
+        let mut downloads = vec![None; env.clients()];
+        for (k, (i, model)) in mixed.into_iter().enumerate() {
+            let aux = normalized.as_ref().map(|c| c[k].clone());
+            downloads[i] = Some(Download { model, aux });
+        }
+        Aggregation {
+            graph,
+            layers: Vec::new(),
+            downloads,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: &[f64], b: &[f64]) -> bool {
+        a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9)
+    }
+
+    /// METHODS.md §1.2, pair case: K = 10, equal sizes, alpha = 0.8; client 0
+    /// is similar (1, thresholded) only to itself and client 5.
+    #[test]
+    fn pair_case_gives_half_and_half() {
+        let mut s = vec![0.1; 10];
+        s[0] = 1.0;
+        s[5] = 1.0;
+        let row = &infer_graph(&[s], &[0.1; 10], 0.8)[0];
+        let mut want = vec![0.0; 10];
+        want[0] = 0.5;
+        want[5] = 0.5;
+        assert!(close(row, &want), "{row:?}");
+    }
+
+    #[test]
+    fn homogeneous_case_gives_data_size_weights() {
+        let p = [0.05, 0.15, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1];
+        let row = &infer_graph(&[vec![1.0; 10]], &p, 0.8)[0];
+        assert!(close(row, &p), "{row:?}");
+    }
+
+    #[test]
+    fn sign_flipped_clients_get_zero_weight() {
+        let mut s = vec![1.0; 10];
+        for m in [2, 6, 8, 9] {
+            s[m] = -1.0;
+        }
+        let row = &infer_graph(&[s], &[0.1; 10], 0.8)[0];
+        for (j, w) in row.iter().enumerate() {
+            let want = if [2, 6, 8, 9].contains(&j) {
+                0.0
+            } else {
+                1.0 / 6.0
+            };
+            assert!((w - want).abs() < 1e-9, "{row:?}");
+        }
+    }
+
+    #[test]
+    fn similarity_thresholds_and_is_symmetric() {
+        let d = vec![
+            vec![1.0f32, 0.0],
+            vec![1.0, 0.1],
+            vec![0.0, 1.0],
+            vec![-1.0, 0.0],
+        ];
+        let s = similarity_matrix(&d, &[0..2], 0.9);
+        assert_eq!(s[0][1], 1.0, "cos 0.995 > 0.9 becomes 1");
+        assert!((s[0][2]).abs() < 1e-12);
+        assert!((s[0][3] + 1.0).abs() < 1e-12);
+        assert!((s[1][2] - 0.1 / 1.01f64.sqrt()).abs() < 1e-6);
+        for i in 0..4 {
+            assert_eq!(s[i][i], 1.0);
+            for j in 0..4 {
+                assert_eq!(s[i][j], s[j][i]);
+            }
+        }
+        // Restricting to the first coordinate changes client 2's similarity.
+        let s0 = similarity_matrix(&d, &[0..1], 0.9);
+        assert_eq!(s0[0][2], 0.0);
+        assert_eq!(s0[0][1], 1.0);
+    }
+}

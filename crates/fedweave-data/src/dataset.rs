@@ -1,0 +1,312 @@
+//! In-memory datasets and the dispatcher that loads them by name.
+
+use std::path::Path;
+
+use fedweave_core::{Purpose, rng_stream};
+use rand::seq::SliceRandom;
+
+use crate::{DataConfig, DataError, digits, idx, synthetic};
+
+/// Samples of one split: features row-major, one label per row.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Split {
+    /// `len() × feature_len` values, row-major, already normalised.
+    pub features: Vec<f32>,
+    /// One class label per sample, each below the dataset's `num_classes`.
+    pub labels: Vec<u32>,
+}
+
+impl Split {
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Whether the split holds no sample.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// The features of sample `i`.
+    ///
+    /// # Panics
+    /// If `i` is out of range or `feature_len` is not the dataset's.
+    pub fn row(&self, i: usize, feature_len: usize) -> &[f32] {
+        &self.features[i * feature_len..(i + 1) * feature_len]
+    }
+
+    /// Keeps only the samples at `keep` (in that order).
+    fn select(&self, keep: &[usize], feature_len: usize) -> Split {
+        let mut features = Vec::with_capacity(keep.len() * feature_len);
+        let mut labels = Vec::with_capacity(keep.len());
+        for &i in keep {
+            features.extend_from_slice(self.row(i, feature_len));
+            labels.push(self.labels[i]);
+        }
+        Split { features, labels }
+    }
+}
+
+/// A client that exists in the data itself (e.g. one synthetic device).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NaturalClient {
+    /// Indices into the dataset's training split.
+    pub train: Vec<usize>,
+    /// Indices into the dataset's test split.
+    pub test: Vec<usize>,
+}
+
+/// A loaded dataset: a training pool, a test pool and its shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dataset {
+    /// The dataset's name, as in the configuration.
+    pub name: String,
+    /// Number of classes; every label is below it.
+    pub num_classes: usize,
+    /// Shape of one sample: `[1, 8, 8]` (digits), `[1, 28, 28]`
+    /// (Fashion-MNIST, MNIST), `[dim]` (synthetic).
+    pub feature_shape: Vec<usize>,
+    /// The training pool that partitions split across clients.
+    pub train: Split,
+    /// The test pool.
+    pub test: Split,
+    /// The data's own clients, if it has any (`synthetic` does).
+    pub natural_clients: Option<Vec<NaturalClient>>,
+}
+
+impl Dataset {
+    /// Number of values per sample (the product of `feature_shape`).
+    pub fn feature_len(&self) -> usize {
+        self.feature_shape.iter().product()
+    }
+}
+
+/// The datasets [`load_dataset`] knows, with a one-line description each.
+pub fn dataset_names() -> &'static [(&'static str, &'static str)] {
+    &[
+        (
+            "digits",
+            "bundled UCI 8x8 handwritten digits (1,797 samples, 10 classes, CC BY 4.0); fixed stratified 75/25 split",
+        ),
+        (
+            "fashion-mnist",
+            "Fashion-MNIST 28x28 (60k/10k, 10 classes) from IDX files; default path /usr/share/datasets/fashion-mnist",
+        ),
+        (
+            "mnist",
+            "MNIST 28x28 (60k/10k, 10 classes) from IDX files in data.path",
+        ),
+        (
+            "synthetic",
+            "FedProx Synthetic(alpha, beta): per-client softmax-regression data, natural clients, 75/25 split per client",
+        ),
+    ]
+}
+
+/// Where the Debian package `dataset-fashion-mnist` installs its files.
+pub const FASHION_MNIST_DEFAULT_DIR: &str = "/usr/share/datasets/fashion-mnist";
+
+/// Loads the dataset `cfg.dataset`.
+///
+/// - `digits`: the bundled file (or `cfg.path`), pixels / 16, a fixed
+///   stratified split independent of `seed`; `normalize` standardises with
+///   mean 0.3053 and std 0.3760 (pixel statistics of all 1,797 images).
+/// - `fashion-mnist`, `mnist`: IDX files (raw or gzip) in `cfg.path`
+///   (Fashion-MNIST defaults to [`FASHION_MNIST_DEFAULT_DIR`]); pixels / 255,
+///   then with `normalize` `(x − 0.2860) / 0.3530` (Fashion-MNIST) or
+///   `(x − 0.1307) / 0.3081` (MNIST).
+/// - `synthetic`: generated from `seed` (streams `Purpose::Dataset`, client =
+///   the synthetic client's index; `u64::MAX` for the shared IID model);
+///   `normalize` has no effect.
+///
+/// `max_train_samples` then keeps a class-stratified subsample of the
+/// training split drawn from `rng_stream(seed, 1, u64::MAX, Purpose::Dataset)`,
+/// in the original order; natural clients are re-indexed accordingly.
+pub fn load_dataset(cfg: &DataConfig, seed: u64) -> Result<Dataset, DataError> {
+    let ds = match cfg.dataset.as_str() {
+        "digits" => digits::load(cfg.path.as_deref(), cfg.normalize)?,
+        "fashion-mnist" => {
+            let dir = cfg
+                .path
+                .as_deref()
+                .unwrap_or(Path::new(FASHION_MNIST_DEFAULT_DIR));
+            if cfg.path.is_none() && !dir.is_dir() {
+                return Err(DataError::config(
+                    "data.path",
+                    format!(
+                        "Fashion-MNIST not found at {FASHION_MNIST_DEFAULT_DIR}; install the Debian \
+                         package dataset-fashion-mnist or set data.path to a directory holding \
+                         train-images-idx3-ubyte(.gz) and the three other IDX files"
+                    ),
+                ));
+            }
+            let (mean, std) = if cfg.normalize {
+                (0.2860, 0.3530)
+            } else {
+                (0.0, 1.0)
+            };
+            idx::load_idx_dataset("fashion-mnist", dir, mean, std)?
+        }
+        "mnist" => {
+            let Some(dir) = cfg.path.as_deref() else {
+                return Err(DataError::config(
+                    "data.path",
+                    "dataset mnist needs data.path: a directory holding train-images-idx3-ubyte, \
+                     train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte \
+                     (each raw or .gz)",
+                ));
+            };
+            let (mean, std) = if cfg.normalize {
+                (0.1307, 0.3081)
+            } else {
+                (0.0, 1.0)
+            };
+            idx::load_idx_dataset("mnist", dir, mean, std)?
+        }
+        "synthetic" => {
+            if let Some(p) = &cfg.path {
+                return Err(DataError::config(
+                    "data.path",
+                    format!(
+                        "dataset synthetic is generated, not read; remove data.path ({})",
+                        p.display()
+                    ),
+                ));
+            }
+            synthetic::generate(&cfg.synthetic, seed)?
+        }
+        other => {
+            let known: Vec<&str> = dataset_names().iter().map(|(n, _)| *n).collect();
+            return Err(DataError::config(
+                "data.dataset",
+                format!("unknown dataset {other:?}; known: {}", known.join(", ")),
+            ));
+        }
+    };
+    match cfg.max_train_samples {
+        None => Ok(ds),
+        Some(0) => Err(DataError::config(
+            "data.max_train_samples",
+            "must be at least 1 (omit it to keep the whole training split)",
+        )),
+        Some(m) => Ok(subsample_train(ds, m, seed)),
+    }
+}
+
+/// Keeps a seeded, class-stratified subsample of `m` training samples.
+fn subsample_train(mut ds: Dataset, m: usize, seed: u64) -> Dataset {
+    let n = ds.train.len();
+    if m >= n {
+        return ds;
+    }
+    let mut rng = rng_stream(seed, 1, u64::MAX, Purpose::Dataset);
+    let mut by_class: Vec<Vec<usize>> = vec![Vec::new(); ds.num_classes];
+    for (i, &y) in ds.train.labels.iter().enumerate() {
+        by_class[y as usize].push(i);
+    }
+    // Largest-remainder quotas: floor(n_c·m/n), then +1 for the largest
+    // fractional parts (ties by class id) until the total is m.
+    let mut quota: Vec<usize> = by_class.iter().map(|c| c.len() * m / n).collect();
+    let mut order: Vec<usize> = (0..ds.num_classes).collect();
+    order.sort_by_key(|&c| std::cmp::Reverse((by_class[c].len() * m) % n));
+    let mut missing = m - quota.iter().sum::<usize>();
+    for &c in order.iter().cycle() {
+        if missing == 0 {
+            break;
+        }
+        if quota[c] < by_class[c].len() {
+            quota[c] += 1;
+            missing -= 1;
+        }
+    }
+    let mut keep = Vec::with_capacity(m);
+    for (idx, q) in by_class.iter_mut().zip(&quota) {
+        idx.shuffle(&mut rng);
+        keep.extend_from_slice(&idx[..*q]);
+    }
+    keep.sort_unstable();
+    let fl = ds.feature_len();
+    ds.train = ds.train.select(&keep, fl);
+    if let Some(clients) = &mut ds.natural_clients {
+        let mut new_index = vec![usize::MAX; n];
+        for (new, &old) in keep.iter().enumerate() {
+            new_index[old] = new;
+        }
+        for c in clients.iter_mut() {
+            c.train = c
+                .train
+                .iter()
+                .map(|&i| new_index[i])
+                .filter(|&i| i != usize::MAX)
+                .collect();
+        }
+    }
+    ds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subsample_is_stratified_and_exact() {
+        let cfg = DataConfig {
+            max_train_samples: Some(200),
+            ..DataConfig::default()
+        };
+        let ds = load_dataset(&cfg, 3).unwrap();
+        assert_eq!(ds.train.len(), 200);
+        assert_eq!(ds.train.features.len(), 200 * 64);
+        let mut counts = [0usize; 10];
+        for &y in &ds.train.labels {
+            counts[y as usize] += 1;
+        }
+        for c in counts {
+            assert!((19..=21).contains(&c), "class count {c}");
+        }
+        assert_eq!(ds.test.len(), 445);
+        let again = load_dataset(&cfg, 3).unwrap();
+        assert_eq!(ds.train, again.train);
+        let other = load_dataset(&cfg, 4).unwrap();
+        assert_ne!(ds.train, other.train);
+    }
+
+    #[test]
+    fn subsample_remaps_natural_clients() {
+        let cfg = DataConfig {
+            dataset: "synthetic".into(),
+            max_train_samples: Some(300),
+            ..DataConfig::default()
+        };
+        let ds = load_dataset(&cfg, 9).unwrap();
+        assert_eq!(ds.train.len(), 300);
+        let clients = ds.natural_clients.unwrap();
+        let total: usize = clients.iter().map(|c| c.train.len()).sum();
+        assert_eq!(total, 300);
+        let mut all: Vec<usize> = clients.iter().flat_map(|c| c.train.clone()).collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..300).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn unknown_dataset_and_zero_subsample_name_the_key() {
+        let cfg = DataConfig {
+            dataset: "cifar-11".into(),
+            ..DataConfig::default()
+        };
+        let e = load_dataset(&cfg, 0).unwrap_err().to_string();
+        assert!(e.contains("data.dataset") && e.contains("cifar-11"), "{e}");
+        let cfg = DataConfig {
+            max_train_samples: Some(0),
+            ..DataConfig::default()
+        };
+        let e = load_dataset(&cfg, 0).unwrap_err().to_string();
+        assert!(e.contains("data.max_train_samples"), "{e}");
+        let cfg = DataConfig {
+            dataset: "mnist".into(),
+            ..DataConfig::default()
+        };
+        let e = load_dataset(&cfg, 0).unwrap_err().to_string();
+        assert!(e.contains("data.path"), "{e}");
+    }
+}

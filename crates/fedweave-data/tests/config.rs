@@ -1,0 +1,64 @@
+//! Configuration sections: defaults, names and strictness.
+
+use fedweave_data::{
+    DataConfig, PartitionConfig, PartitionKind, SyntheticConfig, dataset_names, load_dataset,
+    partition_kinds,
+};
+
+#[test]
+fn defaults_are_filled() {
+    let d: DataConfig = serde_json::from_str("{}").unwrap();
+    assert_eq!(d, DataConfig::default());
+    assert_eq!(d.dataset, "digits");
+    assert!(d.normalize);
+    assert_eq!(d.synthetic.dim, 60);
+    assert_eq!(d.synthetic.clients, 10);
+    let p: PartitionConfig = serde_json::from_str("{}").unwrap();
+    assert_eq!(p, PartitionConfig::default());
+    assert_eq!(p.kind, PartitionKind::Iid);
+    assert_eq!(
+        (p.classes_per_client, p.min_samples, p.max_retries),
+        (2, 10, 1000)
+    );
+    assert_eq!(
+        (p.beta, p.val_fraction, p.dominant_fraction),
+        (0.1, 0.2, 0.8)
+    );
+    let s: SyntheticConfig = serde_json::from_str(r#"{"alpha": 0.5}"#).unwrap();
+    assert_eq!(s.alpha, 0.5);
+    assert_eq!(s.beta, 1.0);
+}
+
+#[test]
+fn kinds_parse_lowercase_and_unknown_keys_fail() {
+    let p: PartitionConfig = serde_json::from_str(r#"{"kind": "pathological"}"#).unwrap();
+    assert_eq!(p.kind, PartitionKind::Pathological);
+    for (name, _) in partition_kinds() {
+        let k: PartitionKind = serde_json::from_str(&format!("\"{name}\"")).unwrap();
+        assert_eq!(k.as_str(), *name);
+        assert_eq!(serde_json::to_string(&k).unwrap(), format!("\"{name}\""));
+    }
+    assert!(serde_json::from_str::<PartitionKind>("\"Dirichlet\"").is_err());
+    let e = serde_json::from_str::<PartitionConfig>(r#"{"betta": 1}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("betta"), "{e}");
+    let e = serde_json::from_str::<DataConfig>(r#"{"synthetic": {"dims": 3}}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("dims"), "{e}");
+}
+
+#[test]
+fn listed_datasets_are_loadable_names() {
+    let names: Vec<&str> = dataset_names().iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, ["digits", "fashion-mnist", "mnist", "synthetic"]);
+    assert_eq!(partition_kinds().len(), 6);
+    for name in ["digits", "synthetic"] {
+        let cfg = DataConfig {
+            dataset: name.into(),
+            ..DataConfig::default()
+        };
+        assert_eq!(load_dataset(&cfg, 1).unwrap().name, name);
+    }
+}

@@ -1,0 +1,230 @@
+//! Reading a run directory, and typed views of the JSON it holds.
+
+use std::fs;
+use std::io::ErrorKind;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::ReportError;
+
+/// File names inside a run directory (see the output-directory contract).
+pub(crate) const CONFIG_FILE: &str = "config.toml";
+pub(crate) const SUMMARY_FILE: &str = "summary.json";
+pub(crate) const ROUNDS_FILE: &str = "rounds.jsonl";
+pub(crate) const PARTITION_FILE: &str = "partition.json";
+
+/// The raw contents of a run directory, as the engine wrote them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunFiles {
+    /// `config.toml`, verbatim.
+    pub config_toml: String,
+    /// `summary.json` (an object).
+    pub summary: Value,
+    /// `rounds.jsonl`, one object per non-empty line, in file order.
+    pub rounds: Vec<Value>,
+    /// `partition.json`, when the run wrote one.
+    pub partition: Option<Value>,
+}
+
+impl RunFiles {
+    /// Reads `summary.json`, `config.toml`, `rounds.jsonl` and (if present)
+    /// `partition.json` from `run_dir`.
+    ///
+    /// # Errors
+    /// A missing or unreadable required file, invalid JSON (with the line
+    /// number for `rounds.jsonl`), or JSON of the wrong shape (summary or a
+    /// round that is not an object) — each naming the file.
+    pub fn read(run_dir: &Path) -> Result<Self, ReportError> {
+        let summary_path = run_dir.join(SUMMARY_FILE);
+        let summary: Value =
+            serde_json::from_str(&read_text(&summary_path)?).map_err(|source| {
+                ReportError::Json {
+                    path: summary_path.clone(),
+                    source,
+                }
+            })?;
+        if !summary.is_object() {
+            return Err(ReportError::invalid(
+                summary_path.display().to_string(),
+                "expected a JSON object",
+            ));
+        }
+
+        let config_toml = read_text(&run_dir.join(CONFIG_FILE))?;
+
+        let rounds_path = run_dir.join(ROUNDS_FILE);
+        let text = read_text(&rounds_path)?;
+        let mut rounds = Vec::new();
+        for (idx, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(line).map_err(|source| ReportError::JsonLine {
+                path: rounds_path.clone(),
+                line: idx + 1,
+                source,
+            })?;
+            if !v.is_object() {
+                return Err(ReportError::invalid(
+                    format!("{}:{}", rounds_path.display(), idx + 1),
+                    "expected a JSON object",
+                ));
+            }
+            rounds.push(v);
+        }
+
+        let partition_path = run_dir.join(PARTITION_FILE);
+        let partition = match fs::read_to_string(&partition_path) {
+            Ok(t) => Some(
+                serde_json::from_str(&t).map_err(|source| ReportError::Json {
+                    path: partition_path.clone(),
+                    source,
+                })?,
+            ),
+            Err(e) if e.kind() == ErrorKind::NotFound => None,
+            Err(source) => {
+                return Err(ReportError::Io {
+                    path: partition_path,
+                    source,
+                });
+            }
+        };
+
+        Ok(RunFiles {
+            config_toml,
+            summary,
+            rounds,
+            partition,
+        })
+    }
+}
+
+fn read_text(path: &Path) -> Result<String, ReportError> {
+    fs::read_to_string(path).map_err(|source| ReportError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// A finite number at `key`.
+pub(crate) fn num(v: &Value, key: &str) -> Option<f64> {
+    v.get(key).and_then(Value::as_f64).filter(|x| x.is_finite())
+}
+
+/// A string at `key`; numbers and booleans are shown as written.
+pub(crate) fn text(v: &Value, key: &str) -> Option<String> {
+    match v.get(key)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// An array of optional numbers at `key` (`null` and non-numbers → `None`).
+pub(crate) fn opt_numbers(v: &Value, key: &str) -> Option<Vec<Option<f64>>> {
+    let arr = v.get(key)?.as_array()?;
+    Some(
+        arr.iter()
+            .map(|x| x.as_f64().filter(|f| f.is_finite()))
+            .collect(),
+    )
+}
+
+/// A dense row-major matrix; `NaN` marks a missing (`null`) entry.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f64>,
+}
+
+impl Matrix {
+    pub fn get(&self, i: usize, j: usize) -> f64 {
+        self.data[i * self.cols + j]
+    }
+
+    /// Largest finite entry, if any.
+    pub fn max_finite(&self) -> Option<f64> {
+        self.data
+            .iter()
+            .copied()
+            .filter(|x| x.is_finite())
+            .fold(None, |m, x| Some(m.map_or(x, |m: f64| m.max(x))))
+    }
+
+    /// Parses an array of equally long arrays of numbers (or `null`).
+    pub fn parse(v: &Value) -> Result<Matrix, String> {
+        let rows = v.as_array().ok_or("expected an array of rows")?;
+        let cols = match rows.first() {
+            Some(r) => r.as_array().ok_or("row 0 is not an array")?.len(),
+            None => 0,
+        };
+        let mut data = Vec::with_capacity(rows.len() * cols);
+        for (i, row) in rows.iter().enumerate() {
+            let row = row
+                .as_array()
+                .ok_or_else(|| format!("row {i} is not an array"))?;
+            if row.len() != cols {
+                return Err(format!(
+                    "row {i} has {} entries, expected {cols}",
+                    row.len()
+                ));
+            }
+            for (j, x) in row.iter().enumerate() {
+                let val = match x {
+                    Value::Null => f64::NAN,
+                    Value::Number(n) => n.as_f64().unwrap_or(f64::NAN),
+                    _ => return Err(format!("entry ({i}, {j}) is not a number")),
+                };
+                data.push(val);
+            }
+        }
+        Ok(Matrix {
+            rows: rows.len(),
+            cols,
+            data,
+        })
+    }
+
+    /// Like [`Matrix::parse`], but also requires a non-empty square matrix.
+    pub fn parse_square(v: &Value) -> Result<Matrix, String> {
+        let m = Matrix::parse(v)?;
+        if m.rows == 0 {
+            return Err("empty matrix".to_string());
+        }
+        if m.rows != m.cols {
+            return Err(format!(
+                "expected a square matrix, got {}×{}",
+                m.rows, m.cols
+            ));
+        }
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn parses_matrices() {
+        let m = Matrix::parse(&json!([[1, 2.5], [null, 0]])).unwrap();
+        assert_eq!((m.rows, m.cols), (2, 2));
+        assert_eq!(m.get(0, 1), 2.5);
+        assert!(m.get(1, 0).is_nan());
+        assert_eq!(m.max_finite(), Some(2.5));
+        assert!(
+            Matrix::parse(&json!([[1, 2], [3]]))
+                .unwrap_err()
+                .contains("row 1")
+        );
+        assert!(Matrix::parse(&json!([[1, "x"]])).is_err());
+        assert!(Matrix::parse(&json!(3)).is_err());
+        assert!(Matrix::parse_square(&json!([[1, 2]])).is_err());
+        assert!(Matrix::parse_square(&json!([])).is_err());
+    }
+}
