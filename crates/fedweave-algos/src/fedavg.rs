@@ -80,19 +80,20 @@ impl Algorithm for FedAvg {
         state: &mut ClientState,
         rng: &mut RngStream,
     ) -> Upload {
-        if self.mu > 0.0 {
+        let train_loss = if self.mu > 0.0 {
             let global = state.model.clone();
             let prox = Proximal {
                 mu: self.mu,
                 anchor: &global,
             };
-            train_plain(env, data, state, &[&prox], rng);
+            train_plain(env, data, state, &[&prox], rng)
         } else {
-            train_plain(env, data, state, &[], rng);
-        }
+            train_plain(env, data, state, &[], rng)
+        };
         Upload {
             model: state.model.clone(),
             vectors: 1,
+            train_loss,
         }
     }
 

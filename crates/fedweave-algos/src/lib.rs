@@ -75,6 +75,8 @@ pub struct Upload {
     pub model: Vec<f32>,
     /// Number of model-sized vectors uploaded (for byte accounting).
     pub vectors: usize,
+    /// Mean local training loss of the round.
+    pub train_loss: f64,
 }
 
 /// A model (and optional extra vector) the server sends one client.
@@ -141,14 +143,15 @@ pub trait Algorithm: Send + Sync {
     }
 }
 
-/// Plain local training of `state.model` with optional extra loss terms.
+/// Plain local training of `state.model` with optional extra loss terms;
+/// returns the mean training loss.
 pub(crate) fn train_plain(
     env: &Env,
     data: &ClientData,
     state: &mut ClientState,
     extras: &[&dyn fedweave_nn::ExtraLoss],
     rng: &mut RngStream,
-) {
+) -> f64 {
     fedweave_nn::train_local(
         env.spec,
         &mut state.model,
@@ -158,7 +161,8 @@ pub(crate) fn train_plain(
         &[],
         None,
         rng,
-    );
+    )
+    .mean_loss
 }
 
 /// Mixes the participants' uploads along `graph` rows (indices over all

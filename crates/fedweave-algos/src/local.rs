@@ -37,11 +37,12 @@ impl Algorithm for Local {
         state: &mut ClientState,
         rng: &mut RngStream,
     ) -> Upload {
-        train_plain(env, data, state, &[], rng);
+        let train_loss = train_plain(env, data, state, &[], rng);
         // Nothing leaves the client.
         Upload {
             model: Vec::new(),
             vectors: 0,
+            train_loss,
         }
     }
 

@@ -187,7 +187,7 @@ impl Algorithm for PFedGraph {
     ) -> Upload {
         // The client starts from θ̃_i (state.model); from the second round on
         // the regulariser pulls it toward θ̃_i (or c_i in the code variant).
-        if round > 1 && self.params.lambda > 0.0 {
+        let train_loss = if round > 1 && self.params.lambda > 0.0 {
             let coef = match self.params.reg_sign {
                 RegSign::Paper => -self.params.lambda,
                 RegSign::Code => self.params.lambda,
@@ -201,13 +201,14 @@ impl Algorithm for PFedGraph {
                 target: &target,
                 divide_by_target_norm: self.params.reg_target == RegTarget::Mixed,
             };
-            train_plain(env, data, state, &[&term], rng);
+            train_plain(env, data, state, &[&term], rng)
         } else {
-            train_plain(env, data, state, &[], rng);
-        }
+            train_plain(env, data, state, &[], rng)
+        };
         Upload {
             model: state.model.clone(),
             vectors: 1,
+            train_loss,
         }
     }
 

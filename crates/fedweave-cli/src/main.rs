@@ -1,0 +1,163 @@
+//! `fedweave`: personalized federated learning with collaboration graphs.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use fedweave_sim::{ExperimentConfig, RoundRecord, run_experiment};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(
+    name = "fedweave",
+    version,
+    about = "Personalized federated learning with collaboration graphs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one experiment from a TOML config.
+    Run {
+        /// The experiment config.
+        config: PathBuf,
+        /// Output directory (default: a fresh directory under runs/).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Override a config key by its dotted path, e.g. `--set rounds=5`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+    /// List algorithms, datasets, partitions, models and attacks.
+    List,
+    /// Rebuild DIR/report.html from a run directory.
+    Report {
+        /// The run directory.
+        dir: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match real_main(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run { config, out, set } => run(config, out, set),
+        Command::List => {
+            list();
+            Ok(())
+        }
+        Command::Report { dir } => {
+            let path = fedweave_report::write_report(&dir)?;
+            println!("{}", path.display());
+            Ok(())
+        }
+    }
+}
+
+fn run(config: PathBuf, out: Option<PathBuf>, set: Vec<String>) -> anyhow::Result<()> {
+    let cfg = ExperimentConfig::from_file(&config, &set)?;
+    let out = out.unwrap_or_else(|| default_out_dir(&cfg));
+    let started = Instant::now();
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new(cfg.rounds as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} round {pos}/{len} [{bar:30}] {msg} ({elapsed})",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        bar
+    });
+    let mut on_round = |r: &RoundRecord| {
+        let msg = format!(
+            "val acc {:.4}  test acc {:.4}",
+            r.mean_val_acc, r.mean_test_acc
+        );
+        match &bar {
+            Some(b) => {
+                b.set_position(r.round as u64);
+                b.set_message(msg);
+            }
+            None => eprintln!(
+                "round {:>4}/{}  {msg}  {:.1}s elapsed",
+                r.round,
+                cfg.rounds,
+                started.elapsed().as_secs_f64()
+            ),
+        }
+    };
+    let summary = run_experiment(&cfg, &out, &mut on_round)
+        .with_context(|| format!("run of {} failed", config.display()))?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.2}%", 100.0 * v));
+    println!(
+        "{} on {} ({}, {} clients, {} rounds): mean test acc {} (best-validation), last round {}, max over rounds {}, {:.1}s",
+        summary.algorithm,
+        summary.dataset,
+        summary.partition,
+        summary.clients,
+        summary.rounds,
+        pct(summary.mean_test_acc),
+        pct(summary.last_round_mean_test_acc),
+        pct(summary.max_round_mean_test_acc),
+        summary.wall_seconds
+    );
+    println!("outputs in {}", out.display());
+    Ok(())
+}
+
+fn default_out_dir(cfg: &ExperimentConfig) -> PathBuf {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    PathBuf::from("runs").join(format!(
+        "{}-{}-{stamp}",
+        cfg.algorithm_name(),
+        cfg.data.dataset
+    ))
+}
+
+fn list() {
+    println!("algorithms:");
+    for (name, what, paper) in fedweave_algos::catalogue() {
+        println!("  {name:<12} {what}  [{paper}]");
+    }
+    println!("datasets:");
+    for (name, what) in fedweave_data::dataset_names() {
+        println!("  {name:<12} {what}");
+    }
+    println!("partitions:");
+    for (name, what) in fedweave_data::partition_kinds() {
+        println!("  {name:<12} {what}");
+    }
+    println!("models:");
+    for (name, what) in fedweave_nn::ModelKind::catalogue() {
+        println!("  {name:<12} {what}");
+    }
+    println!("attacks:");
+    for (name, what) in fedweave_algos::attack::AttackKind::catalogue() {
+        println!("  {name:<12} {what}");
+    }
+}

@@ -1,0 +1,108 @@
+//! What a run writes: one [`RoundRecord`] per round and a [`Summary`].
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// The evaluation protocol, printed with the results.
+pub const PROTOCOL: &str = "Each round every benign client's personalised model (the algorithm says \
+which: after local training, or after mixing) is scored on its own validation and test data; the \
+test data follow the client's label distribution. Per client, the test accuracy at its best \
+validation accuracy (strict improvement, earliest round wins ties) is kept; mean_test_acc is the \
+mean of these over benign clients. Also reported: the last round's mean, the maximum over rounds \
+of the per-round mean (FedDWA's convention), and the spread across clients.";
+
+/// One line of `rounds.jsonl`.
+#[derive(Clone, Debug, Serialize)]
+pub struct RoundRecord {
+    /// Round number, from 1.
+    pub round: usize,
+    /// Mean validation accuracy over benign clients.
+    pub mean_val_acc: f64,
+    /// Mean test accuracy over benign clients.
+    pub mean_test_acc: f64,
+    /// Mean local training loss over the participants.
+    pub mean_train_loss: f64,
+    /// Wall-clock seconds of the round.
+    pub seconds: f64,
+    /// Bytes uploaded this round, all clients.
+    pub bytes_up: u64,
+    /// Bytes downloaded this round, all clients.
+    pub bytes_down: u64,
+    /// Clients that took part.
+    pub participants: Vec<usize>,
+    /// Clients whose upload was rejected (non-finite or wrong size).
+    pub rejected: Vec<usize>,
+    /// The round's graph (mean over layers for per-layer methods).
+    pub graph: Vec<Vec<f64>>,
+    /// Per-layer graphs, when the method has them.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub graph_layers: BTreeMap<String, Vec<Vec<f64>>>,
+    /// Share of absent off-diagonal edges.
+    pub graph_sparsity: f64,
+    /// Share of edges whose reverse also exists.
+    pub graph_symmetry: f64,
+}
+
+/// `summary.json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    /// Algorithm name.
+    pub algorithm: String,
+    /// Dataset name.
+    pub dataset: String,
+    /// Partition, e.g. `pathological(classes_per_client=2)`.
+    pub partition: String,
+    /// Model architecture.
+    pub model: String,
+    /// Number of model parameters.
+    pub model_parameters: usize,
+    /// N.
+    pub clients: usize,
+    /// Rounds run.
+    pub rounds: usize,
+    /// Seed.
+    pub seed: u64,
+    /// Attack, e.g. `sign_flip r=0.4` or `none`.
+    pub attack: String,
+    /// Headline: mean over benign clients of the best-validation test accuracy.
+    pub mean_test_acc: Option<f64>,
+    /// Mean test accuracy of the last round's models.
+    pub last_round_mean_test_acc: Option<f64>,
+    /// Max over rounds of the per-round mean test accuracy.
+    pub max_round_mean_test_acc: Option<f64>,
+    /// Std of the per-client best-validation test accuracy (benign clients).
+    pub std_test_acc: Option<f64>,
+    /// Lowest per-client figure.
+    pub min_test_acc: Option<f64>,
+    /// Mean of the lowest 10 % of clients (at least one).
+    pub bottom10_test_acc: Option<f64>,
+    /// Per client (null for malicious ones).
+    pub per_client_test_acc: Vec<Option<f64>>,
+    /// Round of each client's best validation score (null for malicious).
+    pub per_client_best_round: Vec<Option<usize>>,
+    /// Forecasting metrics (null for classification).
+    pub mean_test_mae: Option<f64>,
+    /// Forecasting metrics (null for classification).
+    pub mean_test_rmse: Option<f64>,
+    /// Forecasting metrics (null for classification).
+    pub mean_test_mape: Option<f64>,
+    /// Malicious clients.
+    pub malicious: Vec<usize>,
+    /// The last round's graph.
+    pub final_graph: Vec<Vec<f64>>,
+    /// The last round's per-layer graphs, if any.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub final_graph_layers: BTreeMap<String, Vec<Vec<f64>>>,
+    /// Total bytes uploaded.
+    pub bytes_up: u64,
+    /// Total bytes downloaded.
+    pub bytes_down: u64,
+    /// Wall-clock seconds of the whole run.
+    pub wall_seconds: f64,
+    /// Median seconds per round.
+    pub seconds_per_round_median: f64,
+    /// Worker threads used.
+    pub threads: usize,
+    /// The evaluation protocol.
+    pub protocol: String,
+}
