@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields, default)]
 pub struct FedAvgParams {
     /// Proximal coefficient μ (FedProx only; pFedGraph's and FedAGHN's 0.01).
-    pub mu: f32,
+    pub mu: f64,
 }
 
 impl Default for FedAvgParams {
@@ -60,7 +60,7 @@ impl FedAvg {
         };
         Self {
             name,
-            mu: if prox { p.mu } else { 0.0 },
+            mu: if prox { p.mu as f32 } else { 0.0 },
             fine_tuned,
         }
     }

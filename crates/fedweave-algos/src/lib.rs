@@ -232,15 +232,15 @@ pub fn build(
     clients: usize,
 ) -> Result<(Box<dyn Algorithm>, toml::Table), AlgoError> {
     match name {
-        "local" => {
-            params::build::<local::LocalParams, _>(name, params, |p| Box::new(local::Local::new(p)))
-        }
+        "local" => params::build::<local::LocalParams, _>(name, params, clients, |p| {
+            Box::new(local::Local::new(p))
+        }),
         "fedavg" | "fedavg-ft" | "fedprox" | "fedprox-ft" => {
-            params::build::<fedavg::FedAvgParams, _>(name, params, |p| {
+            params::build::<fedavg::FedAvgParams, _>(name, params, clients, |p| {
                 Box::new(fedavg::FedAvg::new(name, p))
             })
         }
-        "pfedgraph" => params::build::<pfedgraph::PFedGraphParams, _>(name, params, |p| {
+        "pfedgraph" => params::build::<pfedgraph::PFedGraphParams, _>(name, params, clients, |p| {
             Box::new(pfedgraph::PFedGraph::new(p, clients))
         }),
         _ => Err(AlgoError::UnknownAlgorithm {

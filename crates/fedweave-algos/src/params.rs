@@ -30,6 +30,7 @@ pub enum AlgoError {
 pub(crate) fn build<P, F>(
     name: &str,
     table: &toml::Table,
+    clients: usize,
     make: F,
 ) -> Result<(Box<dyn Algorithm>, toml::Table), AlgoError>
 where
@@ -40,7 +41,7 @@ where
         algorithm: name.to_string(),
         message,
     };
-    let params: P =
+    let mut params: P =
         toml::Value::Table(table.clone())
             .try_into()
             .map_err(|e: toml::de::Error| {
@@ -51,6 +52,7 @@ where
                 ))
             })?;
     params.validate().map_err(bad)?;
+    params.resolve(clients);
     let resolved = match toml::Value::try_from(&params) {
         Ok(toml::Value::Table(t)) => t,
         _ => toml::Table::new(),
@@ -58,10 +60,14 @@ where
     Ok((make(params), resolved))
 }
 
-/// Range checks beyond what types express.
+/// Range checks beyond what types express, and defaults that depend on the
+/// federation (so the resolved config shows the value that ran).
 pub(crate) trait Validate {
     /// `Err(message naming the key)` when a value is impossible.
     fn validate(&self) -> Result<(), String> {
         Ok(())
     }
+
+    /// Fills defaults that depend on the number of clients.
+    fn resolve(&mut self, _clients: usize) {}
 }

@@ -62,7 +62,7 @@ pub struct PFedGraphParams {
     /// 0.08·K.
     pub alpha: Option<f64>,
     /// λ of the cosine regulariser.
-    pub lambda: f32,
+    pub lambda: f64,
     /// Similarities above this become 1.
     pub threshold: f64,
     /// Similarity on all layers or on the fc layers only.
@@ -98,6 +98,10 @@ impl Validate for PFedGraphParams {
         }
         Ok(())
     }
+
+    fn resolve(&mut self, clients: usize) {
+        self.alpha.get_or_insert(0.08 * clients as f64);
+    }
 }
 
 /// The pFedGraph algorithm.
@@ -109,7 +113,8 @@ pub struct PFedGraph {
 impl PFedGraph {
     /// Builds pFedGraph for `clients` clients (alpha defaults to 0.08·K).
     pub fn new(mut params: PFedGraphParams, clients: usize) -> Self {
-        let alpha = *params.alpha.get_or_insert(0.08 * clients as f64);
+        params.resolve(clients);
+        let alpha = params.alpha.unwrap_or(0.08 * clients as f64);
         Self { params, alpha }
     }
 }
@@ -189,8 +194,8 @@ impl Algorithm for PFedGraph {
         // the regulariser pulls it toward θ̃_i (or c_i in the code variant).
         let train_loss = if round > 1 && self.params.lambda > 0.0 {
             let coef = match self.params.reg_sign {
-                RegSign::Paper => -self.params.lambda,
-                RegSign::Code => self.params.lambda,
+                RegSign::Paper => -self.params.lambda as f32,
+                RegSign::Code => self.params.lambda as f32,
             };
             let target = match (&self.params.reg_target, &state.aux) {
                 (RegTarget::Normalized, Some(c)) => c.clone(),
