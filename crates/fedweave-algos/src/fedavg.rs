@@ -9,7 +9,8 @@
 
 use crate::params::Validate;
 use crate::{
-    Aggregation, Algorithm, ClientData, ClientState, Download, Env, EvalPoint, Upload, train_plain,
+    Aggregation, Algorithm, ClientData, ClientState, Download, Env, EvalPoint, Upload, models_of,
+    train_plain,
 };
 use fedweave_core::vecmath::weighted_sum;
 use fedweave_core::{CollaborationGraph, RngStream};
@@ -90,11 +91,7 @@ impl Algorithm for FedAvg {
         } else {
             train_plain(env, data, state, &[], rng)
         };
-        Upload {
-            model: state.model.clone(),
-            vectors: 1,
-            train_loss,
-        }
+        Upload::model(state.model.clone(), train_loss)
     }
 
     fn aggregate(
@@ -102,8 +99,9 @@ impl Algorithm for FedAvg {
         env: &Env,
         _: usize,
         participants: &[usize],
-        uploads: &[&[f32]],
+        uploads: &[&Upload],
     ) -> Aggregation {
+        let uploads = &models_of(uploads)[..];
         let p = env.size_weights(participants);
         let mut global = vec![0.0f32; uploads.first().map_or(0, |u| u.len())];
         weighted_sum(&p, uploads, &mut global);

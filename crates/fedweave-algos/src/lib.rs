@@ -77,6 +77,26 @@ pub struct Upload {
     pub vectors: usize,
     /// Mean local training loss of the round.
     pub train_loss: f64,
+    /// A second model-sized vector, for methods that upload one (FedDWA's
+    /// guidance model).
+    pub extra: Option<Vec<f32>>,
+}
+
+impl Upload {
+    /// An upload of one trained model.
+    pub fn model(model: Vec<f32>, train_loss: f64) -> Self {
+        Self {
+            model,
+            vectors: 1,
+            train_loss,
+            extra: None,
+        }
+    }
+}
+
+/// The uploaded models, in order.
+pub(crate) fn models_of<'a>(uploads: &[&'a Upload]) -> Vec<&'a [f32]> {
+    uploads.iter().map(|u| u.model.as_slice()).collect()
 }
 
 /// A model (and optional extra vector) the server sends one client.
@@ -134,7 +154,7 @@ pub trait Algorithm: Send + Sync {
         env: &Env,
         round: usize,
         participants: &[usize],
-        uploads: &[&[f32]],
+        uploads: &[&Upload],
     ) -> Aggregation;
 
     /// Which model is evaluated.

@@ -43,10 +43,11 @@ impl Algorithm for Local {
             model: Vec::new(),
             vectors: 0,
             train_loss,
+            extra: None,
         }
     }
 
-    fn aggregate(&mut self, env: &Env, _: usize, _: &[usize], _: &[&[f32]]) -> Aggregation {
+    fn aggregate(&mut self, env: &Env, _: usize, _: &[usize], _: &[&Upload]) -> Aggregation {
         Aggregation {
             graph: CollaborationGraph::identity(env.clients()),
             layers: Vec::new(),

@@ -15,7 +15,7 @@
 use crate::params::Validate;
 use crate::{
     Aggregation, Algorithm, ClientData, ClientState, Download, Env, Upload, embed_rows, mix_rows,
-    train_plain,
+    models_of, train_plain,
 };
 use fedweave_core::vecmath::{dot, norm, weighted_sum};
 use fedweave_core::{RngStream, project_to_simplex};
@@ -210,11 +210,7 @@ impl Algorithm for PFedGraph {
         } else {
             train_plain(env, data, state, &[], rng)
         };
-        Upload {
-            model: state.model.clone(),
-            vectors: 1,
-            train_loss,
-        }
+        Upload::model(state.model.clone(), train_loss)
     }
 
     fn aggregate(
@@ -222,10 +218,11 @@ impl Algorithm for PFedGraph {
         env: &Env,
         _: usize,
         participants: &[usize],
-        uploads: &[&[f32]],
+        uploads: &[&Upload],
     ) -> Aggregation {
-        let ranges = match self.params.similarity {
-            SimilarityOn::All => vec![0..env.init.len()],
+        let uploads = &models_of(uploads)[..];
+        let ranges: Vec<Range<usize>> = match self.params.similarity {
+            SimilarityOn::All => std::iter::once(0..env.init.len()).collect(),
             SimilarityOn::Fc => env.spec.layout().ranges_with_prefix("fc"),
         };
         let deltas: Vec<Vec<f32>> = uploads

@@ -180,7 +180,9 @@ pub fn run_experiment(
         }
         let mut rejected = Vec::new();
         uploads.retain(|(i, up)| {
-            let ok = up.model.is_empty() || (up.model.len() == init.len() && all_finite(&up.model));
+            let sound = |v: &[f32]| v.len() == init.len() && all_finite(v);
+            let ok =
+                (up.model.is_empty() || sound(&up.model)) && up.extra.as_deref().is_none_or(sound);
             if !ok {
                 tracing::warn!(
                     client = i,
@@ -201,7 +203,7 @@ pub fn run_experiment(
 
         // Graph inference and mixing.
         let ids: Vec<usize> = uploads.iter().map(|(i, _)| *i).collect();
-        let refs: Vec<&[f32]> = uploads.iter().map(|(_, u)| u.model.as_slice()).collect();
+        let refs: Vec<&Upload> = uploads.iter().map(|(_, u)| u).collect();
         let agg = algo.aggregate(&env, round, &ids, &refs);
         let mut bytes_down = 0u64;
         for (state, dl) in states.iter_mut().zip(agg.downloads) {
