@@ -3,9 +3,9 @@
 use crate::config::ExperimentConfig;
 use crate::records::{PROTOCOL, RoundRecord, Summary};
 use fedweave_algos::attack::{AttackKind, choose_malicious, poison};
-use fedweave_algos::{ClientData, ClientState, Env, EvalPoint, Upload};
+use fedweave_algos::{Aggregation, ClientData, ClientState, Env, EvalPoint, Upload};
 use fedweave_core::vecmath::{all_finite, mean, std_dev};
-use fedweave_core::{Purpose, rng_stream};
+use fedweave_core::{CollaborationGraph, Purpose, rng_stream};
 use fedweave_data::{Dataset, Partition, PartitionKind};
 use fedweave_nn::{LocalData, ModelSpec, evaluate};
 use rand::seq::index::sample;
@@ -204,7 +204,17 @@ pub fn run_experiment(
         // Graph inference and mixing.
         let ids: Vec<usize> = uploads.iter().map(|(i, _)| *i).collect();
         let refs: Vec<&Upload> = uploads.iter().map(|(_, u)| u).collect();
-        let agg = algo.aggregate(&env, round, &ids, &refs);
+        // With no sound upload there is nothing to infer a graph from: every
+        // client keeps its model this round.
+        let agg = if refs.is_empty() {
+            Aggregation {
+                graph: CollaborationGraph::identity(cfg.clients),
+                layers: Vec::new(),
+                downloads: vec![None; cfg.clients],
+            }
+        } else {
+            algo.aggregate(&env, round, &ids, &refs)
+        };
         let mut bytes_down = 0u64;
         for (state, dl) in states.iter_mut().zip(agg.downloads) {
             if let Some(dl) = dl {

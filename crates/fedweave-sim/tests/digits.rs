@@ -155,3 +155,17 @@ fn partial_participation_is_seeded_and_counted() {
     assert_eq!(acc(&s), acc(&again));
     assert_eq!(rounds[2]["participants"], rounds2[2]["participants"]);
 }
+
+#[test]
+fn diverged_uploads_are_rejected_and_the_run_survives() {
+    // lr = 1e6 makes local training blow up to non-finite values.
+    let (s, rounds) = run(&["algorithm.name=fedavg", "train.lr=1e6", "rounds=2"]);
+    let rejected = rounds[0]["rejected"].as_array().unwrap();
+    assert!(!rejected.is_empty(), "non-finite uploads are rejected");
+    assert_eq!(s.rounds, 2);
+    assert!(
+        s.final_graph
+            .iter()
+            .all(|r| (r.iter().sum::<f64>() - 1.0).abs() < 1e-9)
+    );
+}
