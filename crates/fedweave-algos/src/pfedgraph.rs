@@ -17,7 +17,7 @@ use crate::{
     Aggregation, Algorithm, ClientData, ClientState, Download, Env, Upload, embed_rows, mix_rows,
     models_of, train_plain,
 };
-use fedweave_core::vecmath::{dot, norm, weighted_sum};
+use fedweave_core::vecmath::{dot, norm, sub_into, weighted_sum};
 use fedweave_core::{RngStream, project_to_simplex};
 use fedweave_nn::CosinePull;
 use rayon::prelude::*;
@@ -108,6 +108,9 @@ impl Validate for PFedGraphParams {
 pub struct PFedGraph {
     params: PFedGraphParams,
     alpha: f64,
+    /// θ_j − θ_init of every participant, kept across rounds so the N×d
+    /// block is allocated once.
+    deltas: Vec<Vec<f32>>,
 }
 
 impl PFedGraph {
@@ -115,7 +118,7 @@ impl PFedGraph {
     pub fn new(mut params: PFedGraphParams, clients: usize) -> Self {
         params.resolve(clients);
         let alpha = params.alpha.unwrap_or(0.08 * clients as f64);
-        Self { params, alpha }
+        Self { params, alpha, deltas: Vec::new() }
     }
 }
 
@@ -225,11 +228,12 @@ impl Algorithm for PFedGraph {
             SimilarityOn::All => std::iter::once(0..env.init.len()).collect(),
             SimilarityOn::Fc => env.spec.layout().ranges_with_prefix("fc"),
         };
-        let deltas: Vec<Vec<f32>> = uploads
-            .par_iter()
-            .map(|u| u.iter().zip(env.init).map(|(a, b)| a - b).collect())
-            .collect();
-        let s = similarity_matrix(&deltas, &ranges, self.params.threshold);
+        self.deltas.resize_with(uploads.len(), Vec::new);
+        self.deltas.par_iter_mut().zip(uploads.par_iter()).for_each(|(d, u)| {
+            d.resize(u.len(), 0.0);
+            sub_into(u, env.init, d);
+        });
+        let s = similarity_matrix(&self.deltas, &ranges, self.params.threshold);
         let p = env.size_weights(participants);
         let rows = infer_graph(&s, &p, self.alpha);
         let graph = embed_rows(env.clients(), participants, &rows);
