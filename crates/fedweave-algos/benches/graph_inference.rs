@@ -20,7 +20,7 @@
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, criterion_group, criterion_main};
 use fedweave_algos::pfedgraph::{PFedGraph, PFedGraphParams, infer_graph, similarity_matrix};
-use fedweave_algos::{Algorithm, Env};
+use fedweave_algos::{Algorithm, Env, Upload};
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_nn::{ModelKind, ModelSpec, TrainConfig};
 use rand::Rng;
@@ -68,7 +68,7 @@ fn server_step(init: &[f32], uploads: &[Vec<f32>], p: &[f64], alpha: f64) -> Vec
         .iter()
         .map(|u| u.iter().zip(init).map(|(a, b)| a - b).collect())
         .collect();
-    let s = similarity_matrix(&deltas, &[0..init.len()], 0.9);
+    let s = similarity_matrix(&deltas, std::slice::from_ref(&(0..init.len())), 0.9);
     infer_graph(&s, p, alpha)
 }
 
@@ -117,7 +117,8 @@ fn bench_aggregate(c: &mut Criterion) {
             init: &init,
         };
         let participants: Vec<usize> = (0..n).collect();
-        let uploads: Vec<&[f32]> = models.iter().map(|m| m.as_slice()).collect();
+        let owned: Vec<Upload> = models.into_iter().map(|m| Upload::model(m, 0.0)).collect();
+        let uploads: Vec<&Upload> = owned.iter().collect();
         let mut algo = PFedGraph::new(PFedGraphParams::default(), n);
         group.bench_function(BenchmarkId::from_parameter(n), |b| {
             b.iter(|| black_box(algo.aggregate(&env, 1, &participants, &uploads)))
@@ -131,10 +132,10 @@ fn random_similarity(n: usize) -> Vec<Vec<f64>> {
     let mut rng = rng_stream(11, 0, n as u64, Purpose::Dataset);
     let mut s = vec![vec![1.0; n]; n];
     for i in 0..n {
-        for j in i + 1..n {
-            let v = rng.random_range(-1.0..1.0);
-            s[i][j] = v;
-            s[j][i] = v;
+        let upper: Vec<f64> = (i + 1..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+        for (k, v) in upper.into_iter().enumerate() {
+            s[i][i + 1 + k] = v;
+            s[i + 1 + k][i] = v;
         }
     }
     s

@@ -118,7 +118,11 @@ impl PFedGraph {
     pub fn new(mut params: PFedGraphParams, clients: usize) -> Self {
         params.resolve(clients);
         let alpha = params.alpha.unwrap_or(0.08 * clients as f64);
-        Self { params, alpha, deltas: Vec::new() }
+        Self {
+            params,
+            alpha,
+            deltas: Vec::new(),
+        }
     }
 }
 
@@ -229,10 +233,13 @@ impl Algorithm for PFedGraph {
             SimilarityOn::Fc => env.spec.layout().ranges_with_prefix("fc"),
         };
         self.deltas.resize_with(uploads.len(), Vec::new);
-        self.deltas.par_iter_mut().zip(uploads.par_iter()).for_each(|(d, u)| {
-            d.resize(u.len(), 0.0);
-            sub_into(u, env.init, d);
-        });
+        self.deltas
+            .par_iter_mut()
+            .zip(uploads.par_iter())
+            .for_each(|(d, u)| {
+                d.resize(u.len(), 0.0);
+                sub_into(u, env.init, d);
+            });
         let s = similarity_matrix(&self.deltas, &ranges, self.params.threshold);
         let p = env.size_weights(participants);
         let rows = infer_graph(&s, &p, self.alpha);
@@ -323,19 +330,19 @@ mod tests {
             vec![0.0, 1.0],
             vec![-1.0, 0.0],
         ];
-        let s = similarity_matrix(&d, &[0..2], 0.9);
+        let s = similarity_matrix(&d, std::slice::from_ref(&(0..2)), 0.9);
         assert_eq!(s[0][1], 1.0, "cos 0.995 > 0.9 becomes 1");
         assert!((s[0][2]).abs() < 1e-12);
         assert!((s[0][3] + 1.0).abs() < 1e-12);
         assert!((s[1][2] - 0.1 / 1.01f64.sqrt()).abs() < 1e-6);
-        for i in 0..4 {
-            assert_eq!(s[i][i], 1.0);
-            for j in 0..4 {
-                assert_eq!(s[i][j], s[j][i]);
+        for (i, row) in s.iter().enumerate() {
+            assert_eq!(row[i], 1.0);
+            for (j, v) in row.iter().enumerate() {
+                assert_eq!(*v, s[j][i]);
             }
         }
         // Restricting to the first coordinate changes client 2's similarity.
-        let s0 = similarity_matrix(&d, &[0..1], 0.9);
+        let s0 = similarity_matrix(&d, std::slice::from_ref(&(0..1)), 0.9);
         assert_eq!(s0[0][2], 0.0);
         assert_eq!(s0[0][1], 1.0);
     }
