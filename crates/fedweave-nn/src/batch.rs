@@ -14,7 +14,17 @@ pub struct LocalData<'a> {
     pub flip_labels: Option<usize>,
 }
 
-impl LocalData<'_> {
+impl<'a> LocalData<'a> {
+    /// The rows `indices` of a split, labels as they are.
+    pub fn new(features: &'a [f32], labels: &'a [u32], indices: &'a [usize]) -> Self {
+        Self {
+            features,
+            labels,
+            indices,
+            flip_labels: None,
+        }
+    }
+
     /// Number of samples.
     pub fn len(&self) -> usize {
         self.indices.len()

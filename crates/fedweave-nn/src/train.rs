@@ -279,18 +279,19 @@ mod tests {
         }
     }
 
+    /// A 4-input MLP for two classes and its seeded initial weights.
+    fn mlp() -> (ModelSpec, Vec<f32>) {
+        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 2).unwrap();
+        let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
+        (spec, init)
+    }
+
     #[test]
     fn mlp_learns_separable_blobs_and_is_deterministic() {
         let (x, y) = blobs(200);
         let idx: Vec<usize> = (0..200).collect();
-        let data = LocalData {
-            features: &x,
-            labels: &y,
-            indices: &idx,
-            flip_labels: None,
-        };
-        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 2).unwrap();
-        let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
+        let data = LocalData::new(&x, &y, &idx);
+        let (spec, init) = mlp();
         let before = evaluate(&spec, &init, &data);
         let run = || {
             let mut p = init.clone();
@@ -351,14 +352,8 @@ mod tests {
     fn frozen_ranges_do_not_move() {
         let (x, y) = blobs(64);
         let idx: Vec<usize> = (0..64).collect();
-        let data = LocalData {
-            features: &x,
-            labels: &y,
-            indices: &idx,
-            flip_labels: None,
-        };
-        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 2).unwrap();
-        let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
+        let data = LocalData::new(&x, &y, &idx);
+        let (spec, init) = mlp();
         let head = spec.layout().head().unwrap().range.clone();
         let mut p = init.clone();
         train_local(
@@ -379,14 +374,8 @@ mod tests {
     fn strong_proximal_term_keeps_the_model_at_its_anchor() {
         let (x, y) = blobs(64);
         let idx: Vec<usize> = (0..64).collect();
-        let data = LocalData {
-            features: &x,
-            labels: &y,
-            indices: &idx,
-            flip_labels: None,
-        };
-        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 2).unwrap();
-        let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
+        let data = LocalData::new(&x, &y, &idx);
+        let (spec, init) = mlp();
         let drift = |mu: f32| {
             let mut p = init.clone();
             let prox = crate::Proximal { mu, anchor: &init };
