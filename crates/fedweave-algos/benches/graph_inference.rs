@@ -6,7 +6,9 @@
 //!   `infer_graph` (N simplex projections), as `PFedGraph::aggregate` runs
 //!   them.
 //! - `aggregate`: the whole `Algorithm::aggregate` call, which adds the
-//!   embedding into an N×N graph and the mixing θ̃_i = Σ_j W_ij θ_j.
+//!   embedding into an N×N graph and the mixing θ̃_i = Σ_j W_ij θ_j. N = 1000
+//!   takes about 40 s per call (7 min for the group), so it runs only with
+//!   `FEDWEAVE_BENCH_LARGE=1`.
 //! - `infer_graph`: the per-row QPs alone on a given random similarity
 //!   matrix (values in [−1, 1], symmetric, diagonal 1; p uniform;
 //!   alpha = 0.08·N), the same problem `scripts/qp_reference.py` solves
@@ -107,7 +109,12 @@ fn bench_aggregate(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3))
         .sampling_mode(SamplingMode::Flat);
+    let large = std::env::var_os("FEDWEAVE_BENCH_LARGE").is_some();
     for n in SIZES {
+        if n >= 1000 && !large {
+            eprintln!("aggregate/{n}: skipped (set FEDWEAVE_BENCH_LARGE=1)");
+            continue;
+        }
         let (init, models) = random_models(&spec, n);
         let sizes = vec![600; n];
         let env = Env {

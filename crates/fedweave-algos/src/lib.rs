@@ -4,12 +4,15 @@
 //!
 //! One file per algorithm holds both rules and the paper's defaults:
 //! [`local`], [`fedavg`] (FedAvg, FedAvg-FT, FedProx, FedProx-FT),
-//! [`pfedgraph`]. Model-poisoning and label-flip attacks are in [`attack`].
+//! [`pfedgraph`], [`feddwa`], [`fedaghn`]. Model-poisoning and label-flip
+//! attacks are in [`attack`].
 
 #![warn(missing_docs)]
 
 pub mod attack;
+pub mod fedaghn;
 pub mod fedavg;
+pub mod feddwa;
 pub mod local;
 mod params;
 pub mod pfedgraph;
@@ -263,6 +266,12 @@ pub fn build(
         "pfedgraph" => params::build::<pfedgraph::PFedGraphParams, _>(name, params, clients, |p| {
             Box::new(pfedgraph::PFedGraph::new(p, clients))
         }),
+        "feddwa" => params::build::<feddwa::FedDwaParams, _>(name, params, clients, |p| {
+            Box::new(feddwa::FedDwa::new(p))
+        }),
+        "fedaghn" => params::build::<fedaghn::FedAghnParams, _>(name, params, clients, |p| {
+            Box::new(fedaghn::FedAghn::new(p, clients))
+        }),
         _ => Err(AlgoError::UnknownAlgorithm {
             name: name.to_string(),
             known: catalogue()
@@ -302,6 +311,16 @@ pub fn catalogue() -> &'static [(&'static str, &'static str, &'static str)] {
             "pfedgraph",
             "W_i = simplex projection of p + s_i/(2·alpha), s = cos(θ−θ_init); local CE − λ·cos(θ, θ̃_i)",
             "Ye et al., ICML 2023",
+        ),
+        (
+            "feddwa",
+            "W_ij ∝ 1/‖ŵ*_i − ŵ_j‖² (ŵ* = guidance model, one extra local epoch), top_k = 5 per row; evaluates the mixed model; option guidance = \"full_batch\" (Eq. 16)",
+            "Liu et al., IJCAI 2023",
+        ),
+        (
+            "fedaghn",
+            "per layer: W_ii = p/(1+p), W_ij = softmax_{j≠i}(q·cos(Δ_i, Δ_j))/(1+p); p, q learned by a hypernetwork step (p_init 0.03, q_init 0.5, hn_lr 0.005); option hn_sign = \"pfedhn\"",
+            "Song et al., FedAGHN",
         ),
     ]
 }

@@ -1,0 +1,587 @@
+//! FedAGHN (Song et al.): attentive graph hypernetworks.
+//!
+//! The server keeps, per client i and per layer group r (a module's weight
+//! and bias), a self weight p_i^r ≥ 0 and a temperature q_i^r. Client i's
+//! personalised initial model is built layer by layer from the latest models
+//! θ_j of the round's participants:
+//!
+//! α_ij^r = softmax_{j≠i}(q_i^r · cos(Δ_i^r, Δ_j^r)) / (1 + p_i^r),
+//! α_ii^r = p_i^r / (1 + p_i^r),  θ̄_i^r = Σ_j α_ij^r θ_j^r,
+//!
+//! where Δ_j = θ̄_j − θ_j is client j's last update (all-ones before its
+//! first one, so the first attention is uniform). After client i trains from
+//! θ̄_i to θ_new, (p, q) take one step of −η·⟨∂θ̄_i/∂(p, q), θ_new − θ̄_i⟩ with
+//! the closed-form derivatives of METHODS.md §5.2, p clamped at 0. That sign
+//! is the paper's and its code's (it shrinks self weights over rounds, as
+//! the paper's Table 4 reports); `hn_sign = "pfedhn"` takes pFedHN's
+//! opposite sign.
+//!
+//! Mapping onto fedweave's round (train, then aggregate): `aggregate` at
+//! round t receives models trained from the θ̄_i sent at round t − 1 (from
+//! the common init for a client's first participation, which has no
+//! hypernetwork step). It (1) steps each participant's (p, q) with the
+//! derivatives saved when its θ̄_i was built, (2) stores θ_i ← θ_new and
+//! Δ_i ← θ̄_i − θ_new, and (3) builds the next θ̄_i of every participant from
+//! the new Δ's and (p, q). Attention runs over the round's participants;
+//! absent clients keep their model and get identity rows. Every element of
+//! the flat vector is trainable (no BN buffers), so all of it is mixed.
+//!
+//! Evaluation: the model after local training (the paper's "after"
+//! accuracies, METHODS.md §5.2 step 3).
+
+use crate::params::Validate;
+use crate::{
+    Aggregation, Algorithm, ClientData, ClientState, Download, Env, Upload, embed_rows, models_of,
+    train_plain,
+};
+use fedweave_core::vecmath::{dot, weighted_sum};
+use fedweave_core::{CollaborationGraph, LayerGroup, RngStream};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::ops::Range;
+
+/// Direction of the hypernetwork step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HnSign {
+    /// (p, q) ← (p, q) − η·⟨∂θ̄/∂(p, q), θ_new − θ̄⟩: the paper's Alg. 1 and
+    /// its code (inherited from pFedLA).
+    Fedaghn,
+    /// The opposite sign, pFedHN's descent on ½‖θ̄ − θ_new‖².
+    Pfedhn,
+}
+
+/// FedAGHN's parameters.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FedAghnParams {
+    /// Initial self weight p (the paper's example script: 0.03).
+    pub p_init: f64,
+    /// Initial temperature q on the cosine similarities (script: 0.5).
+    pub q_init: f64,
+    /// Hypernetwork learning rate η_hn.
+    pub hn_lr: f64,
+    /// Sign of the hypernetwork step.
+    pub hn_sign: HnSign,
+}
+
+impl Default for FedAghnParams {
+    fn default() -> Self {
+        Self {
+            p_init: 0.03,
+            q_init: 0.5,
+            hn_lr: 0.005,
+            hn_sign: HnSign::Fedaghn,
+        }
+    }
+}
+
+impl Validate for FedAghnParams {
+    fn validate(&self) -> Result<(), String> {
+        if !(self.p_init >= 0.0 && self.p_init.is_finite()) {
+            return Err(format!(
+                "algorithm.p_init must be a finite number ≥ 0, got {}",
+                self.p_init
+            ));
+        }
+        if !self.q_init.is_finite() {
+            return Err(format!(
+                "algorithm.q_init must be finite, got {}",
+                self.q_init
+            ));
+        }
+        if !(self.hn_lr >= 0.0 && self.hn_lr.is_finite()) {
+            return Err(format!(
+                "algorithm.hn_lr must be a finite number ≥ 0, got {}",
+                self.hn_lr
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Attention weights α of recipient `me` over the participants, given its
+/// cosines `cos` to each of them (`cos[me]` is ignored): a softmax of q·c
+/// over the others scaled by 1/(1+p), and p/(1+p) for itself. A lone client
+/// keeps its own model.
+pub fn attention(cos: &[f64], me: usize, p: f64, q: f64) -> Vec<f64> {
+    let p = p.max(0.0);
+    let mut alpha = softmax_others(cos, me, q);
+    if alpha.len() == 1 {
+        return vec![1.0];
+    }
+    for a in alpha.iter_mut() {
+        *a /= 1.0 + p;
+    }
+    alpha[me] = p / (1.0 + p);
+    alpha
+}
+
+/// s_j = softmax over j ≠ `me` of q·c_j, with s_me = 0 (max-shifted, so a
+/// large q cannot overflow).
+fn softmax_others(cos: &[f64], me: usize, q: f64) -> Vec<f64> {
+    let max = cos
+        .iter()
+        .enumerate()
+        .filter(|&(j, _)| j != me)
+        .map(|(_, c)| q * c)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let mut s: Vec<f64> = cos
+        .iter()
+        .enumerate()
+        .map(|(j, c)| if j == me { 0.0 } else { (q * c - max).exp() })
+        .collect();
+    let total: f64 = s.iter().sum();
+    if total > 0.0 {
+        s.iter_mut().for_each(|x| *x /= total);
+    }
+    s
+}
+
+/// Coefficients β with ∂θ̄/∂q = Σ_j β_j θ_j: β_j = s_j (c_j − c̄)/(1+p) for
+/// j ≠ `me` with c̄ = Σ_k s_k c_k, and β_me = 0 (the self weight does not
+/// depend on q).
+pub fn dq_coefficients(cos: &[f64], me: usize, p: f64, q: f64) -> Vec<f64> {
+    let p = p.max(0.0);
+    let s = softmax_others(cos, me, q);
+    let mean: f64 = s.iter().zip(cos).map(|(s, c)| s * c).sum();
+    s.iter()
+        .zip(cos)
+        .map(|(s, c)| s * (c - mean) / (1.0 + p))
+        .collect()
+}
+
+/// ⟨∂θ̄/∂p, Δθ⟩ on one layer, with ∂θ̄/∂p = (θ_i − θ̄)/(1+p): θ_i is the
+/// client's own model that went into θ̄.
+pub fn dp_dot(own: &[f32], personal: &[f32], update: &[f32], p: f64) -> f64 {
+    let mut acc = 0.0;
+    for ((o, b), u) in own.iter().zip(personal).zip(update) {
+        acc += (*o as f64 - *b as f64) * *u as f64;
+    }
+    acc / (1.0 + p.max(0.0))
+}
+
+/// One hypernetwork step on one layer given ⟨∂θ̄/∂p, Δθ⟩ and ⟨∂θ̄/∂q, Δθ⟩;
+/// p is clamped at 0 so the self weight stays a weight.
+pub fn hn_step(p: f64, q: f64, dot_p: f64, dot_q: f64, lr: f64, sign: HnSign) -> (f64, f64) {
+    let s = match sign {
+        HnSign::Fedaghn => 1.0,
+        HnSign::Pfedhn => -1.0,
+    };
+    ((p - s * lr * dot_p).max(0.0), q - s * lr * dot_q)
+}
+
+/// What the server sent client i, kept for its next hypernetwork step.
+struct Sent {
+    /// θ̄_i.
+    model: Vec<f32>,
+    /// ∂θ̄_i/∂q, layer by layer, from the models θ̄_i was built from (they
+    /// may change before i trains again, so the derivative is kept, not
+    /// recomputed).
+    grad_q: Vec<f32>,
+}
+
+/// The FedAGHN algorithm.
+pub struct FedAghn {
+    params: FedAghnParams,
+    clients: usize,
+    /// p_i^r, per client then layer (allocated at the first aggregation,
+    /// when the layout is known).
+    p: Vec<Vec<f64>>,
+    /// q_i^r.
+    q: Vec<Vec<f64>>,
+    /// θ_j, the latest model of each client (`None`: the common init).
+    models: Vec<Option<Vec<f32>>>,
+    /// Δ_j = θ̄_j − θ_j (`None`: all ones, before the first update).
+    deltas: Vec<Option<Vec<f32>>>,
+    /// θ̄_i and its q-derivative (`None`: i has only ever had the init).
+    sent: Vec<Option<Sent>>,
+}
+
+impl FedAghn {
+    /// Builds FedAGHN for `clients` clients.
+    pub fn new(params: FedAghnParams, clients: usize) -> Self {
+        Self {
+            params,
+            clients,
+            p: Vec::new(),
+            q: Vec::new(),
+            models: (0..clients).map(|_| None).collect(),
+            deltas: (0..clients).map(|_| None).collect(),
+            sent: (0..clients).map(|_| None).collect(),
+        }
+    }
+
+    /// Current (p, q) of client `i` on every layer (empty before the first
+    /// aggregation).
+    pub fn self_weights(&self, i: usize) -> (&[f64], &[f64]) {
+        match (self.p.get(i), self.q.get(i)) {
+            (Some(p), Some(q)) => (p, q),
+            _ => (&[], &[]),
+        }
+    }
+}
+
+/// The layer groups of the model, or one group over the whole vector for a
+/// layout without groups.
+fn layer_groups(env: &Env) -> Vec<LayerGroup> {
+    let groups = env.spec.layout().groups();
+    if groups.is_empty() {
+        vec![LayerGroup {
+            name: "all".into(),
+            range: 0..env.init.len(),
+        }]
+    } else {
+        groups.to_vec()
+    }
+}
+
+/// cos(a, b) on `r`, with `None` meaning the all-ones vector.
+fn layer_cos(a: Option<&[f32]>, b: Option<&[f32]>, r: &Range<usize>) -> f64 {
+    let len = r.len() as f64;
+    let sum = |v: &[f32]| v[r.clone()].iter().map(|x| *x as f64).sum::<f64>();
+    let (ab, na, nb) = match (a, b) {
+        (None, None) => return 1.0,
+        (Some(a), Some(b)) => (
+            dot(&a[r.clone()], &b[r.clone()]),
+            dot(&a[r.clone()], &a[r.clone()]),
+            dot(&b[r.clone()], &b[r.clone()]),
+        ),
+        (Some(v), None) | (None, Some(v)) => (sum(v), dot(&v[r.clone()], &v[r.clone()]), len),
+    };
+    if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        ab / (na.sqrt() * nb.sqrt())
+    }
+}
+
+impl Algorithm for FedAghn {
+    fn name(&self) -> &'static str {
+        "fedaghn"
+    }
+
+    fn local_round(
+        &self,
+        env: &Env,
+        _: usize,
+        _: usize,
+        data: &ClientData,
+        state: &mut ClientState,
+        rng: &mut RngStream,
+    ) -> Upload {
+        // The client starts from θ̄_i (state.model), the init before it has
+        // received one.
+        let train_loss = train_plain(env, data, state, &[], rng);
+        Upload::model(state.model.clone(), train_loss)
+    }
+
+    fn aggregate(
+        &mut self,
+        env: &Env,
+        _: usize,
+        participants: &[usize],
+        uploads: &[&Upload],
+    ) -> Aggregation {
+        let n = self.clients.max(env.clients());
+        let groups = layer_groups(env);
+        if self.p.len() != n || self.p.first().is_some_and(|p| p.len() != groups.len()) {
+            self.p = vec![vec![self.params.p_init; groups.len()]; n];
+            self.q = vec![vec![self.params.q_init; groups.len()]; n];
+        }
+        self.models.resize_with(n, || None);
+        self.deltas.resize_with(n, || None);
+        self.sent.resize_with(n, || None);
+        let models = models_of(uploads);
+        let d = env.init.len();
+
+        // (1) Hypernetwork step, then (2) store θ_i and Δ_i.
+        for (&i, &new) in participants.iter().zip(&models) {
+            let sent = self.sent[i].take();
+            let personal: &[f32] = sent.as_ref().map_or(env.init, |s| &s.model);
+            let update: Vec<f32> = new.iter().zip(personal).map(|(a, b)| a - b).collect();
+            if let Some(s) = &sent {
+                let own = self.models[i].as_deref().unwrap_or(env.init);
+                for (r, g) in groups.iter().enumerate() {
+                    let rg = g.range.clone();
+                    let dot_q = dot(&s.grad_q[rg.clone()], &update[rg.clone()]);
+                    let dot_p = dp_dot(
+                        &own[rg.clone()],
+                        &s.model[rg.clone()],
+                        &update[rg],
+                        self.p[i][r],
+                    );
+                    (self.p[i][r], self.q[i][r]) = hn_step(
+                        self.p[i][r],
+                        self.q[i][r],
+                        dot_p,
+                        dot_q,
+                        self.params.hn_lr,
+                        self.params.hn_sign,
+                    );
+                }
+            }
+            self.deltas[i] = Some(update.iter().map(|u| -u).collect());
+            self.models[i] = Some(new.to_vec());
+        }
+
+        // (3) New attention and θ̄_i for every participant, layer by layer.
+        let deltas: Vec<Option<&[f32]>> = participants
+            .iter()
+            .map(|&i| self.deltas[i].as_deref())
+            .collect();
+        let m = participants.len();
+        // cos[r][a][b] over participants a, b.
+        let cos: Vec<Vec<Vec<f64>>> = groups
+            .iter()
+            .map(|g| {
+                (0..m)
+                    .into_par_iter()
+                    .map(|a| {
+                        (0..m)
+                            .map(|b| layer_cos(deltas[a], deltas[b], &g.range))
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let (p, q) = (&self.p, &self.q);
+        let built: Vec<(Vec<Vec<f64>>, Sent)> = participants
+            .par_iter()
+            .enumerate()
+            .map(|(k, &i)| {
+                let mut model = vec![0.0f32; d];
+                let mut grad_q = vec![0.0f32; d];
+                let mut rows = Vec::with_capacity(groups.len());
+                for (r, g) in groups.iter().enumerate() {
+                    let rg = g.range.clone();
+                    let slices: Vec<&[f32]> = models.iter().map(|x| &x[rg.clone()]).collect();
+                    let alpha = attention(&cos[r][k], k, p[i][r], q[i][r]);
+                    let beta = dq_coefficients(&cos[r][k], k, p[i][r], q[i][r]);
+                    weighted_sum(&alpha, &slices, &mut model[rg.clone()]);
+                    weighted_sum(&beta, &slices, &mut grad_q[rg]);
+                    rows.push(alpha);
+                }
+                (rows, Sent { model, grad_q })
+            })
+            .collect();
+
+        let mut layer_rows: Vec<Vec<Vec<f64>>> = vec![Vec::with_capacity(m); groups.len()];
+        let mut downloads = vec![None; env.clients()];
+        for (&i, (rows, sent)) in participants.iter().zip(built) {
+            for (r, row) in rows.into_iter().enumerate() {
+                layer_rows[r].push(row);
+            }
+            downloads[i] = Some(Download {
+                model: sent.model.clone(),
+                aux: None,
+            });
+            self.sent[i] = Some(sent);
+        }
+        let layers: Vec<(String, CollaborationGraph)> = groups
+            .iter()
+            .zip(&layer_rows)
+            .map(|(g, rows)| {
+                (
+                    g.name.clone(),
+                    embed_rows(env.clients(), participants, rows),
+                )
+            })
+            .collect();
+        let graphs: Vec<CollaborationGraph> = layers.iter().map(|(_, g)| g.clone()).collect();
+        Aggregation {
+            graph: CollaborationGraph::mean(&graphs),
+            layers,
+            downloads,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fedweave_core::{Purpose, rng_stream};
+    use fedweave_nn::{ModelKind, ModelSpec, TrainConfig};
+
+    /// θ̄(p, q) = Σ_j α_j(p, q) θ_j in f64, the function the closed-form
+    /// derivatives differentiate.
+    fn personal(models: &[Vec<f32>], cos: &[f64], me: usize, p: f64, q: f64) -> Vec<f64> {
+        let alpha = attention(cos, me, p, q);
+        (0..models[0].len())
+            .map(|e| alpha.iter().zip(models).map(|(a, m)| a * m[e] as f64).sum())
+            .collect()
+    }
+
+    fn toy_models() -> Vec<Vec<f32>> {
+        vec![
+            vec![0.3, -1.2, 2.0, 0.7],
+            vec![1.1, 0.4, -0.5, 0.2],
+            vec![-0.8, 0.9, 0.1, 1.5],
+            vec![0.0, 2.2, -1.3, -0.4],
+        ]
+    }
+
+    #[test]
+    fn first_round_attention_is_self_weight_and_uniform_rest() {
+        let n = 20;
+        let ones = vec![1.0; n];
+        for me in [0, 7, 19] {
+            let a = attention(&ones, me, 0.03, 0.5);
+            let diag = 0.03 / 1.03;
+            assert!((a[me] - diag).abs() < 1e-12);
+            assert!((a[me] - 0.029126).abs() < 1e-6);
+            for (j, w) in a.iter().enumerate().filter(|(j, _)| *j != me) {
+                assert!((w - (1.0 - diag) / (n - 1) as f64).abs() < 1e-12, "{j}");
+            }
+            assert!((a.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        }
+        assert_eq!(attention(&[1.0], 0, 0.03, 0.5), vec![1.0]);
+    }
+
+    #[test]
+    fn closed_form_derivatives_match_finite_differences() {
+        let models = toy_models();
+        let cos = [0.2, 0.9, -0.4, 0.5];
+        let (me, p, q) = (1, 0.07, 1.3);
+        let h = 1e-6;
+        let refs: Vec<&[f32]> = models.iter().map(|m| m.as_slice()).collect();
+        // ∂θ̄/∂q.
+        let mut dq = vec![0.0f32; 4];
+        weighted_sum(&dq_coefficients(&cos, me, p, q), &refs, &mut dq);
+        let (hi, lo) = (
+            personal(&models, &cos, me, p, q + h),
+            personal(&models, &cos, me, p, q - h),
+        );
+        for e in 0..4 {
+            let fd = (hi[e] - lo[e]) / (2.0 * h);
+            assert!(
+                (fd - dq[e] as f64).abs() < 1e-5,
+                "q, {e}: {fd} vs {}",
+                dq[e]
+            );
+        }
+        // ∂θ̄/∂p = (θ_i − θ̄)/(1+p), checked through dp_dot on unit updates.
+        let bar = personal(&models, &cos, me, p, q);
+        let bar32: Vec<f32> = bar.iter().map(|x| *x as f32).collect();
+        let (hi, lo) = (
+            personal(&models, &cos, me, p + h, q),
+            personal(&models, &cos, me, p - h, q),
+        );
+        for e in 0..4 {
+            let fd = (hi[e] - lo[e]) / (2.0 * h);
+            let closed = (models[me][e] as f64 - bar[e]) / (1.0 + p);
+            assert!((fd - closed).abs() < 1e-6, "p, {e}: {fd} vs {closed}");
+            let mut unit = vec![0.0f32; 4];
+            unit[e] = 1.0;
+            let via = dp_dot(&models[me], &bar32, &unit, p);
+            assert!((fd - via).abs() < 1e-5, "dp_dot, {e}: {fd} vs {via}");
+        }
+    }
+
+    #[test]
+    fn p_never_goes_negative_and_signs_are_opposite() {
+        let (p, q) = hn_step(0.03, 0.5, 1e6, 2.0, 0.005, HnSign::Fedaghn);
+        assert_eq!(p, 0.0);
+        assert!((q - 0.49).abs() < 1e-12);
+        let (p, q) = hn_step(0.03, 0.5, -1e6, 2.0, 0.005, HnSign::Pfedhn);
+        assert_eq!(p, 0.0);
+        assert!((q - 0.51).abs() < 1e-12);
+        let (p, _) = hn_step(0.03, 0.5, 2.0, 0.0, 0.005, HnSign::Pfedhn);
+        assert!((p - 0.04).abs() < 1e-12);
+        // A negative p is read as 0 by the attention.
+        assert_eq!(attention(&[1.0, 1.0], 0, -5.0, 0.5), vec![0.0, 1.0]);
+    }
+
+    /// Drives `aggregate` on a small MLP with trained-looking random uploads:
+    /// rows are stochastic, round-1 self weights are p/(1+p), absent clients
+    /// get identity rows and no download, and (p, q) stay sane with a huge
+    /// hypernetwork learning rate.
+    #[test]
+    fn aggregate_rounds_keep_weights_valid() {
+        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 2).unwrap();
+        let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
+        let train = TrainConfig {
+            lr: 0.05,
+            momentum: 0.0,
+            weight_decay: 0.0,
+            batch_size: 8,
+            iterations: 1,
+            epochs: 1,
+        };
+        let sizes = [10usize; 5];
+        let env = Env {
+            spec: &spec,
+            train: &train,
+            sizes: &sizes,
+            init: &init,
+        };
+        let params = FedAghnParams {
+            hn_lr: 50.0,
+            ..Default::default()
+        };
+        let mut algo = FedAghn::new(params, 5);
+        let mut held: Vec<Vec<f32>> = vec![init.clone(); 5];
+        let mut rng = rng_stream(2, 0, 0, Purpose::Batches);
+        for round in 1..=4 {
+            let participants: Vec<usize> = if round == 3 {
+                vec![0, 2, 4]
+            } else {
+                (0..5).collect()
+            };
+            let uploads: Vec<Upload> = participants
+                .iter()
+                .map(|&i| {
+                    let shift = (i % 2) as f32 * 0.2 - 0.1;
+                    let model = held[i]
+                        .iter()
+                        .map(|x| x + shift + 0.01 * rand::Rng::random::<f32>(&mut rng))
+                        .collect();
+                    Upload::model(model, 0.0)
+                })
+                .collect();
+            let refs: Vec<&Upload> = uploads.iter().collect();
+            let agg = algo.aggregate(&env, round, &participants, &refs);
+            assert_eq!(agg.layers.len(), 3);
+            assert!(agg.graph.max_row_sum_error() < 1e-9);
+            for (name, g) in &agg.layers {
+                assert!(g.max_row_sum_error() < 1e-9, "{name}");
+                if round == 1 {
+                    for &i in &participants {
+                        assert!((g.get(i, i) - 0.03 / 1.03).abs() < 1e-12);
+                    }
+                    // Clients 1 and 3 moved alike, so they attend to each
+                    // other more than to the clients that moved the other way.
+                    assert!(g.get(1, 3) > g.get(1, 0), "{name}: {:?}", g.row(1));
+                }
+            }
+            for (i, (dl, model)) in agg.downloads.iter().zip(held.iter_mut()).enumerate() {
+                let present = participants.contains(&i);
+                assert_eq!(dl.is_some(), present);
+                if !present {
+                    assert_eq!(agg.graph.get(i, i), 1.0);
+                }
+                if let Some(dl) = dl {
+                    assert!(dl.model.iter().all(|x| x.is_finite()));
+                    *model = dl.model.clone();
+                }
+                let (p, q) = algo.self_weights(i);
+                assert!(p.iter().all(|p| *p >= 0.0 && p.is_finite()), "{p:?}");
+                assert!(q.iter().all(|q| q.is_finite()), "{q:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_parameters_are_rejected() {
+        let bad = FedAghnParams {
+            p_init: -0.1,
+            ..Default::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("algorithm.p_init"));
+        let bad = FedAghnParams {
+            hn_lr: f64::NAN,
+            ..Default::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("algorithm.hn_lr"));
+    }
+}

@@ -1,0 +1,279 @@
+//! FedDWA (Liu et al., IJCAI 2023): personalized FL with dynamic weight
+//! adjustment.
+//!
+//! Client: trains as configured to ŵ_i, then derives a *guidance model*
+//! ŵ*_i — a guess of where its own optimum lies — from one more local epoch
+//! of mini-batch SGD on a copy (the authors' code and the paper's Alg. 1;
+//! `guidance = "full_batch"` takes the single full-batch gradient step of
+//! Eq. 16 instead). Both are uploaded.
+//!
+//! Graph rule over the round's participants (recipient i, source j, self
+//! included): P_ij ∝ 1/‖ŵ*_i − ŵ_j‖², normalised per recipient, then only the
+//! `top_k` largest (K = 5) are kept and renormalised. The next model of i is
+//! Σ_j P_ij ŵ_j — the *trained* models, not the guidance models. This is the
+//! diagonal approximation of min_P ‖ŵ*_i − Σ_j P_ij ŵ_j‖² (paper Eq. 15).
+//!
+//! Every element of fedweave's flat parameter vector is a trainable
+//! parameter (batch-norm running statistics are never part of it), so
+//! "only trainable parameters are mixed; BN buffers stay local" holds by
+//! construction.
+//!
+//! The self distance ‖ŵ*_i − ŵ_i‖² is one guidance epoch of movement, so the
+//! rows carry real off-diagonal weight only while that is comparable with the
+//! distances between clients — the paper's regime of E = 1 local epoch. With
+//! many local steps per round the rows approach the identity (FedDWA then
+//! behaves like Local), and they do so over rounds as local models converge.
+//!
+//! Evaluation: FedDWA scores each client's aggregated personalised model
+//! before it trains again (METHODS.md §4.4), so fedweave evaluates after
+//! mixing. Absent clients keep their last personalised model.
+
+use crate::params::Validate;
+use crate::{
+    Aggregation, Algorithm, ClientData, ClientState, Env, EvalPoint, Upload, embed_rows, mix_rows,
+    models_of, train_plain,
+};
+use fedweave_core::RngStream;
+use fedweave_core::vecmath::sq_dist;
+use fedweave_nn::TrainConfig;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Smallest squared distance used in 1/‖ŵ*_i − ŵ_j‖², so that a guidance
+/// model equal to some trained model gives a huge but finite weight, never
+/// a division by zero.
+pub const MIN_SQ_DIST: f64 = 1e-12;
+
+/// How the guidance model ŵ*_i is derived from the trained model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Guidance {
+    /// One more local epoch of mini-batch SGD on a copy (code and Alg. 1; the
+    /// default).
+    Epoch,
+    /// One gradient step on the whole local training set, no momentum
+    /// (paper Eq. 16).
+    FullBatch,
+}
+
+/// FedDWA's parameters.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FedDwaParams {
+    /// K: collaborators kept per recipient, self included (paper: 5, robust
+    /// over 1–10).
+    pub top_k: usize,
+    /// How the guidance model is computed.
+    pub guidance: Guidance,
+}
+
+impl Default for FedDwaParams {
+    fn default() -> Self {
+        Self {
+            top_k: 5,
+            guidance: Guidance::Epoch,
+        }
+    }
+}
+
+impl Validate for FedDwaParams {
+    fn validate(&self) -> Result<(), String> {
+        if self.top_k == 0 {
+            return Err("algorithm.top_k must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// The FedDWA algorithm.
+pub struct FedDwa {
+    params: FedDwaParams,
+}
+
+impl FedDwa {
+    /// Builds FedDWA.
+    pub fn new(params: FedDwaParams) -> Self {
+        Self { params }
+    }
+}
+
+/// Rows of P over the participants: row i ∝ 1/max(‖guidance_i − models_j‖²,
+/// [`MIN_SQ_DIST`]), normalised, cut to its `top_k` largest entries (ties go
+/// to the lower index, so the result is deterministic) and renormalised.
+pub fn dwa_rows(guidance: &[&[f32]], models: &[&[f32]], top_k: usize) -> Vec<Vec<f64>> {
+    guidance
+        .par_iter()
+        .map(|g| {
+            let inv: Vec<f64> = models
+                .iter()
+                .map(|m| 1.0 / sq_dist(g, m).max(MIN_SQ_DIST))
+                .collect();
+            let total: f64 = inv.iter().sum();
+            let mut row: Vec<f64> = inv.iter().map(|w| w / total).collect();
+            if top_k < row.len() {
+                let mut order: Vec<usize> = (0..row.len()).collect();
+                // Stable sort: equal weights keep index order.
+                order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+                for &j in &order[top_k..] {
+                    row[j] = 0.0;
+                }
+                let kept: f64 = row.iter().sum();
+                row.iter_mut().for_each(|w| *w /= kept);
+            }
+            row
+        })
+        .collect()
+}
+
+impl Algorithm for FedDwa {
+    fn name(&self) -> &'static str {
+        "feddwa"
+    }
+
+    fn local_round(
+        &self,
+        env: &Env,
+        _: usize,
+        _: usize,
+        data: &ClientData,
+        state: &mut ClientState,
+        rng: &mut RngStream,
+    ) -> Upload {
+        let train_loss = train_plain(env, data, state, &[], rng);
+        // The guidance model is trained on a copy: the client keeps (and
+        // uploads as its model) ŵ_i itself.
+        let mut guidance = state.model.clone();
+        let cfg = match self.params.guidance {
+            Guidance::Epoch => TrainConfig {
+                iterations: 0,
+                epochs: 1,
+                ..env.train.clone()
+            },
+            Guidance::FullBatch => TrainConfig {
+                batch_size: data.train.len().max(1),
+                iterations: 1,
+                momentum: 0.0,
+                ..env.train.clone()
+            },
+        };
+        fedweave_nn::train_local(
+            env.spec,
+            &mut guidance,
+            &data.train,
+            &cfg,
+            &[],
+            &[],
+            None,
+            rng,
+        );
+        Upload {
+            model: state.model.clone(),
+            vectors: 2,
+            train_loss,
+            extra: Some(guidance),
+        }
+    }
+
+    fn aggregate(
+        &mut self,
+        env: &Env,
+        _: usize,
+        participants: &[usize],
+        uploads: &[&Upload],
+    ) -> Aggregation {
+        let models = models_of(uploads);
+        // A client without a guidance model (never the case for FedDWA's own
+        // clients) is judged by its trained model.
+        let guidance: Vec<&[f32]> = uploads
+            .iter()
+            .map(|u| u.extra.as_deref().unwrap_or(&u.model))
+            .collect();
+        let rows = dwa_rows(&guidance, &models, self.params.top_k);
+        let graph = embed_rows(env.clients(), participants, &rows);
+        let mut downloads = vec![None; env.clients()];
+        for (i, model) in mix_rows(&graph, participants, &models) {
+            downloads[i] = Some(crate::Download { model, aux: None });
+        }
+        Aggregation {
+            graph,
+            layers: Vec::new(),
+            downloads,
+        }
+    }
+
+    /// After mixing: FedDWA evaluates the personalised model each client
+    /// receives, before it trains on it (METHODS.md §4.4).
+    fn eval_point(&self) -> EvalPoint {
+        EvalPoint::AfterMixing
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refs(v: &[Vec<f32>]) -> Vec<&[f32]> {
+        v.iter().map(|x| x.as_slice()).collect()
+    }
+
+    /// Trained models at 0, 1 and 3 on a line; client 0's guidance at 0.5.
+    fn setup() -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+        let models = vec![vec![0.0f32, 0.0], vec![1.0, 0.0], vec![3.0, 0.0]];
+        let guidance = vec![vec![0.5f32, 0.0], vec![1.0, 1.0], vec![3.0, 2.0]];
+        (models, guidance)
+    }
+
+    #[test]
+    fn row_is_normalised_inverse_squared_distance() {
+        let (m, g) = setup();
+        let rows = dwa_rows(&refs(&g), &refs(&m), 5);
+        // Squared distances from (0.5, 0): 0.25, 0.25, 6.25 → 4, 4, 0.16.
+        let total = 4.0 + 4.0 + 0.16;
+        let want = [4.0 / total, 4.0 / total, 0.16 / total];
+        for (w, e) in rows[0].iter().zip(want) {
+            assert!((w - e).abs() < 1e-12, "{:?}", rows[0]);
+        }
+        // From (1, 1): 2, 1, 5 → 0.5, 1, 0.2.
+        let total = 0.5 + 1.0 + 0.2;
+        let want = [0.5 / total, 1.0 / total, 0.2 / total];
+        for (w, e) in rows[1].iter().zip(want) {
+            assert!((w - e).abs() < 1e-12, "{:?}", rows[1]);
+        }
+    }
+
+    #[test]
+    fn top_k_keeps_the_nearest_and_renormalises() {
+        let (m, g) = setup();
+        let rows = dwa_rows(&refs(&g), &refs(&m), 1);
+        // Client 0's guidance is equally near 0 and 1: the tie goes to 0.
+        assert_eq!(rows[0], vec![1.0, 0.0, 0.0]);
+        assert_eq!(rows[1], vec![0.0, 1.0, 0.0]);
+        // From (3, 2): 13, 8, 4 → the nearest is client 2.
+        assert_eq!(rows[2], vec![0.0, 0.0, 1.0]);
+        let two = dwa_rows(&refs(&g), &refs(&m), 2);
+        assert_eq!(two[1][2], 0.0);
+        assert!((two[1][0] - 1.0 / 3.0).abs() < 1e-12, "{:?}", two[1]);
+        assert!((two[1][1] - 2.0 / 3.0).abs() < 1e-12, "{:?}", two[1]);
+    }
+
+    #[test]
+    fn zero_distance_gives_no_nan() {
+        let m = vec![vec![1.0f32, 2.0], vec![1.0, 2.0], vec![5.0, 5.0]];
+        let g = vec![vec![1.0f32, 2.0]];
+        let rows = dwa_rows(&refs(&g), &refs(&m), 5);
+        assert!(rows[0].iter().all(|w| w.is_finite()), "{:?}", rows[0]);
+        assert!((rows[0].iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        // Two identical models at distance zero share the weight.
+        assert!((rows[0][0] - 0.5).abs() < 1e-9 && (rows[0][1] - 0.5).abs() < 1e-9);
+        assert!(rows[0][2] < 1e-9);
+    }
+
+    #[test]
+    fn top_k_zero_is_rejected() {
+        let p = FedDwaParams {
+            top_k: 0,
+            ..Default::default()
+        };
+        assert!(p.validate().unwrap_err().contains("algorithm.top_k"));
+    }
+}
