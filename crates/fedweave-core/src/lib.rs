@@ -10,9 +10,11 @@ pub mod graph;
 pub mod layout;
 pub mod rng;
 pub mod simplex;
+pub mod sparse;
 pub mod vecmath;
 
 pub use graph::CollaborationGraph;
 pub use layout::{LayerGroup, ParamLayout, TensorSpec};
 pub use rng::{Purpose, RngStream, rng_stream};
 pub use simplex::project_to_simplex;
+pub use sparse::{RelationGraph, RelationGraphError};
