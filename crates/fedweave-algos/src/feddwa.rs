@@ -156,9 +156,12 @@ impl Algorithm for FedDwa {
                 ..env.train.clone()
             },
         };
+        // The guidance epoch runs on copies: it must not move the client's
+        // own batch-norm statistics either.
         fedweave_nn::train_local(
             env.spec,
             &mut guidance,
+            &mut state.buffers.clone(),
             &data.train,
             &cfg,
             &[],

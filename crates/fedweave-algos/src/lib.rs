@@ -69,6 +69,9 @@ pub struct ClientState {
     pub aux: Option<Vec<f32>>,
     /// Optimiser state, for methods whose optimiser persists across rounds.
     pub sgd: SgdState,
+    /// Batch-norm running statistics: the client's own, never uploaded or
+    /// mixed (only trainable parameters are shared).
+    pub buffers: Vec<f32>,
 }
 
 /// What a client sends after local training.
@@ -178,6 +181,7 @@ pub(crate) fn train_plain(
     fedweave_nn::train_local(
         env.spec,
         &mut state.model,
+        &mut state.buffers,
         &data.train,
         env.train,
         extras,

@@ -48,12 +48,7 @@ impl RandomData {
     }
 
     fn view(&self) -> LocalData<'_> {
-        LocalData {
-            features: &self.features,
-            labels: &self.labels,
-            indices: &self.indices,
-            flip_labels: None,
-        }
+        LocalData::new(&self.features, &self.labels, &self.indices)
     }
 }
 
@@ -77,6 +72,10 @@ fn models() -> Vec<(&'static str, ModelSpec)> {
         (
             "lenet_3x32x32",
             ModelSpec::new(ModelKind::Cnn, &[3, 32, 32], CLASSES).unwrap(),
+        ),
+        (
+            "cnn_bn_1x28x28",
+            ModelSpec::new(ModelKind::CnnBn, &[1, 28, 28], CLASSES).unwrap(),
         ),
         (
             "mlp_1x28x28",
@@ -106,6 +105,7 @@ fn single_client(c: &mut Criterion) {
                 let stats = train_local(
                     &spec,
                     &mut params,
+                    &mut spec.init_buffers(),
                     &data.view(),
                     &cfg,
                     &[],
@@ -154,6 +154,7 @@ fn concurrent_clients(c: &mut Criterion) {
                                 let stats = train_local(
                                     &spec,
                                     &mut params,
+                                    &mut spec.init_buffers(),
                                     &data[k].view(),
                                     &cfg,
                                     &[],

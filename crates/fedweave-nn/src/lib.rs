@@ -19,7 +19,9 @@ pub mod train;
 pub use batch::LocalData;
 pub use extra::{CosinePull, ExtraLoss, Proximal};
 pub use model::{ModelKind, ModelSpec};
-pub use train::{EvalStats, SgdState, TrainConfig, TrainStats, evaluate, train_local};
+pub use train::{
+    EvalStats, MAPE_MIN_ABS, SgdState, TrainConfig, TrainStats, evaluate, train_local,
+};
 
 /// Errors from model construction.
 #[derive(Debug, thiserror::Error)]

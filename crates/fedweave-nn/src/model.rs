@@ -1,7 +1,7 @@
 //! Model architectures as pure functions of their flat parameter vector.
 
 use crate::NnError;
-use burn::tensor::activation::relu;
+use burn::tensor::activation::{relu, sigmoid, tanh};
 use burn::tensor::module::{conv2d, linear, max_pool2d};
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 use burn::tensor::{Device, Tensor, TensorData};
@@ -18,6 +18,14 @@ pub enum ModelKind {
     /// pFedGraph/DPFL SimpleCNN: conv 5×5→6, pool, conv 5×5→16, pool,
     /// fc 120, fc 84, fc classes (LeNet-5 style).
     Cnn,
+    /// FedAGHN's "4-layer CNN with BN" (PFLlib `FedAvgCNN` plus batch norm):
+    /// conv 5×5→32, BN, ReLU, pool; conv 5×5→64, BN, ReLU, pool; fc 512;
+    /// fc classes. Its running statistics are local buffers.
+    CnnBn,
+    /// SFL's "pure RNN with 64 hidden": a GRU over the input sequence
+    /// (`[steps, features]`) and a linear head from the last hidden state to
+    /// the forecast horizon.
+    Gru,
 }
 
 impl ModelKind {
@@ -28,6 +36,14 @@ impl ModelKind {
             (
                 "cnn",
                 "SimpleCNN of pFedGraph/DPFL: conv5×5→6, pool, conv5×5→16, pool, fc120, fc84, fc; C×28×28 or C×32×32",
+            ),
+            (
+                "cnn-bn",
+                "FedAGHN's 4-layer CNN: conv5×5→32, BN, pool, conv5×5→64, BN, pool, fc512, fc; C×28×28 or C×32×32; BN statistics stay local",
+            ),
+            (
+                "gru",
+                "GRU with 64 hidden units + linear head to the horizon (SFL's forecasting RNN); input steps×features",
             ),
         ]
     }
@@ -40,12 +56,23 @@ pub struct ModelSpec {
     input_shape: Vec<usize>,
     num_classes: usize,
     layout: ParamLayout,
+    /// Batch-norm layers, in forward order: (channels, offset of the running
+    /// mean in the buffer vector; the running variance follows it).
+    batch_norms: Vec<(usize, usize)>,
 }
 
 const MLP_HIDDEN: usize = 200;
+const CNN_BN_FC: usize = 512;
+/// Hidden units of the GRU (SFL: "pure RNN with 64 hidden").
+pub const GRU_HIDDEN: usize = 64;
+/// Batch-norm ε and momentum (PyTorch defaults).
+const BN_EPS: f32 = 1e-5;
+const BN_MOMENTUM: f32 = 0.1;
 
 impl ModelSpec {
     /// Validates the input shape for the architecture and builds the layout.
+    /// `num_classes` is the output width: classes, or the forecast horizon
+    /// for the `gru`.
     pub fn new(
         kind: ModelKind,
         input_shape: &[usize],
@@ -57,6 +84,7 @@ impl ModelSpec {
             reason: reason.to_string(),
         };
         let mut layout = ParamLayout::new();
+        let mut batch_norms = Vec::new();
         match kind {
             ModelKind::Mlp => {
                 let d: usize = input_shape.iter().product();
@@ -83,13 +111,48 @@ impl ModelSpec {
                         ],
                     );
             }
-            ModelKind::Cnn => {
+            ModelKind::Cnn | ModelKind::CnnBn => {
                 let [c, h, w] = <[usize; 3]>::try_from(input_shape)
                     .map_err(|_| bad("needs a C×H×W image input"))?;
                 if h != w || (h != 28 && h != 32) {
                     return Err(bad("needs 28×28 or 32×32 images"));
                 }
                 let s = ((h - 4) / 2 - 4) / 2;
+                if kind == ModelKind::CnnBn {
+                    layout
+                        .push_group(
+                            "conv1",
+                            &[("weight", vec![32, c, 5, 5]), ("bias", vec![32])],
+                        )
+                        .push_group("bn1", &[("weight", vec![32]), ("bias", vec![32])])
+                        .push_group(
+                            "conv2",
+                            &[("weight", vec![64, 32, 5, 5]), ("bias", vec![64])],
+                        )
+                        .push_group("bn2", &[("weight", vec![64]), ("bias", vec![64])])
+                        .push_group(
+                            "fc1",
+                            &[
+                                ("weight", vec![64 * s * s, CNN_BN_FC]),
+                                ("bias", vec![CNN_BN_FC]),
+                            ],
+                        )
+                        .push_group(
+                            "fc",
+                            &[
+                                ("weight", vec![CNN_BN_FC, num_classes]),
+                                ("bias", vec![num_classes]),
+                            ],
+                        );
+                    batch_norms = vec![(32, 0), (64, 64)];
+                    return Ok(Self {
+                        kind,
+                        input_shape: input_shape.to_vec(),
+                        num_classes,
+                        layout,
+                        batch_norms,
+                    });
+                }
                 layout
                     .push_group("conv1", &[("weight", vec![6, c, 5, 5]), ("bias", vec![6])])
                     .push_group(
@@ -109,12 +172,38 @@ impl ModelSpec {
                         ],
                     );
             }
+            ModelKind::Gru => {
+                let [steps, features] = <[usize; 2]>::try_from(input_shape)
+                    .map_err(|_| bad("needs a steps×features sequence input"))?;
+                if steps == 0 || features == 0 {
+                    return Err(bad("empty sequence"));
+                }
+                let g = 3 * GRU_HIDDEN;
+                layout
+                    .push_group(
+                        "gru",
+                        &[
+                            ("weight_ih", vec![features, g]),
+                            ("weight_hh", vec![GRU_HIDDEN, g]),
+                            ("bias_ih", vec![g]),
+                            ("bias_hh", vec![g]),
+                        ],
+                    )
+                    .push_group(
+                        "head",
+                        &[
+                            ("weight", vec![GRU_HIDDEN, num_classes]),
+                            ("bias", vec![num_classes]),
+                        ],
+                    );
+            }
         }
         Ok(Self {
             kind,
             input_shape: input_shape.to_vec(),
             num_classes,
             layout,
+            batch_norms,
         })
     }
 
@@ -123,9 +212,25 @@ impl ModelSpec {
         self.kind
     }
 
-    /// Number of output classes.
+    /// Output width: number of classes, or forecast horizon.
     pub fn num_classes(&self) -> usize {
         self.num_classes
+    }
+
+    /// Length of the local buffer vector (batch-norm running means and
+    /// variances). Buffers are not parameters: no gradient, and algorithms
+    /// never mix them, so each client keeps statistics of its own data.
+    pub fn buffer_len(&self) -> usize {
+        self.batch_norms.iter().map(|&(c, _)| 2 * c).sum()
+    }
+
+    /// Fresh buffers: running means 0, running variances 1 (PyTorch).
+    pub fn init_buffers(&self) -> Vec<f32> {
+        let mut b = vec![0.0; self.buffer_len()];
+        for &(c, at) in &self.batch_norms {
+            b[at + c..at + 2 * c].fill(1.0);
+        }
+        b
     }
 
     /// Elements of one input sample.
@@ -138,22 +243,28 @@ impl ModelSpec {
         &self.layout
     }
 
-    /// PyTorch's default initialisation: weights and biases ~ U(−1/√fan_in,
-    /// 1/√fan_in) (kaiming-uniform with a = √5), so results compare with the
-    /// authors' code.
+    /// PyTorch's default initialisation, so results compare with the authors'
+    /// code: conv/linear weights and biases ~ U(−1/√fan_in, 1/√fan_in)
+    /// (kaiming-uniform with a = √5), batch-norm scale 1 and shift 0, GRU
+    /// weights ~ U(−1/√hidden, 1/√hidden).
     pub fn init(&self, rng: &mut impl Rng) -> Vec<f32> {
         let mut out = vec![0.0f32; self.layout.len()];
         for group in self.layout.groups() {
-            let weight = &self
+            let first = self
                 .layout
                 .tensors()
                 .iter()
                 .find(|t| t.offset == group.range.start)
                 .expect("group starts at a tensor");
-            let fan_in = match weight.shape.len() {
-                4 => weight.shape[1] * weight.shape[2] * weight.shape[3],
-                2 => weight.shape[0],
-                _ => weight.shape[0],
+            if group.name.starts_with("bn") {
+                let c = first.shape[0];
+                out[first.offset..first.offset + c].fill(1.0);
+                continue;
+            }
+            let fan_in = match (group.name.as_str(), first.shape.len()) {
+                ("gru", _) => GRU_HIDDEN,
+                (_, 4) => first.shape[1] * first.shape[2] * first.shape[3],
+                _ => first.shape[0],
             };
             let bound = 1.0 / (fan_in as f32).sqrt();
             for x in &mut out[group.range.clone()] {
@@ -163,8 +274,11 @@ impl ModelSpec {
         out
     }
 
-    /// Forward pass: a batch of flattened inputs `[batch, input_len]` to logits.
-    pub(crate) fn forward(&self, p: &[ParamTensor], x: Tensor<2>) -> Tensor<2> {
+    /// Forward pass: a batch of flattened inputs `[batch, input_len]` to
+    /// outputs (logits, or the forecast). `norm` says whether batch norm uses
+    /// the batch's statistics (training; they are recorded for the running
+    /// averages) or the running ones (evaluation).
+    pub(crate) fn forward(&self, p: &[ParamTensor], x: Tensor<2>, norm: &mut Norm) -> Tensor<2> {
         match self.kind {
             ModelKind::Mlp => {
                 let h = relu(linear(x, p[0].t2(), Some(p[1].t1())));
@@ -172,24 +286,67 @@ impl ModelSpec {
                 linear(h, p[4].t2(), Some(p[5].t1()))
             }
             ModelKind::Cnn => {
-                let [batch, _] = x.dims();
-                let [c, h, w] = [
-                    self.input_shape[0],
-                    self.input_shape[1],
-                    self.input_shape[2],
-                ];
-                let x: Tensor<4> = x.reshape([batch, c, h, w]);
-                let conv = || ConvOptions::new([1, 1], [0, 0], [1, 1], 1);
-                let pool = || MaxPoolOptions::new([2, 2]);
+                let x = self.image_batch(x);
                 let y = max_pool2d(relu(conv2d(x, p[0].t4(), Some(p[1].t1()), conv())), pool());
                 let y = max_pool2d(relu(conv2d(y, p[2].t4(), Some(p[3].t1()), conv())), pool());
-                let [b, ch, hh, ww] = y.dims();
-                let y: Tensor<2> = y.reshape([b, ch * hh * ww]);
+                let y = flatten(y);
                 let y = relu(linear(y, p[4].t2(), Some(p[5].t1())));
                 let y = relu(linear(y, p[6].t2(), Some(p[7].t1())));
                 linear(y, p[8].t2(), Some(p[9].t1()))
             }
+            ModelKind::CnnBn => {
+                let x = self.image_batch(x);
+                let y = conv2d(x, p[0].t4(), Some(p[1].t1()), conv());
+                let y = max_pool2d(
+                    relu(norm.apply(0, self.batch_norms[0], y, &p[2], &p[3])),
+                    pool(),
+                );
+                let y = conv2d(y, p[4].t4(), Some(p[5].t1()), conv());
+                let y = max_pool2d(
+                    relu(norm.apply(1, self.batch_norms[1], y, &p[6], &p[7])),
+                    pool(),
+                );
+                let y = relu(linear(flatten(y), p[8].t2(), Some(p[9].t1())));
+                linear(y, p[10].t2(), Some(p[11].t1()))
+            }
+            ModelKind::Gru => self.gru_forward(p, x),
         }
+    }
+
+    fn image_batch(&self, x: Tensor<2>) -> Tensor<4> {
+        let [batch, _] = x.dims();
+        let [c, h, w] = [
+            self.input_shape[0],
+            self.input_shape[1],
+            self.input_shape[2],
+        ];
+        x.reshape([batch, c, h, w])
+    }
+
+    /// PyTorch's GRU cell (gates ordered r, z, n) unrolled over the steps,
+    /// then the head on the last hidden state. The input projections of all
+    /// steps are one matrix product.
+    fn gru_forward(&self, p: &[ParamTensor], x: Tensor<2>) -> Tensor<2> {
+        let [batch, _] = x.dims();
+        let [steps, features] = [self.input_shape[0], self.input_shape[1]];
+        let (hd, g) = (GRU_HIDDEN, 3 * GRU_HIDDEN);
+        let gx: Tensor<3> = linear(
+            x.reshape([batch * steps, features]),
+            p[0].t2(),
+            Some(p[2].t1()),
+        )
+        .reshape([batch, steps, g]);
+        let mut h: Tensor<2> = Tensor::zeros([batch, hd], &gx.device());
+        for t in 0..steps {
+            let gx_t: Tensor<2> = gx.clone().narrow(1, t, 1).reshape([batch, g]);
+            let gh = linear(h.clone(), p[1].t2(), Some(p[3].t1()));
+            let r = sigmoid(gx_t.clone().narrow(1, 0, hd) + gh.clone().narrow(1, 0, hd));
+            let z = sigmoid(gx_t.clone().narrow(1, hd, hd) + gh.clone().narrow(1, hd, hd));
+            let n = tanh(gx_t.narrow(1, 2 * hd, hd) + r * gh.narrow(1, 2 * hd, hd));
+            // h' = (1 − z)·n + z·h = n + z·(h − n)
+            h = n.clone() + z * (h - n);
+        }
+        linear(h, p[4].t2(), Some(p[5].t1()))
     }
 
     /// Builds the parameter tensors from a flat vector, optionally tracking
@@ -209,6 +366,89 @@ impl ModelSpec {
                 if track { pt.require_grad() } else { pt }
             })
             .collect()
+    }
+}
+
+fn conv() -> ConvOptions<2> {
+    ConvOptions::new([1, 1], [0, 0], [1, 1], 1)
+}
+
+fn pool() -> MaxPoolOptions<2> {
+    MaxPoolOptions::new([2, 2])
+}
+
+fn flatten(y: Tensor<4>) -> Tensor<2> {
+    let [b, ch, hh, ww] = y.dims();
+    y.reshape([b, ch * hh * ww])
+}
+
+/// How batch norm normalises in a forward pass.
+pub(crate) enum Norm<'a> {
+    /// Evaluation: the running statistics in this buffer vector.
+    Running(&'a [f32]),
+    /// Training: the batch's own statistics, which are also recorded
+    /// (mean, biased variance, elements per channel) per batch-norm layer.
+    Batch(Vec<(Vec<f32>, Vec<f32>, usize)>),
+}
+
+impl Norm<'_> {
+    /// Batch norm of layer `which` (`(channels, buffer offset)`) with scale
+    /// `gamma` and shift `beta`, on `[batch, C, H, W]`.
+    fn apply(
+        &mut self,
+        which: usize,
+        (c, at): (usize, usize),
+        y: Tensor<4>,
+        gamma: &ParamTensor,
+        beta: &ParamTensor,
+    ) -> Tensor<4> {
+        let device = y.device();
+        let [b, _, h, w] = y.dims();
+        let (mean, var): (Tensor<4>, Tensor<4>) = match self {
+            Norm::Running(buffers) => {
+                let stat = |range: std::ops::Range<usize>| {
+                    Tensor::<1>::from_data(TensorData::new(buffers[range].to_vec(), [c]), &device)
+                        .reshape([1, c, 1, 1])
+                };
+                (stat(at..at + c), stat(at + c..at + 2 * c))
+            }
+            Norm::Batch(record) => {
+                let mean = y.clone().mean_dims(&[0, 2, 3]);
+                let var = (y.clone() - mean.clone()).square().mean_dims(&[0, 2, 3]);
+                debug_assert_eq!(record.len(), which, "batch norms run in order");
+                let values = |t: &Tensor<4>| {
+                    t.clone()
+                        .detach()
+                        .into_data()
+                        .try_into_vec::<f32>()
+                        .unwrap_or_default()
+                };
+                record.push((values(&mean), values(&var), b * h * w));
+                (mean, var)
+            }
+        };
+        let scale = gamma.t1().reshape([1, c, 1, 1]);
+        let shift = beta.t1().reshape([1, c, 1, 1]);
+        (y - mean) / (var + BN_EPS).sqrt() * scale + shift
+    }
+
+    /// Folds the recorded batch statistics into the running buffers as
+    /// PyTorch does: momentum 0.1, unbiased variance.
+    pub(crate) fn update_running(&self, spec: &ModelSpec, buffers: &mut [f32]) {
+        let Norm::Batch(record) = self else { return };
+        for (&(c, at), (mean, var, count)) in spec.batch_norms.iter().zip(record) {
+            let unbias = if *count > 1 {
+                *count as f32 / (*count - 1) as f32
+            } else {
+                1.0
+            };
+            for k in 0..c {
+                let rm = &mut buffers[at + k];
+                *rm = (1.0 - BN_MOMENTUM) * *rm + BN_MOMENTUM * mean[k];
+                let rv = &mut buffers[at + c + k];
+                *rv = (1.0 - BN_MOMENTUM) * *rv + BN_MOMENTUM * var[k] * unbias;
+            }
+        }
     }
 }
 
@@ -275,6 +515,117 @@ mod tests {
         assert_eq!(cnn32.layout().len(), 62_006);
         let mlp = ModelSpec::new(ModelKind::Mlp, &[1, 28, 28], 10).unwrap();
         assert_eq!(mlp.layout().len(), 784 * 200 + 200 + 200 * 200 + 200 + 2010);
+    }
+
+    #[test]
+    fn cnn_bn_and_gru_sizes() {
+        // PFLlib's FedAvgCNN on 1×28×28 has 582,026 parameters; BN adds
+        // 2·(32 + 64) scales and shifts, and 2·(32 + 64) buffers.
+        let bn = ModelSpec::new(ModelKind::CnnBn, &[1, 28, 28], 10).unwrap();
+        assert_eq!(bn.layout().len(), 582_026 + 192);
+        assert_eq!(bn.buffer_len(), 192);
+        let groups: Vec<_> = bn
+            .layout()
+            .groups()
+            .iter()
+            .map(|g| g.name.as_str())
+            .collect();
+        assert_eq!(groups, ["conv1", "bn1", "conv2", "bn2", "fc1", "fc"]);
+        let init = bn.init(&mut fedweave_core::rng_stream(
+            1,
+            0,
+            0,
+            fedweave_core::Purpose::ModelInit,
+        ));
+        let gamma = bn.layout().tensor("bn2.weight").unwrap().range();
+        assert!(init[gamma].iter().all(|&g| g == 1.0));
+        let buffers = bn.init_buffers();
+        assert!(
+            buffers[..32].iter().all(|&m| m == 0.0) && buffers[32..64].iter().all(|&v| v == 1.0)
+        );
+        // 3×32×32: flatten 64·5·5 = 1600 → 512.
+        let bn32 = ModelSpec::new(ModelKind::CnnBn, &[3, 32, 32], 10).unwrap();
+        assert_eq!(
+            bn32.layout().len(),
+            2432 + 64 + 51_264 + 128 + 1600 * 512 + 512 + 5130
+        );
+        // GRU(1 → 64) as torch.nn.GRU: 3·64·(1 + 64) weights + 2·192 biases; head 64 → 3.
+        let gru = ModelSpec::new(ModelKind::Gru, &[12, 1], 3).unwrap();
+        assert_eq!(gru.layout().len(), 3 * 64 * 65 + 2 * 192 + 64 * 3 + 3);
+        assert_eq!(gru.buffer_len(), 0);
+        assert!(ModelSpec::new(ModelKind::Gru, &[1, 28, 28], 3).is_err());
+    }
+
+    /// A plain f64 GRU (PyTorch's equations) to check the burn graph against.
+    fn reference_gru(spec: &ModelSpec, p: &[f32], x: &[f32]) -> Vec<f64> {
+        let t = |name: &str| &p[spec.layout().tensor(name).unwrap().range()];
+        let (wi, wh, bi, bh) = (
+            t("gru.weight_ih"),
+            t("gru.weight_hh"),
+            t("gru.bias_ih"),
+            t("gru.bias_hh"),
+        );
+        let (wo, bo) = (t("head.weight"), t("head.bias"));
+        let (hd, g) = (GRU_HIDDEN, 3 * GRU_HIDDEN);
+        let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
+        let mut h = vec![0.0f64; hd];
+        for &xt in x {
+            let gx: Vec<f64> = (0..g).map(|k| f64::from(xt * wi[k] + bi[k])).collect();
+            let gh: Vec<f64> = (0..g)
+                .map(|k| {
+                    f64::from(bh[k])
+                        + (0..hd)
+                            .map(|j| h[j] * f64::from(wh[j * g + k]))
+                            .sum::<f64>()
+                })
+                .collect();
+            h = (0..hd)
+                .map(|k| {
+                    let r = sig(gx[k] + gh[k]);
+                    let z = sig(gx[hd + k] + gh[hd + k]);
+                    let n = (gx[2 * hd + k] + r * gh[2 * hd + k]).tanh();
+                    (1.0 - z) * n + z * h[k]
+                })
+                .collect();
+        }
+        let out = bo.len();
+        (0..out)
+            .map(|o| {
+                f64::from(bo[o])
+                    + (0..hd)
+                        .map(|j| h[j] * f64::from(wo[j * out + o]))
+                        .sum::<f64>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn gru_forward_matches_the_pytorch_equations() {
+        let spec = ModelSpec::new(ModelKind::Gru, &[5, 1], 2).unwrap();
+        let p = spec.init(&mut fedweave_core::rng_stream(
+            4,
+            0,
+            0,
+            fedweave_core::Purpose::ModelInit,
+        ));
+        let xs = [[0.5f32, -1.0, 2.0, 0.0, 0.3], [1.0, 1.0, -0.5, 0.2, -2.0]];
+        let device = Device::flex();
+        let tensors = spec.tensors(&p, &device, false);
+        let x = Tensor::<2>::from_data(TensorData::new(xs.concat(), [2, 5]), &device);
+        let out = spec
+            .forward(&tensors, x, &mut Norm::Running(&[]))
+            .into_data();
+        let out = out.as_slice::<f32>().unwrap();
+        for (b, xb) in xs.iter().enumerate() {
+            let want = reference_gru(&spec, &p, xb);
+            for (o, w) in want.iter().enumerate() {
+                assert!(
+                    (f64::from(out[b * 2 + o]) - w).abs() < 1e-5,
+                    "{} vs {w}",
+                    out[b * 2 + o]
+                );
+            }
+        }
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Local training (SGD with momentum on the flat vector) and evaluation.
 
-use crate::batch::LocalData;
+use crate::batch::{Batch, LocalData};
 use crate::extra::ExtraLoss;
-use crate::model::ModelSpec;
+use crate::model::{ModelSpec, Norm};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use rand::Rng;
@@ -58,48 +58,78 @@ pub struct TrainStats {
     pub mean_loss: f64,
 }
 
-/// Loss and accuracy of a model on some samples.
+/// Loss and accuracy (classification) or errors (regression) of a model on
+/// some samples.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct EvalStats {
-    /// Summed cross-entropy.
+    /// Summed task loss: cross-entropy per sample, or absolute error per
+    /// observed target in normalised units (the training loss).
     pub loss_sum: f64,
-    /// Correct predictions.
+    /// Terms in `loss_sum`: samples, or observed targets.
+    pub loss_terms: usize,
+    /// Correct predictions (classification).
     pub correct: usize,
     /// Samples evaluated.
     pub total: usize,
+    /// Regression: summed |error| in the target's own unit.
+    pub abs_err: f64,
+    /// Regression: summed squared error in the target's own unit.
+    pub sq_err: f64,
+    /// Regression: summed |error| / |target| over targets with
+    /// |target| ≥ [`MAPE_MIN_ABS`].
+    pub pct_err: f64,
+    /// Terms in `pct_err`.
+    pub pct_terms: usize,
 }
+
+/// Targets smaller than this (in their unit) are left out of MAPE, whose
+/// ratio explodes near zero (masked MAPE of the traffic literature, which
+/// drops zero readings; for °C, days within ±1 °C of freezing).
+pub const MAPE_MIN_ABS: f64 = 1.0;
 
 impl EvalStats {
     /// Accuracy in [0, 1] (0 without samples).
     pub fn accuracy(&self) -> f64 {
-        if self.total == 0 {
-            0.0
-        } else {
-            self.correct as f64 / self.total as f64
-        }
+        ratio(self.correct as f64, self.total)
     }
-    /// Mean cross-entropy (0 without samples).
+    /// Mean task loss (0 without samples).
     pub fn mean_loss(&self) -> f64 {
-        if self.total == 0 {
-            0.0
-        } else {
-            self.loss_sum / self.total as f64
-        }
+        ratio(self.loss_sum, self.loss_terms)
     }
+    /// Mean absolute error in the target's unit.
+    pub fn mae(&self) -> f64 {
+        ratio(self.abs_err, self.loss_terms)
+    }
+    /// Root mean squared error in the target's unit.
+    pub fn rmse(&self) -> f64 {
+        ratio(self.sq_err, self.loss_terms).sqrt()
+    }
+    /// Mean absolute percentage error, in percent.
+    pub fn mape(&self) -> f64 {
+        100.0 * ratio(self.pct_err, self.pct_terms)
+    }
+}
+
+fn ratio(sum: f64, n: usize) -> f64 {
+    if n == 0 { 0.0 } else { sum / n as f64 }
 }
 
 /// Trains `params` in place on `data`.
 ///
-/// Each step: the backend computes the mean cross-entropy gradient of one
-/// mini-batch; every `extra` term adds its analytic gradient; weight decay
-/// adds `wd·θ`; momentum SGD (dampening 0, as PyTorch) updates θ. Elements in
-/// `frozen` ranges are not updated (FedRep's alternating heads and bases).
+/// Each step: the backend computes the gradient of the mini-batch's mean
+/// task loss (cross-entropy, or masked MAE for regression targets); every
+/// `extra` term adds its analytic gradient; weight decay adds `wd·θ`;
+/// momentum SGD (dampening 0, as PyTorch) updates θ. Elements in `frozen`
+/// ranges are not updated (FedRep's alternating heads and bases).
+/// Batch-norm layers normalise with batch statistics and fold them into
+/// `buffers` (the client's running statistics).
 /// Mini-batches walk a shuffled order drawn from `rng`, reshuffled at every
 /// pass; the last batch of a pass may be smaller.
 #[allow(clippy::too_many_arguments)]
 pub fn train_local(
     spec: &ModelSpec,
     params: &mut [f32],
+    buffers: &mut [f32],
     data: &LocalData,
     cfg: &TrainConfig,
     extras: &[&dyn ExtraLoss],
@@ -123,7 +153,7 @@ pub fn train_local(
     let mut order: Vec<usize> = (0..n).collect();
     order.shuffle(rng);
     let mut cursor = 0;
-    let (mut x, mut y) = (Vec::new(), Vec::new());
+    let (mut x, mut y) = (Vec::new(), Batch::default());
     let mut loss_total = 0.0;
     let mut samples = 0;
     let bs = cfg.batch_size.max(1);
@@ -143,8 +173,13 @@ pub fn train_local(
             TensorData::new(std::mem::take(&mut x), [b, input_len]),
             &device,
         );
-        let logits = spec.forward(&tensors, xt);
-        let loss = cross_entropy(logits, &y, spec.num_classes(), &device);
+        let mut norm = Norm::Batch(Vec::new());
+        let out = spec.forward(&tensors, xt, &mut norm);
+        let loss = if data.is_regression() {
+            masked_mae(out, &y, &device)
+        } else {
+            cross_entropy(out, &y.labels, spec.num_classes(), &device)
+        };
         let grads = loss.backward();
         loss_total += scalar(&loss);
         for (t, spec_t) in tensors.iter().zip(spec.layout().tensors()) {
@@ -154,6 +189,7 @@ pub fn train_local(
             e.add_value_and_grad(params, &mut grad);
         }
         sgd_step(params, &grad, &mut state.momentum, cfg, frozen);
+        norm.update_running(spec, buffers);
         x = Vec::with_capacity(b * input_len);
     }
     TrainStats {
@@ -201,6 +237,22 @@ fn cross_entropy(logits: Tensor<2>, y: &[i64], classes: usize, device: &Device) 
         .reshape([1])
 }
 
+/// Mean absolute error over the observed targets of a batch (the standard
+/// loss of graph traffic forecasting; robust to the outliers of sensor data
+/// and the metric reported). Unobserved targets carry no gradient.
+fn masked_mae(pred: Tensor<2>, y: &Batch, device: &Device) -> Tensor<1> {
+    let shape = pred.dims();
+    let target: Tensor<2> = Tensor::from_data(TensorData::new(y.targets.clone(), shape), device);
+    let observed: Tensor<2> = Tensor::from_data(TensorData::new(y.observed.clone(), shape), device);
+    let count = y.observed.iter().sum::<f32>().max(1.0);
+    (pred - target)
+        .abs()
+        .mul(observed)
+        .sum()
+        .div_scalar(count)
+        .reshape([1])
+}
+
 fn scalar(t: &Tensor<1>) -> f64 {
     t.to_data()
         .as_slice::<f32>()
@@ -211,8 +263,11 @@ fn scalar(t: &Tensor<1>) -> f64 {
 /// Evaluation batch size: large batches amortise the backend's per-call cost.
 const EVAL_BATCH: usize = 500;
 
-/// Cross-entropy and accuracy of `params` on `data` (no gradients).
-pub fn evaluate(spec: &ModelSpec, params: &[f32], data: &LocalData) -> EvalStats {
+/// Evaluates `params` (with the client's batch-norm `buffers`) on `data`,
+/// without gradients: cross-entropy and accuracy, or for regression targets
+/// the masked absolute error (normalised) and MAE/RMSE/MAPE in the target's
+/// unit.
+pub fn evaluate(spec: &ModelSpec, params: &[f32], buffers: &[f32], data: &LocalData) -> EvalStats {
     let mut stats = EvalStats::default();
     if data.is_empty() {
         return stats;
@@ -221,18 +276,27 @@ pub fn evaluate(spec: &ModelSpec, params: &[f32], data: &LocalData) -> EvalStats
     let tensors = spec.tensors(params, &device, false);
     let input_len = spec.input_len();
     let positions: Vec<usize> = (0..data.len()).collect();
-    let (mut x, mut y) = (Vec::new(), Vec::new());
+    let (mut x, mut y) = (Vec::new(), Batch::default());
+    let c = spec.num_classes();
     for chunk in positions.chunks(EVAL_BATCH) {
         data.gather(chunk, input_len, &mut x, &mut y);
         let b = chunk.len();
         let xt: Tensor<2> = Tensor::from_data(TensorData::new(x.clone(), [b, input_len]), &device);
-        let logp = log_softmax(spec.forward(&tensors, xt), 1).into_data();
+        let out = spec.forward(&tensors, xt, &mut Norm::Running(buffers));
+        stats.total += b;
+        if data.is_regression() {
+            let pred = out.into_data();
+            let pred = pred.as_slice::<f32>().expect("f32 outputs");
+            add_regression_errors(&mut stats, pred, &y, data.target_scale);
+            continue;
+        }
+        let logp = log_softmax(out, 1).into_data();
         let logp = logp.as_slice::<f32>().expect("f32 logits");
-        let c = spec.num_classes();
-        for (k, &label) in y.iter().enumerate() {
+        for (k, &label) in y.labels.iter().enumerate() {
             let row = &logp[k * c..(k + 1) * c];
             let lp = row[label as usize];
             stats.loss_sum += if lp.is_finite() { -lp as f64 } else { 1e4 };
+            stats.loss_terms += 1;
             let mut best = 0;
             for j in 1..c {
                 if row[j] > row[best] {
@@ -241,9 +305,35 @@ pub fn evaluate(spec: &ModelSpec, params: &[f32], data: &LocalData) -> EvalStats
             }
             stats.correct += usize::from(best == label as usize);
         }
-        stats.total += b;
     }
     stats
+}
+
+/// Accumulates the errors of a batch's predictions over observed targets.
+/// A non-finite prediction counts as a large error rather than poisoning the
+/// sums with NaN, so a diverged model ranks last instead of breaking the run.
+fn add_regression_errors(stats: &mut EvalStats, pred: &[f32], y: &Batch, (mean, std): (f32, f32)) {
+    const DIVERGED: f64 = 1e4;
+    for ((&p, &t), &o) in pred.iter().zip(&y.targets).zip(&y.observed) {
+        if o == 0.0 {
+            continue;
+        }
+        let z_err = if p.is_finite() {
+            f64::from((p - t).abs())
+        } else {
+            DIVERGED
+        };
+        let truth = f64::from(t) * f64::from(std) + f64::from(mean);
+        let err = z_err * f64::from(std);
+        stats.loss_sum += z_err;
+        stats.loss_terms += 1;
+        stats.abs_err += err;
+        stats.sq_err += err * err;
+        if truth.abs() >= MAPE_MIN_ABS {
+            stats.pct_err += err / truth.abs();
+            stats.pct_terms += 1;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -292,12 +382,13 @@ mod tests {
         let idx: Vec<usize> = (0..200).collect();
         let data = LocalData::new(&x, &y, &idx);
         let (spec, init) = mlp();
-        let before = evaluate(&spec, &init, &data);
+        let before = evaluate(&spec, &init, &[], &data);
         let run = || {
             let mut p = init.clone();
             let stats = train_local(
                 &spec,
                 &mut p,
+                &mut [],
                 &data,
                 &cfg(60),
                 &[],
@@ -310,7 +401,7 @@ mod tests {
         let (p1, s1) = run();
         let (p2, _) = run();
         assert_eq!(p1, p2, "same seed, same parameters");
-        let after = evaluate(&spec, &p1, &data);
+        let after = evaluate(&spec, &p1, &[], &data);
         assert!(after.accuracy() > 0.98, "accuracy {}", after.accuracy());
         assert!(after.mean_loss() < before.mean_loss() / 4.0);
         assert_eq!(s1.steps, 60);
@@ -324,10 +415,8 @@ mod tests {
         let (x, y) = blobs(200);
         let idx: Vec<usize> = (0..200).collect();
         let flipped = LocalData {
-            features: &x,
-            labels: &y,
-            indices: &idx,
             flip_labels: Some(2),
+            ..LocalData::new(&x, &y, &idx)
         };
         let clean = LocalData {
             flip_labels: None,
@@ -338,6 +427,7 @@ mod tests {
         train_local(
             &spec,
             &mut p,
+            &mut [],
             &flipped,
             &cfg(60),
             &[],
@@ -345,7 +435,7 @@ mod tests {
             None,
             &mut rng_stream(1, 1, 0, Purpose::Batches),
         );
-        assert!(evaluate(&spec, &p, &clean).accuracy() < 0.05);
+        assert!(evaluate(&spec, &p, &[], &clean).accuracy() < 0.05);
     }
 
     #[test]
@@ -359,6 +449,7 @@ mod tests {
         train_local(
             &spec,
             &mut p,
+            &mut [],
             &data,
             &cfg(5),
             &[],
@@ -386,6 +477,7 @@ mod tests {
             train_local(
                 &spec,
                 &mut p,
+                &mut [],
                 &data,
                 &c,
                 &[&prox],
@@ -396,5 +488,137 @@ mod tests {
             fedweave_core::vecmath::sq_dist(&p, &init)
         };
         assert!(drift(10.0) < 0.2 * drift(0.0));
+    }
+
+    #[test]
+    fn regression_errors_by_hand() {
+        // Two observed targets and one masked; scale (mean 10, std 2).
+        let y = Batch {
+            labels: vec![],
+            targets: vec![0.5, 1.0, 0.0],
+            observed: vec![1.0, 1.0, 0.0],
+        };
+        let mut stats = EvalStats::default();
+        add_regression_errors(&mut stats, &[1.0, 2.0, 99.0], &y, (10.0, 2.0));
+        // Truths 11 and 12 °C, errors 1 and 2 °C; normalised errors 0.5, 1.
+        assert_eq!(stats.loss_terms, 2);
+        assert!((stats.mean_loss() - 0.75).abs() < 1e-12);
+        assert!((stats.mae() - 1.5).abs() < 1e-12);
+        assert!((stats.rmse() - 2.5f64.sqrt()).abs() < 1e-12);
+        assert!((stats.mape() - 50.0 * (1.0 / 11.0 + 2.0 / 12.0)).abs() < 1e-9);
+    }
+
+    /// Sine waves with random phase: 12 past values → the next 3, with every
+    /// seventh target unobserved (NaN).
+    fn sines(n: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut rng = rng_stream(5, 0, 0, Purpose::Dataset);
+        let (mut x, mut t) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let phase = rng.random_range(0.0f32..std::f32::consts::TAU);
+            for s in 0..15 {
+                let v = (0.5 * s as f32 + phase).sin();
+                if s < 12 {
+                    x.push(v);
+                } else {
+                    t.push(if (i * 3 + s) % 7 == 0 { f32::NAN } else { v });
+                }
+            }
+        }
+        (x, t)
+    }
+
+    #[test]
+    fn gru_learns_to_forecast_and_ignores_masked_targets() {
+        let (x, t) = sines(256);
+        let idx: Vec<usize> = (0..256).collect();
+        let data = LocalData::forecasting(&x, &t, 3, (0.0, 1.0), &idx);
+        let spec = ModelSpec::new(crate::ModelKind::Gru, &[12, 1], 3).unwrap();
+        let mut p = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
+        let before = evaluate(&spec, &p, &[], &data);
+        let stats = train_local(
+            &spec,
+            &mut p,
+            &mut [],
+            &data,
+            &TrainConfig {
+                lr: 0.05,
+                momentum: 0.9,
+                weight_decay: 0.0,
+                batch_size: 32,
+                iterations: 300,
+                epochs: 0,
+            },
+            &[],
+            &[],
+            None,
+            &mut rng_stream(1, 1, 0, Purpose::Batches),
+        );
+        assert!(stats.mean_loss.is_finite() && p.iter().all(|v| v.is_finite()));
+        let after = evaluate(&spec, &p, &[], &data);
+        // 256·3 targets, of which those with (3i + s) % 7 == 0 are masked.
+        let masked = (0..256)
+            .flat_map(|i| (12..15).map(move |s| (3 * i + s) % 7 == 0))
+            .filter(|&m| m)
+            .count();
+        assert_eq!(after.loss_terms, 256 * 3 - masked);
+        assert!(
+            after.mae() < 0.25 * before.mae(),
+            "MAE {} → {}",
+            before.mae(),
+            after.mae()
+        );
+    }
+
+    #[test]
+    fn batch_norm_running_statistics_track_the_data_and_drive_evaluation() {
+        let spec = ModelSpec::new(crate::ModelKind::CnnBn, &[1, 28, 28], 3).unwrap();
+        let mut rng = rng_stream(2, 0, 0, Purpose::Dataset);
+        let n = 48;
+        let x: Vec<f32> = (0..n * 784)
+            .map(|_| rng.random_range(0.0f32..2.0))
+            .collect();
+        let y: Vec<u32> = (0..n as u32).map(|i| i % 3).collect();
+        let idx: Vec<usize> = (0..n).collect();
+        let data = LocalData::new(&x, &y, &idx);
+        let mut p = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
+        let fresh = spec.init_buffers();
+        let mut buffers = fresh.clone();
+        // lr = 0: the parameters stay put and every step sees the whole set,
+        // so after 100 steps the running statistics are the data's own
+        // (up to 0.9^100 and the n/(n−1) variance correction).
+        let frozen_cfg = TrainConfig {
+            lr: 0.0,
+            momentum: 0.0,
+            weight_decay: 0.0,
+            batch_size: n,
+            iterations: 100,
+            epochs: 0,
+        };
+        let before = p.clone();
+        let stats = train_local(
+            &spec,
+            &mut p,
+            &mut buffers,
+            &data,
+            &frozen_cfg,
+            &[],
+            &[],
+            None,
+            &mut rng_stream(1, 1, 0, Purpose::Batches),
+        );
+        assert_eq!(p, before);
+        assert!(
+            buffers[..32].iter().any(|&m| m.abs() > 1e-3),
+            "running means moved"
+        );
+        let eval = evaluate(&spec, &p, &buffers, &data);
+        assert!(
+            (eval.mean_loss() - stats.mean_loss).abs() < 1e-3,
+            "evaluation with running stats {} vs batch-stat training loss {}",
+            eval.mean_loss(),
+            stats.mean_loss
+        );
+        let with_fresh = evaluate(&spec, &p, &fresh, &data);
+        assert!((with_fresh.mean_loss() - stats.mean_loss).abs() > 1e-2);
     }
 }

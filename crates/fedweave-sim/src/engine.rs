@@ -122,6 +122,7 @@ pub fn run_experiment(
     let mut states: Vec<ClientState> = (0..cfg.clients)
         .map(|_| ClientState {
             model: init.clone(),
+            buffers: spec.init_buffers(),
             ..Default::default()
         })
         .collect();
@@ -357,16 +358,12 @@ fn client_data<'a>(
     let c = &part.clients[i];
     ClientData {
         train: LocalData {
-            features: &ds.train.features,
-            labels: &ds.train.labels,
-            indices: &c.train,
             flip_labels: flip,
+            ..LocalData::new(&ds.train.features, &ds.train.labels, &c.train)
         },
         val: LocalData {
-            features: &ds.train.features,
-            labels: &ds.train.labels,
-            indices: &c.val,
             flip_labels: flip,
+            ..LocalData::new(&ds.train.features, &ds.train.labels, &c.val)
         },
     }
 }
@@ -386,14 +383,11 @@ fn evaluate_all(
             .par_iter()
             .map(|&i| {
                 let data = client_data(ds, part, i, flip(i));
-                let test = LocalData {
-                    features: &ds.test.features,
-                    labels: &ds.test.labels,
-                    indices: &part.clients[i].test,
-                    flip_labels: None,
-                };
-                let val = evaluate(spec, &states[i].model, &data.val).accuracy();
-                (val, evaluate(spec, &states[i].model, &test).accuracy())
+                let test =
+                    LocalData::new(&ds.test.features, &ds.test.labels, &part.clients[i].test);
+                let s = &states[i];
+                let val = evaluate(spec, &s.model, &s.buffers, &data.val).accuracy();
+                (val, evaluate(spec, &s.model, &s.buffers, &test).accuracy())
             })
             .collect()
     })
