@@ -24,7 +24,8 @@
 //! Δ_i ← θ̄_i − θ_new, and (3) builds the next θ̄_i of every participant from
 //! the new Δ's and (p, q). Attention runs over the round's participants;
 //! absent clients keep their model and get identity rows. Every element of
-//! the flat vector is trainable (no BN buffers), so all of it is mixed.
+//! the flat vector is trainable (batch-norm running statistics live in
+//! `ClientState::buffers` and stay with the client), so all of it is mixed.
 //!
 //! Evaluation: the model after local training (the paper's "after"
 //! accuracies, METHODS.md §5.2 step 3).
