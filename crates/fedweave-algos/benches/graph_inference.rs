@@ -122,6 +122,8 @@ fn bench_aggregate(c: &mut Criterion) {
             train: &train,
             sizes: &sizes,
             init: &init,
+            relation: None,
+            label_counts: &[],
         };
         let participants: Vec<usize> = (0..n).collect();
         let owned: Vec<Upload> = models.into_iter().map(|m| Upload::model(m, 0.0)).collect();

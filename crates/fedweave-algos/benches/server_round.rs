@@ -28,7 +28,10 @@ const GROUPS: usize = 4;
 
 fn normal(rng: &mut impl rand::Rng, len: usize, scale: f32) -> Vec<f32> {
     (0..len)
-        .map(|_| scale * StandardNormal.sample(&mut *rng) as f32)
+        .map(|_| {
+            let z: f32 = StandardNormal.sample(&mut *rng);
+            scale * z
+        })
         .collect()
 }
 
@@ -96,6 +99,8 @@ fn main() {
             train: &train,
             sizes: &client_sizes,
             init: &init,
+            relation: None,
+            label_counts: &[],
         };
         let participants: Vec<usize> = (0..n).collect();
         for method in METHODS {

@@ -515,6 +515,8 @@ mod tests {
             train: &train,
             sizes: &sizes,
             init: &init,
+            relation: None,
+            label_counts: &[],
         };
         let params = FedAghnParams {
             hn_lr: 50.0,

@@ -16,8 +16,9 @@ pub mod feddwa;
 pub mod local;
 mod params;
 pub mod pfedgraph;
+pub mod sfl;
 
-use fedweave_core::{CollaborationGraph, RngStream};
+use fedweave_core::{CollaborationGraph, RelationGraph, RngStream};
 use fedweave_nn::{LocalData, ModelSpec, SgdState, TrainConfig};
 
 pub use params::AlgoError;
@@ -33,6 +34,12 @@ pub struct Env<'a> {
     pub sizes: &'a [usize],
     /// The common round-0 model every client starts from.
     pub init: &'a [f32],
+    /// The dataset's own relation graph between clients, if it has one
+    /// (the weather-station graph); SFL propagates along it.
+    pub relation: Option<&'a RelationGraph>,
+    /// Each client's training label counts (empty for forecasting). Only
+    /// oracle graphs read it (SFL's `label_overlap`), and say so.
+    pub label_counts: &'a [Vec<usize>],
 }
 
 impl Env<'_> {
@@ -140,6 +147,13 @@ pub enum EvalPoint {
 pub trait Algorithm: Send + Sync {
     /// The algorithm's name as in configs.
     fn name(&self) -> &'static str;
+
+    /// Checks, before any training, that the federation gives the algorithm
+    /// what it needs (e.g. SFL's `graph = "given"` needs a dataset graph);
+    /// `Err` names the problem.
+    fn check(&self, _env: &Env) -> Result<(), String> {
+        Ok(())
+    }
 
     /// Trains client `client` from `state.model` and returns its upload.
     /// `state.model` must hold the trained model afterwards.
@@ -276,6 +290,9 @@ pub fn build(
         "fedaghn" => params::build::<fedaghn::FedAghnParams, _>(name, params, clients, |p| {
             Box::new(fedaghn::FedAghn::new(p, clients))
         }),
+        "sfl" => params::build::<sfl::SflParams, _>(name, params, clients, |p| {
+            Box::new(sfl::Sfl::new(p, clients))
+        }),
         _ => Err(AlgoError::UnknownAlgorithm {
             name: name.to_string(),
             known: catalogue()
@@ -325,6 +342,11 @@ pub fn catalogue() -> &'static [(&'static str, &'static str, &'static str)] {
             "fedaghn",
             "per layer: W_ii = p/(1+p), W_ij = softmax_{j≠i}(q·cos(Δ_i, Δ_j))/(1+p); p, q learned by a hypernetwork step (p_init 0.03, q_init 0.5, hn_lr 0.005); option hn_sign = \"pfedhn\"",
             "Song et al., FedAGHN",
+        ),
+        (
+            "sfl",
+            "U = Â^m Θ along a relation graph (hops = 3; graph = given | label_overlap (oracle) | learned = SFL*, adj_beta 0.05); local CE + λ(½‖v−w‖² + ½‖v−u_i‖²); option code_compat",
+            "Chen et al., IJCAI 2022",
         ),
     ]
 }

@@ -204,23 +204,64 @@ impl RelationGraph {
         edges
     }
 
-    /// `out = A · models` row by row: `out[i] = Σ_j A_ij · models[j]`
-    /// (f64 accumulation). Costs O(nnz·d).
+    /// `out = Σ_j A_ij · models[j]` for one row `i` (f64 accumulation in
+    /// `acc`, which is resized as needed). Costs O(nnz(row)·d); rows are
+    /// independent, so callers may compute them in parallel.
+    pub fn propagate_row(
+        &self,
+        i: usize,
+        models: &[Vec<f32>],
+        acc: &mut Vec<f64>,
+        out: &mut Vec<f32>,
+    ) {
+        let d = models.first().map_or(0, Vec::len);
+        acc.clear();
+        acc.resize(d, 0.0);
+        for (j, w) in self.row(i) {
+            for (a, &x) in acc.iter_mut().zip(&models[j]) {
+                *a += w * f64::from(x);
+            }
+        }
+        out.clear();
+        out.extend(acc.iter().map(|&a| a as f32));
+    }
+
+    /// `out = A · models` row by row: `out[i] = Σ_j A_ij · models[j]`.
+    /// Costs O(nnz·d).
     pub fn propagate(&self, models: &[Vec<f32>], out: &mut [Vec<f32>]) {
         assert_eq!(models.len(), self.n, "one model per node");
         assert_eq!(out.len(), self.n, "one output per node");
-        let d = models.first().map_or(0, Vec::len);
-        let mut acc = vec![0.0f64; d];
+        let mut acc = Vec::new();
         for (i, target) in out.iter_mut().enumerate() {
-            acc.iter_mut().for_each(|a| *a = 0.0);
-            for (j, w) in self.row(i) {
-                for (a, &x) in acc.iter_mut().zip(&models[j]) {
-                    *a += w * f64::from(x);
-                }
-            }
-            target.clear();
-            target.extend(acc.iter().map(|&a| a as f32));
+            self.propagate_row(i, models, &mut acc, target);
         }
+    }
+
+    /// The dense matrix `A^m` (row-major rows), computed as m sparse-times-
+    /// dense products in O(m·nnz·N): how m hops of propagation mix the nodes.
+    pub fn dense_power(&self, m: usize) -> Vec<Vec<f64>> {
+        let n = self.n;
+        let mut cur: Vec<Vec<f64>> = (0..n)
+            .map(|i| {
+                let mut r = vec![0.0; n];
+                r[i] = 1.0;
+                r
+            })
+            .collect();
+        for _ in 0..m {
+            cur = (0..n)
+                .map(|i| {
+                    let mut r = vec![0.0; n];
+                    for (j, w) in self.row(i) {
+                        for (a, &b) in r.iter_mut().zip(&cur[j]) {
+                            *a += w * b;
+                        }
+                    }
+                    r
+                })
+                .collect();
+        }
+        cur
     }
 }
 
@@ -253,6 +294,14 @@ mod tests {
         assert_eq!(out[0], vec![1.5, 1.5]);
         assert_eq!(out[1], vec![3.0, 3.0]);
         assert_eq!(out[2], vec![3.0, 4.5]);
+        // Two hops: A² row 0 = 0.5·row0 + 0.5·row1 = [5/12, 5/12, 1/6].
+        let a2 = a.dense_power(2);
+        let want = [5.0 / 12.0, 5.0 / 12.0, 1.0 / 6.0];
+        assert!(a2[0].iter().zip(want).all(|(x, y)| (x - y).abs() < 1e-15));
+        assert!(
+            a2.iter()
+                .all(|r| (r.iter().sum::<f64>() - 1.0).abs() < 1e-12)
+        );
     }
 
     #[test]

@@ -111,12 +111,20 @@ pub fn run_experiment(
     let train_cfg = cfg.train.to_train_config();
     let init = spec.init(&mut rng_stream(cfg.seed, 0, u64::MAX, Purpose::ModelInit));
     let sizes = partition.train_sizes();
+    let label_counts: Vec<Vec<usize>> = report.clients.iter().map(|c| c.train.clone()).collect();
     let env = Env {
         spec: &spec,
         train: &train_cfg,
         sizes: &sizes,
         init: &init,
+        relation: None,
+        label_counts: &label_counts,
     };
+    algo.check(&env)
+        .map_err(|message| fedweave_algos::AlgoError::BadParameter {
+            algorithm: algo.name().to_string(),
+            message,
+        })?;
     let wire = spec.layout().wire_bytes();
 
     let mut states: Vec<ClientState> = (0..cfg.clients)
