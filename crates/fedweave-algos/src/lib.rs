@@ -79,6 +79,11 @@ pub struct ClientState {
     /// Batch-norm running statistics: the client's own, never uploaded or
     /// mixed (only trainable parameters are shared).
     pub buffers: Vec<f32>,
+    /// Peer-to-peer methods: the peers this client may draw from (DPFL's
+    /// candidate set Ω_k).
+    pub candidates: Vec<usize>,
+    /// Peer-to-peer methods: the peers it currently averages with (C_k).
+    pub collaborators: Vec<usize>,
 }
 
 /// What a client sends after local training.
@@ -168,18 +173,95 @@ pub trait Algorithm: Send + Sync {
     ) -> Upload;
 
     /// Infers the round's graph from the participants' uploads (in the order
-    /// of `participants`) and says what each client receives.
+    /// of `participants`) and says what each client receives. The default is
+    /// Local's rule: W = I, nobody receives anything.
     fn aggregate(
         &mut self,
         env: &Env,
-        round: usize,
-        participants: &[usize],
-        uploads: &[&Upload],
-    ) -> Aggregation;
+        _round: usize,
+        _participants: &[usize],
+        _uploads: &[&Upload],
+    ) -> Aggregation {
+        Aggregation {
+            graph: CollaborationGraph::identity(env.clients()),
+            layers: Vec::new(),
+            downloads: vec![None; env.clients()],
+        }
+    }
 
     /// Which model is evaluated.
     fn eval_point(&self) -> EvalPoint {
         EvalPoint::AfterTraining
+    }
+
+    /// Whether a server mixes the models ([`Algorithm::aggregate`]) or the
+    /// clients exchange them among themselves ([`Algorithm::peer_step`]).
+    fn topology(&self) -> Topology {
+        Topology::Server
+    }
+
+    /// Peer-to-peer methods: client `client`, holding its trained model in
+    /// `state.model`, fetches the peer models it wants through `net`,
+    /// replaces `state.model` by its own combination of them and returns its
+    /// graph row. No other client's state is visible: the row is the
+    /// client's own decision. The default keeps the model (W_ii = 1).
+    #[allow(clippy::too_many_arguments)]
+    fn peer_step(
+        &self,
+        _env: &Env,
+        _round: usize,
+        client: usize,
+        _data: &ClientData,
+        _state: &mut ClientState,
+        _net: &dyn PeerNet,
+        _rng: &mut RngStream,
+    ) -> PeerStep {
+        PeerStep::keep(client)
+    }
+}
+
+/// How a round's models meet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topology {
+    /// Clients upload, a server aggregates and sends models back.
+    Server,
+    /// No server: every client fetches peer models and combines them itself.
+    PeerToPeer,
+}
+
+/// The message layer between peers: what a client can ask of the others.
+/// The simulator serves published models from memory and counts every
+/// transfer; a deployment serves them over the network.
+pub trait PeerNet: Sync {
+    /// The model `peer` published this round, delivered to `to` (one
+    /// transfer), or `None` when `peer` published nothing (absent, rejected).
+    fn fetch(&self, to: usize, peer: usize) -> Option<&[f32]>;
+    /// The peers that published a model this round (ascending).
+    fn published(&self) -> &[usize];
+}
+
+/// What one client decided in a peer-to-peer round.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PeerStep {
+    /// The client's graph row: (peer, weight) pairs, itself included,
+    /// weights summing to 1.
+    pub row: Vec<(usize, f64)>,
+    /// Reward evaluations the client spent choosing (DPFL: validation
+    /// passes over averaged models).
+    pub evaluations: usize,
+    /// Reward of the client alone and of the set it chose, when it ran a
+    /// selection (to check that choosing never made things worse).
+    pub rewards: Option<(f64, f64)>,
+}
+
+impl PeerStep {
+    /// The client keeps its own model.
+    pub fn keep(client: usize) -> Self {
+        Self {
+            row: vec![(client, 1.0)],
+            evaluations: 0,
+            rewards: None,
+        }
     }
 }
 

@@ -1,9 +1,9 @@
 //! Local training: no collaboration, W = I. The floor every personalised
-//! method must beat.
+//! method must beat. Its graph rule is the trait's default `aggregate`.
 
 use crate::params::Validate;
-use crate::{Aggregation, Algorithm, ClientData, ClientState, Env, Upload, train_plain};
-use fedweave_core::{CollaborationGraph, RngStream};
+use crate::{Algorithm, ClientData, ClientState, Env, Upload, train_plain};
+use fedweave_core::RngStream;
 use serde::{Deserialize, Serialize};
 
 /// Local has no parameters.
@@ -44,14 +44,6 @@ impl Algorithm for Local {
             vectors: 0,
             train_loss,
             extra: None,
-        }
-    }
-
-    fn aggregate(&mut self, env: &Env, _: usize, _: &[usize], _: &[&Upload]) -> Aggregation {
-        Aggregation {
-            graph: CollaborationGraph::identity(env.clients()),
-            layers: Vec::new(),
-            downloads: vec![None; env.clients()],
         }
     }
 }

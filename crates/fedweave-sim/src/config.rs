@@ -151,7 +151,7 @@ impl TrainSection {
 }
 
 /// `[attack]`.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AttackSection {
     /// Attack kind.
@@ -160,6 +160,21 @@ pub struct AttackSection {
     pub ratio: f64,
     /// `gaussian` draws U(0,1) instead of N(0,1) (the paper's wording).
     pub uniform: bool,
+    /// Peer-to-peer methods (DPFL): whether malicious clients choose their
+    /// own collaborators (true, the paper's Fig. 4b) or just keep and send
+    /// their local models (false, Fig. 4a).
+    pub run_selection: bool,
+}
+
+impl Default for AttackSection {
+    fn default() -> Self {
+        Self {
+            kind: AttackKind::None,
+            ratio: 0.0,
+            uniform: false,
+            run_selection: true,
+        }
+    }
 }
 
 impl ExperimentConfig {

@@ -1,9 +1,10 @@
 //! The simulated round loop.
 
 use crate::config::ExperimentConfig;
+use crate::peer::{SharedMemoryNet, exchange};
 use crate::records::{PROTOCOL, RoundRecord, Summary};
 use fedweave_algos::attack::{AttackKind, choose_malicious, poison};
-use fedweave_algos::{Aggregation, ClientData, ClientState, Env, EvalPoint, Upload};
+use fedweave_algos::{Aggregation, ClientData, ClientState, Env, EvalPoint, Topology, Upload};
 use fedweave_core::vecmath::{all_finite, mean, std_dev};
 use fedweave_core::{CollaborationGraph, Purpose, rng_stream};
 use fedweave_data::{Dataset, Partition, PartitionKind};
@@ -202,7 +203,7 @@ pub fn run_experiment(
             }
             ok
         });
-        let bytes_up: u64 = uploads.iter().map(|(_, u)| u.vectors as u64 * wire).sum();
+        let mut bytes_up: u64 = uploads.iter().map(|(_, u)| u.vectors as u64 * wire).sum();
 
         let eval_point = algo.eval_point();
         let mut scores = Vec::new();
@@ -210,21 +211,53 @@ pub fn run_experiment(
             scores = evaluate_all(&pool, &spec, &dataset, &partition, &states, &benign, &flip);
         }
 
-        // Graph inference and mixing.
+        // Graph inference and mixing: by a server, or by the clients
+        // themselves through the peer message layer.
         let ids: Vec<usize> = uploads.iter().map(|(i, _)| *i).collect();
-        let refs: Vec<&Upload> = uploads.iter().map(|(_, u)| u).collect();
-        // With no sound upload there is nothing to infer a graph from: every
-        // client keeps its model this round.
-        let agg = if refs.is_empty() {
+        let mut selection = None;
+        let mut bytes_down = 0u64;
+        let agg = if algo.topology() == Topology::PeerToPeer {
+            let net = SharedMemoryNet::new(
+                cfg.clients,
+                uploads.iter().map(|(i, u)| (*i, u.model.as_slice())),
+            );
+            let selecting: Vec<bool> = (0..cfg.clients)
+                .map(|i| ids.contains(&i) && (cfg.attack.run_selection || !is_malicious[i]))
+                .collect();
+            let data = |i: usize| client_data(&dataset, &partition, i, flip(i));
+            let (graph, stats) = pool.install(|| {
+                exchange(
+                    algo.as_ref(),
+                    &env,
+                    cfg.seed,
+                    round,
+                    &mut states,
+                    &selecting,
+                    &data,
+                    &net,
+                )
+            });
+            // Every transfer leaves one peer and reaches another.
+            bytes_up = stats.transfers * wire;
+            bytes_down = bytes_up;
+            selection = Some(stats);
+            Aggregation {
+                graph,
+                layers: Vec::new(),
+                downloads: vec![None; cfg.clients],
+            }
+        } else if ids.is_empty() {
+            // With no sound upload there is nothing to infer a graph from:
+            // every client keeps its model this round.
             Aggregation {
                 graph: CollaborationGraph::identity(cfg.clients),
                 layers: Vec::new(),
                 downloads: vec![None; cfg.clients],
             }
         } else {
+            let refs: Vec<&Upload> = uploads.iter().map(|(_, u)| u).collect();
             algo.aggregate(&env, round, &ids, &refs)
         };
-        let mut bytes_down = 0u64;
         for (state, dl) in states.iter_mut().zip(agg.downloads) {
             if let Some(dl) = dl {
                 bytes_down += wire * (1 + u64::from(dl.aux.is_some()));
@@ -271,6 +304,7 @@ pub fn run_experiment(
                 .collect(),
             graph_sparsity: agg.graph.sparsity(),
             graph_symmetry: agg.graph.symmetry(),
+            selection,
         };
         let line = serde_json::to_string(&record).unwrap_or_default();
         writeln!(rounds_file, "{line}").map_err(io(&rounds_path))?;

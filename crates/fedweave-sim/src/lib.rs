@@ -11,8 +11,9 @@
 
 pub mod config;
 mod engine;
+mod peer;
 mod records;
 
 pub use config::{ConfigError, ExperimentConfig};
 pub use engine::{RunError, run_experiment};
-pub use records::{PROTOCOL, RoundRecord, Summary};
+pub use records::{PROTOCOL, RoundRecord, SelectionStats, Summary};

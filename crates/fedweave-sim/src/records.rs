@@ -41,6 +41,27 @@ pub struct RoundRecord {
     pub graph_sparsity: f64,
     /// Share of edges whose reverse also exists.
     pub graph_symmetry: f64,
+    /// Peer-to-peer rounds: what the clients' own selections cost and gave.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selection: Option<SelectionStats>,
+}
+
+/// The round's collaborator selections (peer-to-peer methods).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SelectionStats {
+    /// Reward evaluations over all clients (DPFL: validation passes).
+    pub reward_evaluations: usize,
+    /// Clients that ran a selection this round.
+    pub selecting_clients: usize,
+    /// Share of them whose chosen set scored at least as well as the client
+    /// alone (DPFL's Remark 3 says: all of them).
+    pub no_worse_share: f64,
+    /// Mean reward of the chosen set minus the client alone.
+    pub mean_reward_gain: f64,
+    /// The largest loss of reward against the client alone (0 if none).
+    pub worst_reward_gain: f64,
+    /// Model transfers between peers.
+    pub transfers: u64,
 }
 
 /// `summary.json`.
