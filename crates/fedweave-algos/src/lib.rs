@@ -10,9 +10,11 @@
 #![warn(missing_docs)]
 
 pub mod attack;
+pub mod dpfl;
 pub mod fedaghn;
 pub mod fedavg;
 pub mod feddwa;
+pub mod ggc;
 pub mod local;
 mod params;
 pub mod pfedgraph;
@@ -375,6 +377,9 @@ pub fn build(
         "sfl" => params::build::<sfl::SflParams, _>(name, params, clients, |p| {
             Box::new(sfl::Sfl::new(p, clients))
         }),
+        "dpfl" => params::build::<dpfl::DpflParams, _>(name, params, clients, |p| {
+            Box::new(dpfl::Dpfl::new(p))
+        }),
         _ => Err(AlgoError::UnknownAlgorithm {
             name: name.to_string(),
             known: catalogue()
@@ -429,6 +434,11 @@ pub fn catalogue() -> &'static [(&'static str, &'static str, &'static str)] {
             "sfl",
             "U = Â^m Θ along a relation graph (hops = 3; graph = given | label_overlap (oracle) | learned = SFL*, adj_beta 0.05); local CE + λ(½‖v−w‖² + ½‖v−u_i‖²); option code_compat",
             "Chen et al., IJCAI 2022",
+        ),
+        (
+            "dpfl",
+            "no server: client k picks collaborators by randomized double greedy (GGC) on −(its validation loss of the size-weighted average), budget B_c (default ⌈0.1·N⌉, 0 = unlimited); BGGC after init_epochs = 10; period 1; graph = \"random\" ablation",
+            "Kharrat, Canini, Horváth 2024",
         ),
     ]
 }

@@ -109,8 +109,12 @@ fn read_text(path: &Path) -> Result<String, ReportError> {
 }
 
 /// A finite number at `key`.
+/// `key` may be a dotted path into nested objects (`selection.no_worse_share`).
 pub(crate) fn num(v: &Value, key: &str) -> Option<f64> {
-    v.get(key).and_then(Value::as_f64).filter(|x| x.is_finite())
+    key.split('.')
+        .try_fold(v, |v, k| v.get(k))
+        .and_then(Value::as_f64)
+        .filter(|x| x.is_finite())
 }
 
 /// A string at `key`; numbers and booleans are shown as written.

@@ -597,6 +597,13 @@ impl Ctx<'_> {
         let series: Vec<Series> = [
             ("graph_sparsity", "sparsity", charts::PURPLE),
             ("graph_symmetry", "symmetry", charts::GREEN),
+            // Peer-to-peer selection (DPFL): share of clients whose chosen
+            // set scored no worse than the client alone (Remark 3).
+            (
+                "selection.no_worse_share",
+                "chosen set ≥ alone (share of clients)",
+                charts::ORANGE,
+            ),
         ]
         .into_iter()
         .map(|(key, name, color)| Series {
