@@ -89,10 +89,14 @@ fn run(config: PathBuf, out: Option<PathBuf>, set: Vec<String>) -> anyhow::Resul
         bar
     });
     let mut on_round = |r: &RoundRecord| {
-        let msg = format!(
-            "val acc {:.4}  test acc {:.4}",
-            r.mean_val_acc, r.mean_test_acc
-        );
+        let msg = match (r.mean_val_acc, r.mean_test_acc) {
+            (Some(v), Some(t)) => format!("val acc {v:.4}  test acc {t:.4}"),
+            _ => format!(
+                "val MAE {:.4}  test MAE {:.4}",
+                r.mean_val_mae.unwrap_or(f64::NAN),
+                r.mean_test_mae.unwrap_or(f64::NAN)
+            ),
+        };
         match &bar {
             Some(b) => {
                 b.set_position(r.round as u64);
@@ -112,6 +116,23 @@ fn run(config: PathBuf, out: Option<PathBuf>, set: Vec<String>) -> anyhow::Resul
         b.finish_and_clear();
     }
     let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.2}%", 100.0 * v));
+    if let Some(mae) = summary.mean_test_mae {
+        let num = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{v:.4}"));
+        println!(
+            "{} on {} ({} clients, {} rounds): mean test MAE {} / RMSE {} / MAPE {}% (best-validation), last round MAE {}, {:.1}s",
+            summary.algorithm,
+            summary.dataset,
+            summary.clients,
+            summary.rounds,
+            num(Some(mae)),
+            num(summary.mean_test_rmse),
+            num(summary.mean_test_mape),
+            num(summary.last_round_mean_test_mae),
+            summary.wall_seconds
+        );
+        println!("outputs in {}", out.display());
+        return Ok(());
+    }
     println!(
         "{} on {} ({}, {} clients, {} rounds): mean test acc {} (best-validation), last round {}, max over rounds {}, {:.1}s",
         summary.algorithm,

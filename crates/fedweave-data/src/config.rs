@@ -24,7 +24,12 @@ pub struct DataConfig {
     pub normalize: bool,
     /// Keep only this many training samples (a seeded, class-stratified
     /// subsample); the test split is untouched. For fast tests.
+    /// Classification only.
     pub max_train_samples: Option<usize>,
+    /// Forecasting: past steps each sample sees. Default 12.
+    pub input_steps: usize,
+    /// Forecasting: future steps each sample predicts. Default 3.
+    pub horizon: usize,
 }
 
 impl Default for DataConfig {
@@ -35,6 +40,8 @@ impl Default for DataConfig {
             synthetic: SyntheticConfig::default(),
             normalize: true,
             max_train_samples: None,
+            input_steps: 12,
+            horizon: 3,
         }
     }
 }

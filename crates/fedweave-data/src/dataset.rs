@@ -5,26 +5,44 @@ use std::path::Path;
 use fedweave_core::{Purpose, rng_stream};
 use rand::seq::SliceRandom;
 
-use crate::{DataConfig, DataError, digits, idx, synthetic};
+use crate::{DataConfig, DataError, digits, forecast, idx, synthetic};
 
-/// Samples of one split: features row-major, one label per row.
+/// Samples of one split: features row-major, and one label (classification)
+/// or `target_len` targets (forecasting) per sample.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Split {
     /// `len() × feature_len` values, row-major, already normalised.
     pub features: Vec<f32>,
-    /// One class label per sample, each below the dataset's `num_classes`.
+    /// One class label per sample, each below the dataset's `num_classes`
+    /// (empty for forecasting).
     pub labels: Vec<u32>,
+    /// Forecasting: `target_len` z-scored values per sample, NaN where the
+    /// sensor did not observe (empty for classification).
+    pub targets: Vec<f32>,
+    /// Targets per sample; 0 for classification.
+    pub target_len: usize,
 }
 
 impl Split {
+    /// An empty forecasting split with `target_len` targets per sample.
+    pub fn forecasting(target_len: usize) -> Self {
+        Split {
+            target_len,
+            ..Split::default()
+        }
+    }
+
     /// Number of samples.
     pub fn len(&self) -> usize {
-        self.labels.len()
+        self.targets
+            .len()
+            .checked_div(self.target_len)
+            .unwrap_or(self.labels.len())
     }
 
     /// Whether the split holds no sample.
     pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
+        self.len() == 0
     }
 
     /// The features of sample `i`.
@@ -35,7 +53,8 @@ impl Split {
         &self.features[i * feature_len..(i + 1) * feature_len]
     }
 
-    /// Keeps only the samples at `keep` (in that order).
+    /// Keeps only the samples at `keep` (in that order); classification
+    /// splits only (subsampling is stratified by label).
     fn select(&self, keep: &[usize], feature_len: usize) -> Split {
         let mut features = Vec::with_capacity(keep.len() * feature_len);
         let mut labels = Vec::with_capacity(keep.len());
@@ -43,8 +62,35 @@ impl Split {
             features.extend_from_slice(self.row(i, feature_len));
             labels.push(self.labels[i]);
         }
-        Split { features, labels }
+        Split {
+            features,
+            labels,
+            ..Split::default()
+        }
     }
+}
+
+/// What the dataset's samples are for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Task {
+    /// One class label per sample.
+    Classification,
+    /// `horizon` future values per sample (regression).
+    Forecasting {
+        /// Steps predicted.
+        horizon: usize,
+    },
+}
+
+/// Maps a natural client's z-scored targets back to their unit (°C,
+/// vehicles): value = z·std + mean. Errors are reported in that unit.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct TargetScale {
+    /// Training mean.
+    pub mean: f32,
+    /// Training standard deviation.
+    pub std: f32,
 }
 
 /// A client that exists in the data itself (e.g. one synthetic device).
@@ -52,6 +98,10 @@ impl Split {
 pub struct NaturalClient {
     /// Indices into the dataset's training split.
     pub train: Vec<usize>,
+    /// Validation indices into the training split. When empty, the
+    /// partition carves `val_fraction` off `train`; forecasting sets it to a
+    /// chronological block after the training windows.
+    pub val: Vec<usize>,
     /// Indices into the dataset's test split.
     pub test: Vec<usize>,
 }
@@ -72,6 +122,13 @@ pub struct Dataset {
     pub test: Split,
     /// The data's own clients, if it has any (`synthetic` does).
     pub natural_clients: Option<Vec<NaturalClient>>,
+    /// Classification or forecasting.
+    pub task: Task,
+    /// A relation graph between the natural clients, if the data has one
+    /// (the weather-station graph).
+    pub relation_graph: Option<fedweave_core::RelationGraph>,
+    /// Forecasting: per natural client, the scale of its targets.
+    pub target_scales: Option<Vec<TargetScale>>,
 }
 
 impl Dataset {
@@ -99,6 +156,18 @@ pub fn dataset_names() -> &'static [(&'static str, &'static str)] {
         (
             "synthetic",
             "FedProx Synthetic(alpha, beta): per-client softmax-regression data, natural clients, 75/25 split per client",
+        ),
+        (
+            "us-weather",
+            "bundled NOAA GHCN-Daily 2025: 144 US stations x 365 days of temperature (forecasting), 6-NN station graph; one client per station",
+        ),
+        (
+            "pems04",
+            "PeMS04 traffic flow (forecasting) from PEMS04.npz + PEMS04.csv in data.path; one client per sensor",
+        ),
+        (
+            "pems08",
+            "PeMS08 traffic flow (forecasting) from PEMS08.npz + PEMS08.csv in data.path",
         ),
     ]
 }
@@ -174,6 +243,21 @@ pub fn load_dataset(cfg: &DataConfig, seed: u64) -> Result<Dataset, DataError> {
                 ));
             }
             synthetic::generate(&cfg.synthetic, seed)?
+        }
+        "us-weather" => forecast::load_us_weather(cfg.path.as_deref(), cfg)?,
+        "pems04" | "pems08" => {
+            let Some(dir) = cfg.path.as_deref() else {
+                return Err(DataError::config(
+                    "data.path",
+                    format!(
+                        "dataset {} needs data.path: the directory holding {}.npz and {}.csv",
+                        cfg.dataset,
+                        cfg.dataset.to_uppercase(),
+                        cfg.dataset.to_uppercase()
+                    ),
+                ));
+            };
+            forecast::load_pems(&cfg.dataset, dir, cfg)?
         }
         other => {
             let known: Vec<&str> = dataset_names().iter().map(|(n, _)| *n).collect();

@@ -158,6 +158,9 @@ fn split(pixels: &[u8], labels: &[u32], normalize: bool) -> Dataset {
         train,
         test,
         natural_clients: None,
+        task: crate::Task::Classification,
+        relation_graph: None,
+        target_scales: None,
     }
 }
 

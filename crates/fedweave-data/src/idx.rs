@@ -57,6 +57,9 @@ pub(crate) fn load_idx_dataset(
         train,
         test,
         natural_clients: None,
+        task: crate::Task::Classification,
+        relation_graph: None,
+        target_scales: None,
     })
 }
 
@@ -82,7 +85,14 @@ fn load_pair(
         ));
     }
     let features: Vec<f32> = pixels.iter().map(|&p| lut[p as usize]).collect();
-    Ok((Split { features, labels }, (rows, cols)))
+    Ok((
+        Split {
+            features,
+            labels,
+            ..Split::default()
+        },
+        (rows, cols),
+    ))
 }
 
 /// `dir/name.gz` if it exists, else `dir/name`; an error naming both if neither.

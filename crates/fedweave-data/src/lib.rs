@@ -16,13 +16,15 @@ mod config;
 mod dataset;
 pub mod digits;
 mod error;
+mod forecast;
 mod idx;
 mod partition;
 mod synthetic;
 
 pub use config::{DataConfig, PartitionConfig, PartitionKind, SyntheticConfig};
 pub use dataset::{
-    Dataset, FASHION_MNIST_DEFAULT_DIR, NaturalClient, Split, dataset_names, load_dataset,
+    Dataset, FASHION_MNIST_DEFAULT_DIR, NaturalClient, Split, TargetScale, Task, dataset_names,
+    load_dataset,
 };
 pub use error::DataError;
 pub use partition::{

@@ -78,9 +78,10 @@ impl Partition {
     /// # Panics
     /// If the partition was not made from `ds` (an index out of range).
     pub fn label_counts(&self, ds: &Dataset) -> PartitionReport {
+        // Forecasting splits have no labels: every count list is empty.
         let count = |idx: &[usize], labels: &[u32]| {
             let mut c = vec![0usize; self.num_classes];
-            for &i in idx {
+            for &i in idx.iter().filter(|&&i| i < labels.len()) {
                 c[labels[i] as usize] += 1;
             }
             c
@@ -148,6 +149,9 @@ pub fn partition(
     seed: u64,
 ) -> Result<Partition, DataError> {
     cfg.validate(clients)?;
+    if ds.task != crate::Task::Classification {
+        return forecasting_partition(ds, cfg, clients);
+    }
     if ds.train.is_empty() {
         return Err(DataError::config(
             "data.dataset",
@@ -477,6 +481,53 @@ fn groups(
 
 /// Per-client lists of sample indices.
 type Shares = Vec<Vec<usize>>;
+
+/// Forecasting data comes with its clients (one per sensor) and their
+/// chronological train / validation / test windows; nothing is drawn.
+fn forecasting_partition(
+    ds: &Dataset,
+    cfg: &PartitionConfig,
+    clients: usize,
+) -> Result<Partition, DataError> {
+    if cfg.kind != PartitionKind::Natural {
+        return Err(DataError::config(
+            "partition.kind",
+            format!(
+                "partition.kind must be \"natural\" for the forecasting dataset {}: each sensor is a client (got {})",
+                ds.name, cfg.kind
+            ),
+        ));
+    }
+    let (train, test) = natural(ds, clients)?;
+    let nat = ds.natural_clients.as_deref().unwrap_or_default();
+    if nat
+        .iter()
+        .flat_map(|c| &c.val)
+        .any(|&i| i >= ds.train.len())
+    {
+        return Err(DataError::config(
+            "data.dataset",
+            format!(
+                "the natural clients of {} index samples that do not exist",
+                ds.name
+            ),
+        ));
+    }
+    Ok(Partition {
+        clients: train
+            .into_iter()
+            .zip(test)
+            .zip(nat)
+            .map(|((train, test), c)| ClientSplit {
+                train,
+                val: c.val.clone(),
+                test,
+            })
+            .collect(),
+        num_classes: 0,
+        group_of: None,
+    })
+}
 
 fn natural(ds: &Dataset, clients: usize) -> Result<(Shares, Shares), DataError> {
     let Some(nat) = &ds.natural_clients else {

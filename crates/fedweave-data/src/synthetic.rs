@@ -171,6 +171,9 @@ pub(crate) fn generate(cfg: &SyntheticConfig, seed: u64) -> Result<Dataset, Data
         train,
         test,
         natural_clients: Some(natural),
+        task: crate::Task::Classification,
+        relation_graph: None,
+        target_scales: None,
     })
 }
 

@@ -52,9 +52,20 @@ fn kinds_parse_lowercase_and_unknown_keys_fail() {
 #[test]
 fn listed_datasets_are_loadable_names() {
     let names: Vec<&str> = dataset_names().iter().map(|(n, _)| *n).collect();
-    assert_eq!(names, ["digits", "fashion-mnist", "mnist", "synthetic"]);
+    assert_eq!(
+        names,
+        [
+            "digits",
+            "fashion-mnist",
+            "mnist",
+            "synthetic",
+            "us-weather",
+            "pems04",
+            "pems08"
+        ]
+    );
     assert_eq!(partition_kinds().len(), 6);
-    for name in ["digits", "synthetic"] {
+    for name in ["digits", "synthetic", "us-weather"] {
         let cfg = DataConfig {
             dataset: name.into(),
             ..DataConfig::default()

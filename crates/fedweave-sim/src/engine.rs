@@ -7,7 +7,7 @@ use fedweave_algos::attack::{AttackKind, choose_malicious, poison};
 use fedweave_algos::{Aggregation, ClientData, ClientState, Env, EvalPoint, Topology, Upload};
 use fedweave_core::vecmath::{all_finite, mean, std_dev};
 use fedweave_core::{CollaborationGraph, Purpose, rng_stream};
-use fedweave_data::{Dataset, Partition, PartitionKind};
+use fedweave_data::{Dataset, Partition, PartitionKind, Task};
 use fedweave_nn::{LocalData, ModelSpec, evaluate};
 use rand::seq::index::sample;
 use rayon::prelude::*;
@@ -41,11 +41,30 @@ pub enum RunError {
     Threads(String),
 }
 
+/// What the test split says about one client's model.
+#[derive(Clone, Copy, Debug, Default)]
+struct TestMetrics {
+    acc: f64,
+    mae: f64,
+    rmse: f64,
+    mape: f64,
+}
+
+/// One client's evaluation: the validation figure the protocol selects on
+/// (`val_score`, higher is better: accuracy, or −MAE when forecasting), the
+/// validation figure reported, and the test metrics.
+#[derive(Clone, Copy, Debug, Default)]
+struct Score {
+    val_score: f64,
+    val_reported: f64,
+    test: TestMetrics,
+}
+
 /// Per-client evaluation bookkeeping for the best-validation protocol.
 #[derive(Clone, Copy, Debug, Default)]
 struct BestTracker {
     best_val: Option<f64>,
-    test_at_best: f64,
+    test_at_best: TestMetrics,
     round: usize,
 }
 
@@ -70,7 +89,12 @@ pub fn run_experiment(
     }
     let dataset = fedweave_data::load_dataset(&data_cfg, cfg.seed)?;
     let partition = fedweave_data::partition(&dataset, &cfg.partition, cfg.clients, cfg.seed)?;
-    let spec = ModelSpec::new(cfg.model.kind, &dataset.feature_shape, dataset.num_classes)?;
+    let forecasting = dataset.task != Task::Classification;
+    let outputs = match dataset.task {
+        Task::Forecasting { horizon } => horizon,
+        Task::Classification => dataset.num_classes,
+    };
+    let spec = ModelSpec::new(cfg.model.kind, &dataset.feature_shape, outputs)?;
     let (mut algo, resolved) =
         fedweave_algos::build(cfg.algorithm_name(), &cfg.algorithm_params(), cfg.clients)?;
     let mut resolved_cfg = cfg.clone();
@@ -118,7 +142,7 @@ pub fn run_experiment(
         train: &train_cfg,
         sizes: &sizes,
         init: &init,
-        relation: None,
+        relation: dataset.relation_graph.as_ref(),
         label_counts: &label_counts,
     };
     algo.check(&env)
@@ -137,7 +161,7 @@ pub fn run_experiment(
         .collect();
     let mut best = vec![BestTracker::default(); cfg.clients];
     let mut records: Vec<RoundRecord> = Vec::with_capacity(cfg.rounds);
-    let mut last_test = vec![0.0; cfg.clients];
+    let mut last_test = vec![TestMetrics::default(); cfg.clients];
     let (mut total_up, mut total_down) = (0u64, 0u64);
 
     for round in 1..=cfg.rounds {
@@ -270,26 +294,29 @@ pub fn run_experiment(
         }
 
         // Best-validation bookkeeping (benign clients only).
-        for (&i, &(val, test)) in benign.iter().zip(&scores) {
+        for (&i, score) in benign.iter().zip(&scores) {
             let b = &mut best[i];
-            if b.best_val.is_none_or(|v| val > v) {
+            if b.best_val.is_none_or(|v| score.val_score > v) {
                 *b = BestTracker {
-                    best_val: Some(val),
-                    test_at_best: test,
+                    best_val: Some(score.val_score),
+                    test_at_best: score.test,
                     round,
                 };
             }
-            last_test[i] = test;
+            last_test[i] = score.test;
         }
         total_up += bytes_up;
         total_down += bytes_down;
-        let vals: Vec<f64> = scores.iter().map(|s| s.0).collect();
-        let tests: Vec<f64> = scores.iter().map(|s| s.1).collect();
+        let mean_of = |f: fn(&Score) -> f64| mean(&scores.iter().map(f).collect::<Vec<_>>());
         let losses: Vec<f64> = uploads.iter().map(|(_, u)| u.train_loss).collect();
         let record = RoundRecord {
             round,
-            mean_val_acc: mean(&vals),
-            mean_test_acc: mean(&tests),
+            mean_val_acc: (!forecasting).then(|| mean_of(|s| s.val_reported)),
+            mean_test_acc: (!forecasting).then(|| mean_of(|s| s.test.acc)),
+            mean_val_mae: forecasting.then(|| mean_of(|s| s.val_reported)),
+            mean_test_mae: forecasting.then(|| mean_of(|s| s.test.mae)),
+            mean_test_rmse: forecasting.then(|| mean_of(|s| s.test.rmse)),
+            mean_test_mape: forecasting.then(|| mean_of(|s| s.test.mape)),
             mean_train_loss: mean(&losses),
             seconds: round_start.elapsed().as_secs_f64(),
             bytes_up,
@@ -313,12 +340,38 @@ pub fn run_experiment(
         records.push(record);
     }
 
+    // The headline per client: accuracy, or MAE when forecasting.
+    let headline = |m: &TestMetrics| if forecasting { m.mae } else { m.acc };
     let per_client: Vec<Option<f64>> = (0..cfg.clients)
-        .map(|i| (!is_malicious[i]).then_some(best[i].test_at_best))
+        .map(|i| (!is_malicious[i]).then_some(headline(&best[i].test_at_best)))
         .collect();
-    let benign_best: Vec<f64> = benign.iter().map(|&i| best[i].test_at_best).collect();
+    let benign_best: Vec<f64> = benign
+        .iter()
+        .map(|&i| headline(&best[i].test_at_best))
+        .collect();
+    let benign_mean = |f: fn(&TestMetrics) -> f64| {
+        mean(
+            &benign
+                .iter()
+                .map(|&i| f(&best[i].test_at_best))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let last_mean = mean(
+        &benign
+            .iter()
+            .map(|&i| headline(&last_test[i]))
+            .collect::<Vec<_>>(),
+    );
     let mut sorted = benign_best.clone();
-    sorted.sort_by(f64::total_cmp);
+    // Worst first: lowest accuracy, or highest error.
+    sorted.sort_by(|a, b| {
+        if forecasting {
+            b.total_cmp(a)
+        } else {
+            a.total_cmp(b)
+        }
+    });
     let bottom = (sorted.len() / 10).max(1).min(sorted.len());
     let mut secs: Vec<f64> = records.iter().map(|r| r.seconds).collect();
     secs.sort_by(f64::total_cmp);
@@ -343,21 +396,29 @@ pub fn run_experiment(
                 cfg.attack.ratio
             )
         },
-        mean_test_acc: Some(mean(&benign_best)),
-        last_round_mean_test_acc: Some(mean(
-            &benign.iter().map(|&i| last_test[i]).collect::<Vec<_>>(),
-        )),
-        max_round_mean_test_acc: records.iter().map(|r| r.mean_test_acc).reduce(f64::max),
-        std_test_acc: Some(std_dev(&benign_best)),
-        min_test_acc: sorted.first().copied(),
-        bottom10_test_acc: (!sorted.is_empty()).then(|| mean(&sorted[..bottom])),
-        per_client_test_acc: per_client,
+        mean_test_acc: (!forecasting).then(|| mean(&benign_best)),
+        last_round_mean_test_acc: (!forecasting).then_some(last_mean),
+        max_round_mean_test_acc: records
+            .iter()
+            .filter_map(|r| r.mean_test_acc)
+            .reduce(f64::max),
+        std_test_acc: (!forecasting).then(|| std_dev(&benign_best)),
+        min_test_acc: sorted.first().copied().filter(|_| !forecasting),
+        bottom10_test_acc: (!sorted.is_empty() && !forecasting).then(|| mean(&sorted[..bottom])),
+        per_client_test_acc: if forecasting {
+            vec![None; cfg.clients]
+        } else {
+            per_client.clone()
+        },
+        last_round_mean_test_mae: forecasting.then_some(last_mean),
+        per_client_test_mae: forecasting.then_some(per_client),
+        worst10_test_mae: (!sorted.is_empty() && forecasting).then(|| mean(&sorted[..bottom])),
         per_client_best_round: (0..cfg.clients)
             .map(|i| (!is_malicious[i]).then_some(best[i].round))
             .collect(),
-        mean_test_mae: None,
-        mean_test_rmse: None,
-        mean_test_mape: None,
+        mean_test_mae: forecasting.then(|| benign_mean(|m| m.mae)),
+        mean_test_rmse: forecasting.then(|| benign_mean(|m| m.rmse)),
+        mean_test_mape: forecasting.then(|| benign_mean(|m| m.mape)),
         malicious,
         final_graph: last.map(|r| r.graph.clone()).unwrap_or_default(),
         final_graph_layers: last.map(|r| r.graph_layers.clone()).unwrap_or_default(),
@@ -401,16 +462,37 @@ fn client_data<'a>(
     ClientData {
         train: LocalData {
             flip_labels: flip,
-            ..LocalData::new(&ds.train.features, &ds.train.labels, &c.train)
+            ..local_view(ds, &ds.train, i, &c.train)
         },
         val: LocalData {
             flip_labels: flip,
-            ..LocalData::new(&ds.train.features, &ds.train.labels, &c.val)
+            ..local_view(ds, &ds.train, i, &c.val)
         },
     }
 }
 
-/// (validation accuracy, test accuracy) of every benign client's model.
+/// Client `i`'s rows `indices` of `split`: labelled, or forecasting targets
+/// with the client's own scale (natural clients are the sensors).
+fn local_view<'a>(
+    ds: &'a Dataset,
+    split: &'a fedweave_data::Split,
+    i: usize,
+    indices: &'a [usize],
+) -> LocalData<'a> {
+    match ds.task {
+        Task::Classification => LocalData::new(&split.features, &split.labels, indices),
+        Task::Forecasting { horizon } => {
+            let scale = ds
+                .target_scales
+                .as_ref()
+                .and_then(|s| s.get(i))
+                .map_or((0.0, 1.0), |s| (s.mean, s.std));
+            LocalData::forecasting(&split.features, &split.targets, horizon, scale, indices)
+        }
+    }
+}
+
+/// The validation and test scores of every benign client's model.
 fn evaluate_all(
     pool: &rayon::ThreadPool,
     spec: &ModelSpec,
@@ -419,17 +501,35 @@ fn evaluate_all(
     states: &[ClientState],
     benign: &[usize],
     flip: &(dyn Fn(usize) -> Option<usize> + Sync),
-) -> Vec<(f64, f64)> {
+) -> Vec<Score> {
     pool.install(|| {
         benign
             .par_iter()
             .map(|&i| {
                 let data = client_data(ds, part, i, flip(i));
-                let test =
-                    LocalData::new(&ds.test.features, &ds.test.labels, &part.clients[i].test);
+                let test = local_view(ds, &ds.test, i, &part.clients[i].test);
                 let s = &states[i];
-                let val = evaluate(spec, &s.model, &s.buffers, &data.val).accuracy();
-                (val, evaluate(spec, &s.model, &s.buffers, &test).accuracy())
+                let val = evaluate(spec, &s.model, &s.buffers, &data.val);
+                let t = evaluate(spec, &s.model, &s.buffers, &test);
+                let test = TestMetrics {
+                    acc: t.accuracy(),
+                    mae: t.mae(),
+                    rmse: t.rmse(),
+                    mape: t.mape(),
+                };
+                if data.val.is_regression() {
+                    Score {
+                        val_score: -val.mae(),
+                        val_reported: val.mae(),
+                        test,
+                    }
+                } else {
+                    Score {
+                        val_score: val.accuracy(),
+                        val_reported: val.accuracy(),
+                        test,
+                    }
+                }
             })
             .collect()
     })

@@ -16,10 +16,22 @@ of the per-round mean (FedDWA's convention), and the spread across clients.";
 pub struct RoundRecord {
     /// Round number, from 1.
     pub round: usize,
-    /// Mean validation accuracy over benign clients.
-    pub mean_val_acc: f64,
-    /// Mean test accuracy over benign clients.
-    pub mean_test_acc: f64,
+    /// Mean validation accuracy over benign clients (null when forecasting).
+    pub mean_val_acc: Option<f64>,
+    /// Mean test accuracy over benign clients (null when forecasting).
+    pub mean_test_acc: Option<f64>,
+    /// Forecasting: mean validation MAE over benign clients.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_val_mae: Option<f64>,
+    /// Forecasting: mean test MAE (in the target's unit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_test_mae: Option<f64>,
+    /// Forecasting: mean test RMSE.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_test_rmse: Option<f64>,
+    /// Forecasting: mean test MAPE (%).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_test_mape: Option<f64>,
     /// Mean local training loss over the participants.
     pub mean_train_loss: f64,
     /// Wall-clock seconds of the round.
@@ -107,6 +119,15 @@ pub struct Summary {
     pub mean_test_rmse: Option<f64>,
     /// Forecasting metrics (null for classification).
     pub mean_test_mape: Option<f64>,
+    /// Forecasting: mean test MAE of the last round's models.
+    pub last_round_mean_test_mae: Option<f64>,
+    /// Forecasting: per-client best-validation test MAE (null for
+    /// malicious clients); absent for classification.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_client_test_mae: Option<Vec<Option<f64>>>,
+    /// Forecasting: mean MAE of the worst 10 % of clients.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worst10_test_mae: Option<f64>,
     /// Malicious clients.
     pub malicious: Vec<usize>,
     /// The last round's graph.
