@@ -13,11 +13,16 @@
 //! z_i) with standard-normal u, z (four client groups); FedDWA's guidance
 //! model is θ_i plus a further 0.001·z'.
 //!
+//! A second table times SFL's graph-convolutional aggregation U = Â³Θ on a
+//! sparse 6-nearest-neighbour ring (each client linked to the 3 before and
+//! after it) at N = 144 and N = 1000, for the `gru` (d = 13,251, the weather
+//! model) and `cnn` (d = 44,426) sizes: O(hops·nnz·d) work, not O(N²·d).
+//!
 //! Run: `cargo bench -p fedweave-algos --bench server_round`
 //! (`FEDWEAVE_BENCH_SIZES=20` to skip N = 200).
 
 use fedweave_algos::{Env, Upload, build};
-use fedweave_core::{Purpose, rng_stream};
+use fedweave_core::{Purpose, RelationGraph, rng_stream};
 use fedweave_nn::{ModelKind, ModelSpec, TrainConfig};
 use rand_distr::{Distribution, StandardNormal};
 use std::hint::black_box;
@@ -64,6 +69,69 @@ fn uploads(method: &str, init: &[f32], n: usize) -> Vec<Upload> {
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
+}
+
+/// Each client linked to its 3 predecessors and successors on a ring.
+fn ring(n: usize) -> RelationGraph {
+    let triples = (0..n).flat_map(|i| {
+        (1..=3).flat_map(move |k| [(i, (i + k) % n, 1.0), (i, (i + n - k) % n, 1.0)])
+    });
+    RelationGraph::from_triples(n, triples.collect::<Vec<_>>()).expect("ring graph")
+}
+
+fn sfl_table() {
+    println!("\n| SFL aggregation (U = Â³Θ, 6-NN ring) | N | d | nnz(Â) | s/round (median) |");
+    println!("|---|---|---|---|---|");
+    for (model, spec) in [
+        (
+            "gru",
+            ModelSpec::new(ModelKind::Gru, &[12, 1], 3).expect("gru spec"),
+        ),
+        (
+            "cnn",
+            ModelSpec::new(ModelKind::Cnn, &[1, 28, 28], 10).expect("cnn spec"),
+        ),
+    ] {
+        let init = spec.init(&mut rng_stream(7, 0, 0, Purpose::ModelInit));
+        for n in [144, 1000] {
+            let graph = ring(n);
+            let train = TrainConfig {
+                lr: 0.01,
+                momentum: 0.0,
+                weight_decay: 0.0,
+                batch_size: 32,
+                iterations: 0,
+                epochs: 1,
+            };
+            let sizes = vec![280; n];
+            let env = Env {
+                spec: &spec,
+                train: &train,
+                sizes: &sizes,
+                init: &init,
+                relation: Some(&graph),
+                label_counts: &[],
+            };
+            let owned = uploads("sfl", &init, n);
+            let refs: Vec<&Upload> = owned.iter().collect();
+            let participants: Vec<usize> = (0..n).collect();
+            let (mut algo, _) = build("sfl", &toml::Table::new(), n).expect("sfl");
+            let mut times = Vec::new();
+            for round in 1..=4 {
+                let start = Instant::now();
+                black_box(algo.aggregate(&env, round, &participants, &refs));
+                if round > 1 {
+                    times.push(start.elapsed().as_secs_f64());
+                }
+            }
+            let nnz = graph.with_self_loops_row_normalized(1.0).nnz();
+            println!(
+                "| {model} | {n} | {} | {nnz} | {:.3} |",
+                init.len(),
+                median(times)
+            );
+        }
+    }
 }
 
 fn main() {
@@ -132,4 +200,5 @@ fn main() {
             );
         }
     }
+    sfl_table();
 }
