@@ -15,7 +15,7 @@
 //!
 //! A second table times SFL's graph-convolutional aggregation U = Â³Θ on a
 //! sparse 6-nearest-neighbour ring (each client linked to the 3 before and
-//! after it) at N = 144 and N = 1000, for the `gru` (d = 13,251, the weather
+//! after it) at N = 144 and N = 1000, for the `gru` (d = 13,059, the weather
 //! model) and `cnn` (d = 44,426) sizes: O(hops·nnz·d) work, not O(N²·d).
 //!
 //! Run: `cargo bench -p fedweave-algos --bench server_round`
