@@ -1,28 +1,15 @@
 //! End-to-end behaviour on the bundled real digits data: accuracy against
 //! baselines, the graphs the methods infer, attacks, determinism.
 
-use fedweave_sim::{ExperimentConfig, Summary, run_experiment};
+mod common;
+
+use fedweave_sim::Summary;
+
+const BASE: &str = "seed = 3\nclients = 10\nrounds = 10\n[data]\ndataset = \"digits\"\n[partition]\nkind = \"pathological\"\nclasses_per_client = 2\n[model]\nkind = \"mlp\"\n[train]\nlocal_iterations = 20\nbatch_size = 32\nlr = 0.05\n";
 
 fn run(overrides: &[&str]) -> (Summary, Vec<serde_json::Value>) {
-    let base = "seed = 3\nclients = 10\nrounds = 10\n[data]\ndataset = \"digits\"\n[partition]\nkind = \"pathological\"\nclasses_per_client = 2\n[model]\nkind = \"mlp\"\n[train]\nlocal_iterations = 20\nbatch_size = 32\nlr = 0.05\n";
-    let o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    let cfg = ExperimentConfig::from_toml_str(base, &o).expect("valid config");
-    let dir = tempfile::tempdir().unwrap();
-    let summary = run_experiment(&cfg, dir.path(), &mut |_| {}).expect("run succeeds");
-    let rounds = std::fs::read_to_string(dir.path().join("rounds.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    for f in [
-        "config.toml",
-        "summary.json",
-        "partition.json",
-        "report.html",
-    ] {
-        assert!(dir.path().join(f).exists(), "{f} written");
-    }
-    (summary, rounds)
+    let r = common::run_config(BASE, overrides);
+    (r.summary, r.rounds)
 }
 
 fn acc(s: &Summary) -> f64 {

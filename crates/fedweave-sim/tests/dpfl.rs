@@ -4,7 +4,10 @@
 //! clients end up isolated, and the peer-to-peer round is deterministic
 //! whatever the thread count.
 
-use fedweave_sim::{ExperimentConfig, Summary, run_experiment};
+mod common;
+
+use common::graph;
+use fedweave_sim::Summary;
 
 const CLIENTS: usize = 20;
 
@@ -20,20 +23,8 @@ fn base(algorithm: &str) -> String {
 const DPFL: &str = "name = \"dpfl\"\ninit_epochs = 5";
 
 fn run(text: &str, overrides: &[&str]) -> (Summary, Vec<serde_json::Value>) {
-    let o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    let cfg = ExperimentConfig::from_toml_str(text, &o).expect("valid config");
-    let dir = tempfile::tempdir().unwrap();
-    let summary = run_experiment(&cfg, dir.path(), &mut |_| {}).expect("run succeeds");
-    let rounds = std::fs::read_to_string(dir.path().join("rounds.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    (summary, rounds)
-}
-
-fn graph(round: &serde_json::Value) -> Vec<Vec<f64>> {
-    serde_json::from_value(round["graph"].clone()).unwrap()
+    let r = common::run_config(text, overrides);
+    (r.summary, r.rounds)
 }
 
 fn collaborators(row: &[f64], i: usize) -> Vec<usize> {

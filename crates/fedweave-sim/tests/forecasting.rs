@@ -4,6 +4,8 @@
 //! reported in °C under the best-validation protocol.
 
 use fedweave_data::{DataConfig, load_dataset};
+mod common;
+
 use fedweave_sim::{ExperimentConfig, Summary, run_experiment};
 
 fn run(overrides: &[&str]) -> (Summary, Vec<serde_json::Value>) {
@@ -12,16 +14,8 @@ fn run(overrides: &[&str]) -> (Summary, Vec<serde_json::Value>) {
         "/../../examples/us_weather_sfl.toml"
     ))
     .unwrap();
-    let o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    let cfg = ExperimentConfig::from_toml_str(&text, &o).expect("valid config");
-    let dir = tempfile::tempdir().unwrap();
-    let summary = run_experiment(&cfg, dir.path(), &mut |_| {}).expect("run succeeds");
-    let rounds = std::fs::read_to_string(dir.path().join("rounds.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    (summary, rounds)
+    let r = common::run_config(&text, overrides);
+    (r.summary, r.rounds)
 }
 
 #[test]

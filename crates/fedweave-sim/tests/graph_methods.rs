@@ -8,7 +8,10 @@
 //! global model is within a point of the personalised ones, and the
 //! comparison would test noise rather than personalisation.
 
-use fedweave_sim::{ExperimentConfig, Summary, run_experiment};
+mod common;
+
+use common::graph;
+use fedweave_sim::Summary;
 
 const CLIENTS: usize = 20;
 const GROUPS: usize = 4;
@@ -30,24 +33,12 @@ fn run(overrides: &[&str]) -> (Summary, Vec<serde_json::Value>) {
          [model]\nkind = \"mlp\"\n\
          [train]\nlocal_iterations = 20\nbatch_size = 32\nlr = 0.05\n"
     );
-    let o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    let cfg = ExperimentConfig::from_toml_str(&base, &o).expect("valid config");
-    let dir = tempfile::tempdir().unwrap();
-    let summary = run_experiment(&cfg, dir.path(), &mut |_| {}).expect("run succeeds");
-    let rounds = std::fs::read_to_string(dir.path().join("rounds.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    (summary, rounds)
+    let r = common::run_config(&base, overrides);
+    (r.summary, r.rounds)
 }
 
 fn acc(s: &Summary) -> f64 {
     s.mean_test_acc.unwrap()
-}
-
-fn graph(round: &serde_json::Value) -> Vec<Vec<f64>> {
-    serde_json::from_value(round["graph"].clone()).unwrap()
 }
 
 /// The group of client i in the `groups` partition of n clients.

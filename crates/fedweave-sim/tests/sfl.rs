@@ -3,20 +3,14 @@
 //! the label-overlap oracle), SFL* finds a known relation structure from the
 //! models alone, and SFL's personalised models beat FedAvg's global one.
 
+mod common;
+
+use common::graph;
 use fedweave_sim::{ExperimentConfig, Summary, run_experiment};
 
 fn run(base: &str, overrides: &[&str]) -> (Summary, Vec<serde_json::Value>, serde_json::Value) {
-    let o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    let cfg = ExperimentConfig::from_toml_str(base, &o).expect("valid config");
-    let dir = tempfile::tempdir().unwrap();
-    let summary = run_experiment(&cfg, dir.path(), &mut |_| {}).expect("run succeeds");
-    let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
-    let rounds = read("rounds.jsonl")
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let partition = serde_json::from_str(&read("partition.json")).unwrap();
-    (summary, rounds, partition)
+    let r = common::run_config(base, overrides);
+    (r.summary, r.rounds, r.partition)
 }
 
 fn shards(rounds: usize) -> String {
@@ -25,10 +19,6 @@ fn shards(rounds: usize) -> String {
          [partition]\nkind = \"shards\"\nshards_per_client = 2\n[model]\nkind = \"mlp\"\n\
          [train]\nlocal_iterations = 20\nbatch_size = 32\nlr = 0.05\n[algorithm]\nname = \"sfl\"\n"
     )
-}
-
-fn graph(round: &serde_json::Value) -> Vec<Vec<f64>> {
-    serde_json::from_value(round["graph"].clone()).unwrap()
 }
 
 /// Each client's set of labels present in its training split.
