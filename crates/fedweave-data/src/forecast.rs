@@ -581,6 +581,8 @@ mod tests {
         let err = partition(&ds, &dirichlet, 144, 1).unwrap_err().to_string();
         assert!(err.contains("must be \"natural\""), "{err}");
         // Label counts of a forecasting partition are empty, not a panic.
-        assert!(p.label_counts(&ds).clients[0].train.is_empty());
+        let report = p.label_counts(&ds);
+        assert!(report.clients[0].train.is_empty());
+        assert_eq!(report.clients[0].samples, [245, 35, 71]);
     }
 }

@@ -70,6 +70,9 @@ pub struct ClientLabelCounts {
     pub val: Vec<usize>,
     /// Test samples per class.
     pub test: Vec<usize>,
+    /// Samples in train, validation and test (also for forecasting data,
+    /// whose per-class counts are empty).
+    pub samples: [usize; 3],
 }
 
 impl Partition {
@@ -95,6 +98,7 @@ impl Partition {
                     train: count(&cl.train, &ds.train.labels),
                     val: count(&cl.val, &ds.train.labels),
                     test: count(&cl.test, &ds.test.labels),
+                    samples: [cl.train.len(), cl.val.len(), cl.test.len()],
                 })
                 .collect(),
         }

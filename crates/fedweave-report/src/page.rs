@@ -813,7 +813,13 @@ impl Ctx<'_> {
             let va = counts(c, "val");
             let te = counts(c, "test");
             let sum = |v: &Option<Vec<u64>>| v.as_ref().map(|v| v.iter().sum::<u64>());
-            sizes.push([sum(&tr), sum(&va), sum(&te)]);
+            // `samples` holds the sizes directly (forecasting data has no
+            // per-class counts); older files only have the counts.
+            let given = counts(c, "samples").filter(|s| s.len() == 3);
+            sizes.push(match given {
+                Some(s) => [Some(s[0]), Some(s[1]), Some(s[2])],
+                None => [sum(&tr), sum(&va), sum(&te)],
+            });
             train_rows.push(tr.unwrap_or_default());
         }
         let classes = p
