@@ -169,7 +169,7 @@ impl<'r, R: AverageReward> DoubleGreedy<'r, R> {
         let mut scratch = vec![0.0f32; own.model.len()];
         let x = RunningSum::of(own);
         x.average_with(None, 1.0, &mut scratch);
-        let reward_x = reward.reward(&scratch);
+        let reward_x = sane(reward.reward(&scratch));
         Self {
             own: own.id,
             y: RunningSum::of(own),
@@ -196,7 +196,7 @@ impl<'r, R: AverageReward> DoubleGreedy<'r, R> {
     fn start(&mut self) {
         if self.y_size > 1 {
             self.y.average_with(None, 1.0, &mut self.scratch);
-            self.reward_y = self.reward.reward(&self.scratch);
+            self.reward_y = sane(self.reward.reward(&self.scratch));
             self.evaluations += 1;
         }
     }
@@ -209,14 +209,18 @@ impl<'r, R: AverageReward> DoubleGreedy<'r, R> {
     fn examine(&mut self, c: &Candidate, u: f64) {
         debug_assert_ne!(c.id, self.own, "the client is not its own candidate");
         self.x.average_with(Some(c), 1.0, &mut self.scratch);
-        let r_x_plus = self.reward.reward(&self.scratch);
+        let r_x_plus = sane(self.reward.reward(&self.scratch));
         // Y ∖ j is never empty (it keeps k); with Y = {k, j} it is {k}.
         self.y.average_with(Some(c), -1.0, &mut self.scratch);
-        let r_y_minus = self.reward.reward(&self.scratch);
+        let r_y_minus = sane(self.reward.reward(&self.scratch));
         self.evaluations += 2;
         let a = (r_x_plus - self.reward_x).max(0.0);
         let b = (r_y_minus - self.reward_y).max(0.0);
-        let p = if a + b > 0.0 {
+        // A diverged average must not slip in through the a = b = 0 rule
+        // (a NaN model also poisons Y's running sum, making b meaningless).
+        let p = if r_x_plus == f64::NEG_INFINITY {
+            0.0
+        } else if a + b > 0.0 {
             a / (a + b)
         } else if self.skip_when_no_gain {
             0.0
@@ -242,6 +246,13 @@ impl<'r, R: AverageReward> DoubleGreedy<'r, R> {
             reward_chosen: self.reward_x,
         }
     }
+}
+
+/// A NaN reward (a diverged average) counts as −∞. A candidate whose
+/// addition scores −∞ is never added (see `examine`); the engine already
+/// refuses non-finite uploads, so this only guards rewards that overflow.
+fn sane(r: f64) -> f64 {
+    if r.is_nan() { f64::NEG_INFINITY } else { r }
 }
 
 /// The examination order and the uniforms: a shuffle of `0..n`, then one
@@ -441,6 +452,26 @@ mod tests {
         );
         assert!(sel.chosen.is_empty());
         assert_eq!(sel.reward_chosen, sel.reward_alone);
+    }
+
+    #[test]
+    fn a_candidate_whose_average_diverges_is_never_chosen() {
+        // Candidate 1 is a good model, candidate 2 has diverged (NaN). Any
+        // average containing candidate 2 scores NaN.
+        let own_m = [0.0f32];
+        let models = vec![vec![1.0f32], vec![f32::NAN]];
+        let c = cands(&models, &[1.0, 1.0]);
+        let own = Candidate {
+            id: 0,
+            weight: 1.0,
+            model: &own_m,
+        };
+        for seed in 0..20 {
+            let mut rng = rng_stream(seed, 1, 0, Purpose::Selection);
+            let sel = ggc(own, &c, Budget::default(), &mut rng, &mut quadratic(1.0));
+            assert!(!sel.chosen.contains(&2), "seed {seed}: {:?}", sel.chosen);
+            assert!(sel.reward_chosen.is_finite());
+        }
     }
 
     #[test]
