@@ -111,17 +111,14 @@ impl Algorithm for FedAvg {
         for (w, &j) in p.iter().zip(participants) {
             row[j] = *w;
         }
-        Aggregation {
-            graph: CollaborationGraph::broadcast_row(&row),
-            layers: Vec::new(),
-            downloads: vec![
-                Some(Download {
-                    model: global,
-                    aux: None
-                });
-                env.clients()
-            ],
-        }
+        let download = Download {
+            model: global,
+            aux: None,
+        };
+        Aggregation::new(
+            CollaborationGraph::broadcast_row(&row),
+            vec![Some(download); env.clients()],
+        )
     }
 
     fn eval_point(&self) -> EvalPoint {

@@ -197,11 +197,7 @@ impl Algorithm for FedDwa {
         for (i, model) in mix_rows(&graph, participants, &models) {
             downloads[i] = Some(crate::Download { model, aux: None });
         }
-        Aggregation {
-            graph,
-            layers: Vec::new(),
-            downloads,
-        }
+        Aggregation::new(graph, downloads)
     }
 
     /// After mixing: FedDWA evaluates the personalised model each client

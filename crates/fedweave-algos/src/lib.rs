@@ -140,6 +140,23 @@ pub struct Aggregation {
     pub downloads: Vec<Option<Download>>,
 }
 
+impl Aggregation {
+    /// One graph for the whole model (no per-layer graphs) and what each
+    /// client receives.
+    pub fn new(graph: CollaborationGraph, downloads: Vec<Option<Download>>) -> Self {
+        Self {
+            graph,
+            layers: Vec::new(),
+            downloads,
+        }
+    }
+
+    /// Every one of `n` clients keeps its model: W = I, nothing is sent.
+    pub fn keep_all(n: usize) -> Self {
+        Self::new(CollaborationGraph::identity(n), vec![None; n])
+    }
+}
+
 /// Which model the evaluation protocol scores for a client each round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EvalPoint {
@@ -184,11 +201,7 @@ pub trait Algorithm: Send + Sync {
         _participants: &[usize],
         _uploads: &[&Upload],
     ) -> Aggregation {
-        Aggregation {
-            graph: CollaborationGraph::identity(env.clients()),
-            layers: Vec::new(),
-            downloads: vec![None; env.clients()],
-        }
+        Aggregation::keep_all(env.clients())
     }
 
     /// Which model is evaluated.

@@ -268,11 +268,7 @@ impl Algorithm for PFedGraph {
             let aux = normalized.as_ref().map(|c| c[k].clone());
             downloads[i] = Some(Download { model, aux });
         }
-        Aggregation {
-            graph,
-            layers: Vec::new(),
-            downloads,
-        }
+        Aggregation::new(graph, downloads)
     }
 }
 

@@ -354,11 +354,7 @@ impl Algorithm for Sfl {
                 aux: Some(w.clone()),
             });
         }
-        Aggregation {
-            graph,
-            layers: Vec::new(),
-            downloads,
-        }
+        Aggregation::new(graph, downloads)
     }
 
     fn eval_point(&self) -> EvalPoint {

@@ -6,7 +6,7 @@ use crate::records::{PROTOCOL, RoundRecord, Summary};
 use fedweave_algos::attack::{AttackKind, choose_malicious, poison};
 use fedweave_algos::{Aggregation, ClientData, ClientState, Env, EvalPoint, Topology, Upload};
 use fedweave_core::vecmath::{all_finite, mean, std_dev};
-use fedweave_core::{CollaborationGraph, Purpose, rng_stream};
+use fedweave_core::{Purpose, rng_stream};
 use fedweave_data::{Dataset, Partition, PartitionKind, Task};
 use fedweave_nn::{LocalData, ModelSpec, evaluate};
 use rand::seq::index::sample;
@@ -265,19 +265,11 @@ pub fn run_experiment(
             bytes_up = stats.transfers * wire;
             bytes_down = bytes_up;
             selection = Some(stats);
-            Aggregation {
-                graph,
-                layers: Vec::new(),
-                downloads: vec![None; cfg.clients],
-            }
+            Aggregation::new(graph, vec![None; cfg.clients])
         } else if ids.is_empty() {
             // With no sound upload there is nothing to infer a graph from:
             // every client keeps its model this round.
-            Aggregation {
-                graph: CollaborationGraph::identity(cfg.clients),
-                layers: Vec::new(),
-                downloads: vec![None; cfg.clients],
-            }
+            Aggregation::keep_all(cfg.clients)
         } else {
             let refs: Vec<&Upload> = uploads.iter().map(|(_, u)| u).collect();
             algo.aggregate(&env, round, &ids, &refs)
