@@ -269,19 +269,23 @@ fn blend(a: &RelationGraph, b: &RelationGraph, beta: f64) -> RelationGraph {
     RelationGraph::from_triples(a.n(), triples).expect("same node set")
 }
 
-/// U = Â^m Θ, each hop row-parallel (rows are independent, so the result
-/// does not depend on the thread count).
+/// U = Â^m Θ (m ≥ 1), each hop row-parallel (rows are independent, so the
+/// result does not depend on the thread count). The first hop reads Θ in
+/// place; each hop allocates only its output.
 fn propagate(a: &RelationGraph, theta: &[Vec<f32>], hops: usize) -> Vec<Vec<f32>> {
-    let mut cur = theta.to_vec();
-    for _ in 0..hops {
-        cur = (0..a.n())
+    let hop = |from: &[Vec<f32>]| -> Vec<Vec<f32>> {
+        (0..a.n())
             .into_par_iter()
             .map_init(Vec::new, |acc, i| {
                 let mut out = Vec::new();
-                a.propagate_row(i, &cur, acc, &mut out);
+                a.propagate_row(i, from, acc, &mut out);
                 out
             })
-            .collect();
+            .collect()
+    };
+    let mut cur = hop(theta);
+    for _ in 1..hops {
+        cur = hop(&cur);
     }
     cur
 }

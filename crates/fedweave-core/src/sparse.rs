@@ -226,17 +226,6 @@ impl RelationGraph {
         out.extend(acc.iter().map(|&a| a as f32));
     }
 
-    /// `out = A · models` row by row: `out[i] = Σ_j A_ij · models[j]`.
-    /// Costs O(nnz·d).
-    pub fn propagate(&self, models: &[Vec<f32>], out: &mut [Vec<f32>]) {
-        assert_eq!(models.len(), self.n, "one model per node");
-        assert_eq!(out.len(), self.n, "one output per node");
-        let mut acc = Vec::new();
-        for (i, target) in out.iter_mut().enumerate() {
-            self.propagate_row(i, models, &mut acc, target);
-        }
-    }
-
     /// The dense matrix `A^m` (row-major rows), computed as m sparse-times-
     /// dense products in O(m·nnz·N): how m hops of propagation mix the nodes.
     pub fn dense_power(&self, m: usize) -> Vec<Vec<f64>> {
@@ -289,8 +278,14 @@ mod tests {
     fn propagate_matches_dense_product() {
         let a = path3().with_self_loops_row_normalized(2.0);
         let models = vec![vec![3.0f32, 0.0], vec![0.0, 3.0], vec![6.0, 6.0]];
-        let mut out = vec![Vec::new(); 3];
-        a.propagate(&models, &mut out);
+        let mut acc = Vec::new();
+        let out: Vec<Vec<f32>> = (0..3)
+            .map(|i| {
+                let mut row = Vec::new();
+                a.propagate_row(i, &models, &mut acc, &mut row);
+                row
+            })
+            .collect();
         assert_eq!(out[0], vec![1.5, 1.5]);
         assert_eq!(out[1], vec![3.0, 3.0]);
         assert_eq!(out[2], vec![3.0, 4.5]);
