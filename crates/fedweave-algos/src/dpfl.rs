@@ -28,7 +28,7 @@
 //!
 //! Evaluation: the averaged model w_k each client ends the round with.
 
-use crate::ggc::{self, Budget, Candidate};
+use crate::ggc::{self, Candidate, SelectionRule};
 use crate::params::Validate;
 use crate::{
     Algorithm, ClientData, ClientState, Env, EvalPoint, PeerNet, PeerStep, Topology, Upload,
@@ -111,8 +111,8 @@ impl Dpfl {
         Self { params }
     }
 
-    fn budget(&self) -> Budget {
-        Budget {
+    fn rule(&self) -> SelectionRule {
+        SelectionRule {
             limit: self.params.budget.filter(|&b| b > 0),
             includes_self: self.params.budget_includes_self,
             skip_when_no_gain: self.params.skip_when_no_gain,
@@ -121,7 +121,7 @@ impl Dpfl {
 
     /// Collaborators excluding the client that the budget allows.
     fn max_collaborators(&self, candidates: usize) -> usize {
-        self.budget()
+        self.rule()
             .collaborators()
             .map_or(candidates, |b| b.min(candidates))
     }
@@ -263,7 +263,7 @@ impl Algorithm for Dpfl {
                                 .map(|&j| net.fetch(k, j).unwrap_or(&own))
                                 .collect()
                         },
-                        self.budget(),
+                        self.rule(),
                         rng,
                         &mut reward(env, data, &state.buffers),
                     );
@@ -289,7 +289,7 @@ impl Algorithm for Dpfl {
             let sel = ggc::ggc(
                 own_candidate,
                 &candidates,
-                self.budget(),
+                self.rule(),
                 rng,
                 &mut reward(env, data, &state.buffers),
             );

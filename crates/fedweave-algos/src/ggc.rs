@@ -27,7 +27,7 @@
 //! j from Y does not help either). So R(X) can fall below R({k}); the tests
 //! build such a case, and fedweave logs both rewards every round
 //! (`selection` in `rounds.jsonl`) so runs show how often it happens.
-//! [`Budget::skip_when_no_gain`] drops such candidates instead, which makes
+//! [`SelectionRule::skip_when_no_gain`] drops such candidates instead, which makes
 //! R(X) non-decreasing and Remark 3 true.
 
 use rand::Rng;
@@ -61,7 +61,7 @@ pub struct Candidate<'a> {
 /// How many collaborators a client may choose, and what a candidate with
 /// no gain either way (a = b = 0) gets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Budget {
+pub struct SelectionRule {
     /// B_c; `None` = no limit.
     pub limit: Option<usize>,
     /// Count the client itself in B_c (the authors' code) rather than only
@@ -73,7 +73,7 @@ pub struct Budget {
     pub skip_when_no_gain: bool,
 }
 
-impl Budget {
+impl SelectionRule {
     /// Collaborators (excluding the client) the budget allows; `None` =
     /// unlimited.
     pub fn collaborators(&self) -> Option<usize> {
@@ -165,7 +165,7 @@ struct DoubleGreedy<'r, R: AverageReward> {
 
 impl<'r, R: AverageReward> DoubleGreedy<'r, R> {
     /// X = {k}; Y = {k} until candidates are added with [`Self::add_to_y`].
-    fn new(own: &Candidate, budget: Budget, reward: &'r mut R) -> Self {
+    fn new(own: &Candidate, rule: SelectionRule, reward: &'r mut R) -> Self {
         let mut scratch = vec![0.0f32; own.model.len()];
         let x = RunningSum::of(own);
         x.average_with(None, 1.0, &mut scratch);
@@ -181,8 +181,8 @@ impl<'r, R: AverageReward> DoubleGreedy<'r, R> {
             chosen: Vec::new(),
             scratch,
             evaluations: 1,
-            collaborators: budget.collaborators(),
-            skip_when_no_gain: budget.skip_when_no_gain,
+            collaborators: rule.collaborators(),
+            skip_when_no_gain: rule.skip_when_no_gain,
             reward,
         }
     }
@@ -269,12 +269,12 @@ fn plan(n: usize, rng: &mut impl Rng) -> (Vec<usize>, Vec<f64>) {
 pub fn ggc(
     own: Candidate,
     candidates: &[Candidate],
-    budget: Budget,
+    rule: SelectionRule,
     rng: &mut impl Rng,
     reward: &mut impl AverageReward,
 ) -> Selection {
     let (order, draws) = plan(candidates.len(), rng);
-    let mut g = DoubleGreedy::new(&own, budget, reward);
+    let mut g = DoubleGreedy::new(&own, rule, reward);
     for c in candidates {
         g.add_to_y(c);
     }
@@ -299,13 +299,13 @@ pub fn bggc<'m>(
     weights: &[f64],
     batch: usize,
     mut fetch: impl FnMut(&[usize]) -> Vec<&'m [f32]>,
-    budget: Budget,
+    rule: SelectionRule,
     rng: &mut impl Rng,
     reward: &mut impl AverageReward,
 ) -> Selection {
     let batch = batch.max(1);
     let (order, draws) = plan(ids.len(), rng);
-    let mut g = DoubleGreedy::new(&own, budget, reward);
+    let mut g = DoubleGreedy::new(&own, rule, reward);
     // Pass 1, in candidate order as GGC adds them to Y.
     for (chunk, w) in ids.chunks(batch).zip(weights.chunks(batch)) {
         for ((&id, &weight), model) in chunk.iter().zip(w).zip(fetch(chunk)) {
@@ -391,7 +391,13 @@ mod tests {
                 weight: 1.0,
                 model: &own_m,
             };
-            let sel = ggc(own, &c, Budget::default(), &mut rng, &mut quadratic(1.0));
+            let sel = ggc(
+                own,
+                &c,
+                SelectionRule::default(),
+                &mut rng,
+                &mut quadratic(1.0),
+            );
             let mut chosen = sel.chosen.clone();
             chosen.sort();
             assert_eq!(chosen, vec![1, 2], "seed {seed}: {:?}", sel.chosen);
@@ -424,9 +430,9 @@ mod tests {
         let sel = ggc(
             own,
             &c,
-            Budget {
+            SelectionRule {
                 limit: Some(1),
-                ..Budget::default()
+                ..SelectionRule::default()
             },
             &mut rng,
             &mut quadratic(0.0),
@@ -438,10 +444,10 @@ mod tests {
             "the chosen set is worse than alone"
         );
         // Skipping no-gain candidates keeps the client alone here.
-        let strict = Budget {
+        let strict = SelectionRule {
             limit: Some(1),
             skip_when_no_gain: true,
-            ..Budget::default()
+            ..SelectionRule::default()
         };
         let sel = ggc(
             own,
@@ -468,7 +474,13 @@ mod tests {
         };
         for seed in 0..20 {
             let mut rng = rng_stream(seed, 1, 0, Purpose::Selection);
-            let sel = ggc(own, &c, Budget::default(), &mut rng, &mut quadratic(1.0));
+            let sel = ggc(
+                own,
+                &c,
+                SelectionRule::default(),
+                &mut rng,
+                &mut quadratic(1.0),
+            );
             assert!(!sel.chosen.contains(&2), "seed {seed}: {:?}", sel.chosen);
             assert!(sel.reward_chosen.is_finite());
         }
@@ -476,18 +488,18 @@ mod tests {
 
     #[test]
     fn budget_semantics() {
-        let b = Budget {
+        let b = SelectionRule {
             limit: Some(3),
-            ..Budget::default()
+            ..SelectionRule::default()
         };
         assert_eq!(b.collaborators(), Some(3));
-        let code = Budget {
+        let code = SelectionRule {
             limit: Some(3),
             includes_self: true,
-            ..Budget::default()
+            ..SelectionRule::default()
         };
         assert_eq!(code.collaborators(), Some(2));
-        assert_eq!(Budget::default().collaborators(), None);
+        assert_eq!(SelectionRule::default().collaborators(), None);
     }
 
     #[test]
@@ -528,7 +540,7 @@ mod tests {
             let models: Vec<Vec<f32>> = (0..n).map(|i| values[i * dim % 150..][..dim].to_vec()).collect();
             let own_m: Vec<f32> = values[190..190 + dim.min(10)].iter().copied().chain(std::iter::repeat(0.0)).take(dim).collect();
             let target: Vec<f32> = values[150..150 + dim].to_vec();
-            let budget = Budget { limit: (limit > 0).then_some(limit), includes_self, skip_when_no_gain };
+            let budget = SelectionRule { limit: (limit > 0).then_some(limit), includes_self, skip_when_no_gain };
             // A non-monotone reward: distance of the average to a target.
             let mut reward = |m: &[f32]| -> f64 {
                 -m.iter().zip(&target).map(|(a, b)| f64::from(a - b).powi(2)).sum::<f64>()
