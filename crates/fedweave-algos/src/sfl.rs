@@ -340,7 +340,7 @@ impl Algorithm for Sfl {
             self.latest[i].clone_from(&up.model);
         }
         let a = self.propagation_graph(env, &self.latest);
-        let u = propagate(&a, &self.latest, self.params.hops);
+        let mut u = propagate(&a, &self.latest, self.params.hops);
         let n = u.len();
         let d = env.init.len();
         let mut w = vec![0.0f32; d];
@@ -354,7 +354,7 @@ impl Algorithm for Sfl {
         for &i in participants {
             graph.set_row(i, &power[i]);
             downloads[i] = Some(Download {
-                model: u[i].clone(),
+                model: std::mem::take(&mut u[i]),
                 aux: Some(w.clone()),
             });
         }
