@@ -22,7 +22,7 @@
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, criterion_group, criterion_main};
 use fedweave_algos::pfedgraph::{PFedGraph, PFedGraphParams, infer_graph, similarity_matrix};
-use fedweave_algos::{Algorithm, Env, Upload};
+use fedweave_algos::{Algorithm, Env};
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_nn::{ModelKind, ModelSpec, TrainConfig};
 use rand::Rng;
@@ -125,12 +125,11 @@ fn bench_aggregate(c: &mut Criterion) {
             relation: None,
             label_counts: &[],
         };
-        let participants: Vec<usize> = (0..n).collect();
-        let owned: Vec<Upload> = models.into_iter().map(|m| Upload::model(m, 0.0)).collect();
-        let uploads: Vec<&Upload> = owned.iter().collect();
-        let mut algo = PFedGraph::new(PFedGraphParams::default(), n);
+        let uploads: Vec<(usize, Vec<f32>)> = models.into_iter().enumerate().collect();
+        let algo = PFedGraph::new("pfedgraph", PFedGraphParams::default(), &env).expect("builds");
+        let mut server = algo.init_server(&env);
         group.bench_function(BenchmarkId::from_parameter(n), |b| {
-            b.iter(|| black_box(algo.aggregate(&env, 1, &participants, &uploads)))
+            b.iter(|| black_box(algo.aggregate(&env, &mut server, 1, &uploads)))
         });
     }
     group.finish();

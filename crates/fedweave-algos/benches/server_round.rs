@@ -21,14 +21,18 @@
 //! Run: `cargo bench -p fedweave-algos --bench server_round`
 //! (`FEDWEAVE_BENCH_SIZES=20` to skip N = 200).
 
-use fedweave_algos::{Env, Upload, build};
+use fedweave_algos::fedaghn::FedAghn;
+use fedweave_algos::fedavg::FedAvg;
+use fedweave_algos::feddwa::{FedDwa, Guided};
+use fedweave_algos::pfedgraph::PFedGraph;
+use fedweave_algos::sfl::Sfl;
+use fedweave_algos::{Algorithm, Env, Message};
 use fedweave_core::{Purpose, RelationGraph, rng_stream};
 use fedweave_nn::{ModelKind, ModelSpec, TrainConfig};
 use rand_distr::{Distribution, StandardNormal};
 use std::hint::black_box;
 use std::time::Instant;
 
-const METHODS: [&str; 4] = ["fedavg", "pfedgraph", "feddwa", "fedaghn"];
 const GROUPS: usize = 4;
 
 fn normal(rng: &mut impl rand::Rng, len: usize, scale: f32) -> Vec<f32> {
@@ -40,8 +44,9 @@ fn normal(rng: &mut impl rand::Rng, len: usize, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-/// The round's uploads of `n` clients, as the method would send them.
-fn uploads(method: &str, init: &[f32], n: usize) -> Vec<Upload> {
+/// `n` trained models: the init plus one of four group directions plus
+/// noise.
+fn models(init: &[f32], n: usize) -> Vec<(usize, Vec<f32>)> {
     let mut rng = rng_stream(7, 1, 0, Purpose::Dataset);
     let dirs: Vec<Vec<f32>> = (0..GROUPS)
         .map(|_| normal(&mut rng, init.len(), 0.01))
@@ -55,15 +60,50 @@ fn uploads(method: &str, init: &[f32], n: usize) -> Vec<Upload> {
                 .zip(&z)
                 .map(|((t, u), z)| t + u + z)
                 .collect();
-            let mut up = Upload::model(model, 0.0);
-            if method == "feddwa" {
-                let extra = normal(&mut rng, init.len(), 0.001);
-                up.extra = Some(up.model.iter().zip(extra).map(|(a, b)| a + b).collect());
-                up.vectors = 2;
-            }
-            up
+            (i, model)
         })
         .collect()
+}
+
+/// FedDWA's uploads: each model with a guidance model nearby.
+fn guided(init: &[f32], n: usize) -> Vec<(usize, Guided)> {
+    let mut rng = rng_stream(7, 2, 0, Purpose::Dataset);
+    models(init, n)
+        .into_iter()
+        .map(|(i, model)| {
+            let extra = normal(&mut rng, init.len(), 0.001);
+            let guidance = model.iter().zip(extra).map(|(a, b)| a + b).collect();
+            (i, Guided { model, guidance })
+        })
+        .collect()
+}
+
+/// Median seconds of `aggregate` over `repeats` rounds after a first one,
+/// and the bytes sent down and up per client per round.
+fn time_aggregate<A: Algorithm>(
+    name: &str,
+    env: &Env,
+    uploads: &[(usize, A::Up)],
+    repeats: usize,
+) -> (f64, f64, f64) {
+    let params = toml::Value::Table(toml::Table::new())
+        .try_into()
+        .expect("default parameters");
+    let algo = A::new(name, params, env).expect("builds");
+    let mut server = algo.init_server(env);
+    let mut times = Vec::new();
+    let mut down = 0u64;
+    for round in 1..=repeats + 1 {
+        let start = Instant::now();
+        let out = black_box(algo.aggregate(env, &mut server, round, uploads));
+        if round > 1 {
+            times.push(start.elapsed().as_secs_f64());
+        }
+        down = out.downloads.iter().map(|(_, d)| d.bytes()).sum();
+    }
+    let n = uploads.len() as f64;
+    let up: u64 = uploads.iter().map(|(_, u)| u.bytes()).sum();
+    (median(times), down as f64 / n, up as f64 / n)
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -112,24 +152,9 @@ fn sfl_table() {
                 relation: Some(&graph),
                 label_counts: &[],
             };
-            let owned = uploads("sfl", &init, n);
-            let refs: Vec<&Upload> = owned.iter().collect();
-            let participants: Vec<usize> = (0..n).collect();
-            let (mut algo, _) = build("sfl", &toml::Table::new(), n).expect("sfl");
-            let mut times = Vec::new();
-            for round in 1..=4 {
-                let start = Instant::now();
-                black_box(algo.aggregate(&env, round, &participants, &refs));
-                if round > 1 {
-                    times.push(start.elapsed().as_secs_f64());
-                }
-            }
+            let (secs, _, _) = time_aggregate::<Sfl>("sfl", &env, &models(&init, n), 3);
             let nnz = graph.with_self_loops_row_normalized(1.0).nnz();
-            println!(
-                "| {model} | {n} | {} | {nnz} | {:.3} |",
-                init.len(),
-                median(times)
-            );
+            println!("| {model} | {n} | {} | {nnz} | {:.3} |", init.len(), secs);
         }
     }
 }
@@ -170,33 +195,30 @@ fn main() {
             relation: None,
             label_counts: &[],
         };
-        let participants: Vec<usize> = (0..n).collect();
-        for method in METHODS {
-            let (mut algo, _) = build(method, &toml::Table::new(), n).expect("known method");
-            let owned = uploads(method, &init, n);
-            let refs: Vec<&Upload> = owned.iter().collect();
-            let mut times = Vec::new();
-            let mut down = 0usize;
-            for round in 1..=repeats + 1 {
-                let start = Instant::now();
-                let agg = black_box(algo.aggregate(&env, round, &participants, &refs));
-                if round > 1 {
-                    times.push(start.elapsed().as_secs_f64());
-                }
-                down = agg
-                    .downloads
-                    .iter()
-                    .flatten()
-                    .map(|d| 1 + usize::from(d.aux.is_some()))
-                    .sum();
-            }
-            let up_models = owned.iter().map(|u| u.vectors).sum::<usize>() as f64 / n as f64;
-            let down_models = down as f64 / n as f64;
+        let trained = models(&init, n);
+        let rows = [
+            (
+                "fedavg",
+                time_aggregate::<FedAvg>("fedavg", &env, &trained, repeats),
+            ),
+            (
+                "pfedgraph",
+                time_aggregate::<PFedGraph>("pfedgraph", &env, &trained, repeats),
+            ),
+            (
+                "feddwa",
+                time_aggregate::<FedDwa>("feddwa", &env, &guided(&init, n), repeats),
+            ),
+            (
+                "fedaghn",
+                time_aggregate::<FedAghn>("fedaghn", &env, &trained, repeats),
+            ),
+        ];
+        for (method, (secs, down, up)) in rows {
             println!(
-                "| {method} | {n} | {:.3} | {:.2} | {:.2} |",
-                median(times),
-                up_models * wire / 1e6,
-                down_models * wire / 1e6
+                "| {method} | {n} | {secs:.3} | {:.2} | {:.2} |",
+                up / 1e6,
+                down / 1e6
             );
         }
     }

@@ -26,15 +26,16 @@
 //! `graph = "random"` is the paper's ablation: Ω_k is a uniformly random set
 //! of B_c peers, and C_k = Ω_k every round (no reward is evaluated).
 //!
-//! Evaluation: the averaged model w_k each client ends the round with.
+//! Evaluation: the model right after local training, scored before the peer
+//! exchange (what the authors' code logs).
 
 use crate::ggc::{self, Candidate, SelectionRule};
 use crate::params::Validate;
 use crate::{
-    Algorithm, ClientData, ClientState, Env, EvalPoint, PeerNet, PeerStep, Topology, Upload,
+    AlgoError, Algorithm, ClientCx, ClientData, Env, Info, Model, ModelRef, ParamError, PeerNet,
+    PeerStep, Topology, Trained,
 };
-use fedweave_core::RngStream;
-use fedweave_nn::{TrainConfig, evaluate};
+use fedweave_nn::{SgdState, TrainConfig, evaluate};
 use serde::{Deserialize, Serialize};
 
 /// How collaborators are chosen.
@@ -81,14 +82,15 @@ impl Default for DpflParams {
 }
 
 impl Validate for DpflParams {
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), ParamError> {
         if self.period == 0 {
-            return Err("algorithm.period must be ≥ 1".into());
+            return Err(ParamError::new("period", "must be ≥ 1"));
         }
         if self.budget_includes_self && self.budget == Some(1) {
-            return Err(
-                "algorithm.budget = 1 with budget_includes_self leaves no collaborator".into(),
-            );
+            return Err(ParamError::new(
+                "budget",
+                "= 1 with budget_includes_self leaves no collaborator",
+            ));
         }
         Ok(())
     }
@@ -105,12 +107,22 @@ pub struct Dpfl {
     params: DpflParams,
 }
 
-impl Dpfl {
-    /// Builds the algorithm.
-    pub fn new(params: DpflParams) -> Self {
-        Self { params }
-    }
+/// A DPFL client: its model, its optimiser's momentum (it persists across
+/// rounds, as in the authors' client) and its choices of peers.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DpflClient {
+    /// w_k.
+    pub model: Model,
+    /// SGD momentum buffer (empty before the first step).
+    #[serde(with = "fedweave_core::stash::vector")]
+    pub momentum: Vec<f32>,
+    /// Ω_k: the peers it may draw from.
+    pub candidates: Vec<usize>,
+    /// C_k: the peers it currently averages with.
+    pub collaborators: Vec<usize>,
+}
 
+impl Dpfl {
     fn rule(&self) -> SelectionRule {
         SelectionRule {
             limit: self.params.budget.filter(|&b| b > 0),
@@ -168,13 +180,33 @@ fn weighted_average(
 
 /// Fetches the models of `ids` from their peers (one transfer each),
 /// skipping peers that published nothing this round.
-fn fetch_all<'n>(net: &'n dyn PeerNet, k: usize, ids: &[usize]) -> Vec<(usize, &'n [f32])> {
+fn fetch_all<'n>(
+    net: &'n dyn PeerNet<Vec<f32>>,
+    k: usize,
+    ids: &[usize],
+) -> Vec<(usize, &'n [f32])> {
     ids.iter()
-        .filter_map(|&j| net.fetch(k, j).map(|m| (j, m)))
+        .filter_map(|&j| net.fetch(k, j).map(|m| (j, m.as_slice())))
         .collect()
 }
 
 impl Algorithm for Dpfl {
+    const NAMES: &'static [Info] = &[Info {
+        name: "dpfl",
+        summary: "no server: client k picks collaborators by randomized double greedy (GGC) on −(its validation loss of the size-weighted average), budget B_c (default ⌈0.1·N⌉, 0 = unlimited); BGGC after init_epochs = 10; period 1; graph = \"random\" ablation",
+        reference: "Kharrat, Canini, Horváth 2024",
+    }];
+    type Params = DpflParams;
+    type Client = DpflClient;
+    type Server = ();
+    type Down = ();
+    /// The trained model, published to the peers.
+    type Up = Vec<f32>;
+
+    fn new(_: &str, params: DpflParams, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self { params })
+    }
+
     fn name(&self) -> &'static str {
         "dpfl"
     }
@@ -183,16 +215,24 @@ impl Algorithm for Dpfl {
         Topology::PeerToPeer
     }
 
+    fn init_server(&self, _: &Env) {}
+
+    fn init_client(&self, env: &Env, _: usize) -> DpflClient {
+        DpflClient {
+            model: env.initial_model(),
+            momentum: Vec::new(),
+            candidates: Vec::new(),
+            collaborators: Vec::new(),
+        }
+    }
+
     fn local_round(
         &self,
         env: &Env,
-        round: usize,
-        _: usize,
-        data: &ClientData,
-        state: &mut ClientState,
-        rng: &mut RngStream,
-    ) -> Upload {
-        let cfg = if round == 1 {
+        cx: &mut ClientCx,
+        state: &mut DpflClient,
+    ) -> Trained<Vec<f32>> {
+        let cfg = if cx.round == 1 {
             TrainConfig {
                 iterations: 0,
                 epochs: self.params.init_epochs,
@@ -201,37 +241,35 @@ impl Algorithm for Dpfl {
         } else {
             env.train.clone()
         };
-        let loss = fedweave_nn::train_local(
-            env.spec,
-            &mut state.model,
-            &mut state.buffers,
-            &data.train,
-            &cfg,
-            &[],
-            &[],
-            Some(&mut state.sgd),
-            rng,
-        )
-        .mean_loss;
-        // Published to peers, not uploaded to a server: the engine counts
-        // each peer transfer instead.
-        Upload {
-            vectors: 0,
-            ..Upload::model(state.model.clone(), loss)
+        let mut sgd = SgdState {
+            momentum: std::mem::take(&mut state.momentum),
+        };
+        let train_loss = cx
+            .train(env, &mut state.model, &cfg, &[], &[], Some(&mut sgd))
+            .mean_loss;
+        state.momentum = sgd.momentum;
+        Trained {
+            up: state.model.params.clone(),
+            train_loss,
         }
+    }
+
+    fn receive(&self, _: &Env, _: &mut DpflClient, _: ()) {}
+
+    /// The model after local training (scored before the peer exchange).
+    fn personalized<'c>(&self, state: &'c DpflClient) -> ModelRef<'c> {
+        state.model.view()
     }
 
     fn peer_step(
         &self,
         env: &Env,
-        round: usize,
-        k: usize,
-        data: &ClientData,
-        state: &mut ClientState,
-        net: &dyn PeerNet,
-        rng: &mut RngStream,
+        cx: &mut ClientCx,
+        state: &mut DpflClient,
+        net: &dyn PeerNet<Vec<f32>>,
     ) -> PeerStep {
-        let own = state.model.clone();
+        let (round, k, data, rng) = (cx.round, cx.client, &cx.data, &mut cx.rng);
+        let own = state.model.params.clone();
         let own_candidate = Candidate {
             id: k,
             weight: env.sizes[k] as f64,
@@ -260,12 +298,12 @@ impl Algorithm for Dpfl {
                         budget.max(1),
                         |ids: &[usize]| {
                             ids.iter()
-                                .map(|&j| net.fetch(k, j).unwrap_or(&own))
+                                .map(|&j| net.fetch(k, j).map_or(own.as_slice(), |m| m))
                                 .collect()
                         },
                         self.rule(),
                         rng,
-                        &mut reward(env, data, &state.buffers),
+                        &mut reward(env, data, &state.model.buffers),
                     );
                     evaluations = sel.evaluations;
                     rewards = Some((sel.reward_alone, sel.reward_chosen));
@@ -291,7 +329,7 @@ impl Algorithm for Dpfl {
                 &candidates,
                 self.rule(),
                 rng,
-                &mut reward(env, data, &state.buffers),
+                &mut reward(env, data, &state.model.buffers),
             );
             evaluations = sel.evaluations;
             rewards = Some((sel.reward_alone, sel.reward_chosen));
@@ -304,15 +342,11 @@ impl Algorithm for Dpfl {
             fetch_all(net, k, &state.collaborators)
         };
         let (mixed, row) = weighted_average(env, k, &own, &peers);
-        state.model = mixed;
+        state.model.params = mixed;
         PeerStep {
             row,
             evaluations,
             rewards,
         }
-    }
-
-    fn eval_point(&self) -> EvalPoint {
-        EvalPoint::AfterTraining
     }
 }

@@ -30,13 +30,13 @@
 //! Evaluation: the model after local training (the paper's "after"
 //! accuracies, METHODS.md §5.2 step 3).
 
-use crate::params::Validate;
+use crate::params::{Validate, non_negative};
 use crate::{
-    Aggregation, Algorithm, ClientData, ClientState, Download, Env, Upload, embed_rows, models_of,
-    train_plain,
+    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
+    embed_rows, ids_of, models_of,
 };
 use fedweave_core::vecmath::{dot, weighted_sum};
-use fedweave_core::{CollaborationGraph, LayerGroup, RngStream};
+use fedweave_core::{CollaborationGraph, LayerGroup};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -78,26 +78,15 @@ impl Default for FedAghnParams {
 }
 
 impl Validate for FedAghnParams {
-    fn validate(&self) -> Result<(), String> {
-        if !(self.p_init >= 0.0 && self.p_init.is_finite()) {
-            return Err(format!(
-                "algorithm.p_init must be a finite number ≥ 0, got {}",
-                self.p_init
-            ));
-        }
+    fn validate(&self) -> Result<(), ParamError> {
+        non_negative("p_init", self.p_init)?;
         if !self.q_init.is_finite() {
-            return Err(format!(
-                "algorithm.q_init must be finite, got {}",
-                self.q_init
+            return Err(ParamError::new(
+                "q_init",
+                format!("must be finite, got {}", self.q_init),
             ));
         }
-        if !(self.hn_lr >= 0.0 && self.hn_lr.is_finite()) {
-            return Err(format!(
-                "algorithm.hn_lr must be a finite number ≥ 0, got {}",
-                self.hn_lr
-            ));
-        }
-        Ok(())
+        non_negative("hn_lr", self.hn_lr)
     }
 }
 
@@ -173,48 +162,42 @@ pub fn hn_step(p: f64, q: f64, dot_p: f64, dot_q: f64, lr: f64, sign: HnSign) ->
 }
 
 /// What the server sent client i, kept for its next hypernetwork step.
-struct Sent {
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Sent {
     /// θ̄_i.
+    #[serde(with = "fedweave_core::stash::vector")]
     model: Vec<f32>,
     /// ∂θ̄_i/∂q, layer by layer, from the models θ̄_i was built from (they
     /// may change before i trains again, so the derivative is kept, not
     /// recomputed).
+    #[serde(with = "fedweave_core::stash::vector")]
     grad_q: Vec<f32>,
 }
 
 /// The FedAGHN algorithm.
 pub struct FedAghn {
     params: FedAghnParams,
-    clients: usize,
-    /// p_i^r, per client then layer (allocated at the first aggregation,
-    /// when the layout is known).
-    p: Vec<Vec<f64>>,
+}
+
+/// The server's hypernetwork state and its memory of the clients.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FedAghnServer {
+    /// p_i^r, per client then layer.
+    pub p: Vec<Vec<f64>>,
     /// q_i^r.
-    q: Vec<Vec<f64>>,
+    pub q: Vec<Vec<f64>>,
     /// θ_j, the latest model of each client (`None`: the common init).
+    #[serde(with = "fedweave_core::stash::opt_vectors")]
     models: Vec<Option<Vec<f32>>>,
     /// Δ_j = θ̄_j − θ_j (`None`: all ones, before the first update).
+    #[serde(with = "fedweave_core::stash::opt_vectors")]
     deltas: Vec<Option<Vec<f32>>>,
     /// θ̄_i and its q-derivative (`None`: i has only ever had the init).
     sent: Vec<Option<Sent>>,
 }
 
-impl FedAghn {
-    /// Builds FedAGHN for `clients` clients.
-    pub fn new(params: FedAghnParams, clients: usize) -> Self {
-        Self {
-            params,
-            clients,
-            p: Vec::new(),
-            q: Vec::new(),
-            models: (0..clients).map(|_| None).collect(),
-            deltas: (0..clients).map(|_| None).collect(),
-            sent: (0..clients).map(|_| None).collect(),
-        }
-    }
-
-    /// Current (p, q) of client `i` on every layer (empty before the first
-    /// aggregation).
+impl FedAghnServer {
+    /// Current (p, q) of client `i` on every layer.
     pub fn self_weights(&self, i: usize) -> (&[f64], &[f64]) {
         match (self.p.get(i), self.q.get(i)) {
             (Some(p), Some(q)) => (p, q),
@@ -258,51 +241,77 @@ fn layer_cos(a: Option<&[f32]>, b: Option<&[f32]>, r: &Range<usize>) -> f64 {
 }
 
 impl Algorithm for FedAghn {
+    const NAMES: &'static [Info] = &[Info {
+        name: "fedaghn",
+        summary: "per layer: W_ii = p/(1+p), W_ij = softmax_{j≠i}(q·cos(Δ_i, Δ_j))/(1+p); p, q learned by a hypernetwork step (p_init 0.03, q_init 0.5, hn_lr 0.005); option hn_sign = \"pfedhn\"",
+        reference: "Song et al., FedAGHN",
+    }];
+    type Params = FedAghnParams;
+    type Client = Model;
+    type Server = FedAghnServer;
+    /// θ̄_i.
+    type Down = Vec<f32>;
+    type Up = Vec<f32>;
+
+    fn new(_: &str, params: FedAghnParams, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self { params })
+    }
+
     fn name(&self) -> &'static str {
         "fedaghn"
     }
 
-    fn local_round(
-        &self,
-        env: &Env,
-        _: usize,
-        _: usize,
-        data: &ClientData,
-        state: &mut ClientState,
-        rng: &mut RngStream,
-    ) -> Upload {
-        // The client starts from θ̄_i (state.model), the init before it has
-        // received one.
-        let train_loss = train_plain(env, data, state, &[], rng);
-        Upload::model(state.model.clone(), train_loss)
+    fn init_server(&self, env: &Env) -> FedAghnServer {
+        let (n, layers) = (env.clients(), layer_groups(env).len());
+        FedAghnServer {
+            p: vec![vec![self.params.p_init; layers]; n],
+            q: vec![vec![self.params.q_init; layers]; n],
+            models: vec![None; n],
+            deltas: vec![None; n],
+            sent: vec![None; n],
+        }
+    }
+
+    fn init_client(&self, env: &Env, _: usize) -> Model {
+        env.initial_model()
+    }
+
+    fn local_round(&self, env: &Env, cx: &mut ClientCx, model: &mut Model) -> Trained<Vec<f32>> {
+        // The client starts from θ̄_i, the init before it has received one.
+        let train_loss = cx.train_plain(env, model, &[]);
+        Trained {
+            up: model.params.clone(),
+            train_loss,
+        }
+    }
+
+    fn receive(&self, _: &Env, model: &mut Model, personal: Vec<f32>) {
+        model.params = personal;
+    }
+
+    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
+        model.view()
     }
 
     fn aggregate(
-        &mut self,
+        &self,
         env: &Env,
+        server: &mut FedAghnServer,
         _: usize,
-        participants: &[usize],
-        uploads: &[&Upload],
-    ) -> Aggregation {
-        let n = self.clients.max(env.clients());
+        uploads: &[(usize, Vec<f32>)],
+    ) -> RoundOutcome<Vec<f32>> {
         let groups = layer_groups(env);
-        if self.p.len() != n || self.p.first().is_some_and(|p| p.len() != groups.len()) {
-            self.p = vec![vec![self.params.p_init; groups.len()]; n];
-            self.q = vec![vec![self.params.q_init; groups.len()]; n];
-        }
-        self.models.resize_with(n, || None);
-        self.deltas.resize_with(n, || None);
-        self.sent.resize_with(n, || None);
+        let participants = &ids_of(uploads)[..];
         let models = models_of(uploads);
         let d = env.init.len();
 
         // (1) Hypernetwork step, then (2) store θ_i and Δ_i.
         for (&i, &new) in participants.iter().zip(&models) {
-            let sent = self.sent[i].take();
+            let sent = server.sent[i].take();
             let personal: &[f32] = sent.as_ref().map_or(env.init, |s| &s.model);
             let update: Vec<f32> = new.iter().zip(personal).map(|(a, b)| a - b).collect();
             if let Some(s) = &sent {
-                let own = self.models[i].as_deref().unwrap_or(env.init);
+                let own = server.models[i].as_deref().unwrap_or(env.init);
                 for (r, g) in groups.iter().enumerate() {
                     let rg = g.range.clone();
                     let dot_q = dot(&s.grad_q[rg.clone()], &update[rg.clone()]);
@@ -310,11 +319,11 @@ impl Algorithm for FedAghn {
                         &own[rg.clone()],
                         &s.model[rg.clone()],
                         &update[rg],
-                        self.p[i][r],
+                        server.p[i][r],
                     );
-                    (self.p[i][r], self.q[i][r]) = hn_step(
-                        self.p[i][r],
-                        self.q[i][r],
+                    (server.p[i][r], server.q[i][r]) = hn_step(
+                        server.p[i][r],
+                        server.q[i][r],
                         dot_p,
                         dot_q,
                         self.params.hn_lr,
@@ -322,14 +331,14 @@ impl Algorithm for FedAghn {
                     );
                 }
             }
-            self.deltas[i] = Some(update.iter().map(|u| -u).collect());
-            self.models[i] = Some(new.to_vec());
+            server.deltas[i] = Some(update.iter().map(|u| -u).collect());
+            server.models[i] = Some(new.to_vec());
         }
 
         // (3) New attention and θ̄_i for every participant, layer by layer.
         let deltas: Vec<Option<&[f32]>> = participants
             .iter()
-            .map(|&i| self.deltas[i].as_deref())
+            .map(|&i| server.deltas[i].as_deref())
             .collect();
         let m = participants.len();
         // cos[r][a][b] over participants a, b.
@@ -346,7 +355,7 @@ impl Algorithm for FedAghn {
                     .collect()
             })
             .collect();
-        let (p, q) = (&self.p, &self.q);
+        let (p, q) = (&server.p, &server.q);
         let built: Vec<(Vec<Vec<f64>>, Sent)> = participants
             .par_iter()
             .enumerate()
@@ -368,16 +377,13 @@ impl Algorithm for FedAghn {
             .collect();
 
         let mut layer_rows: Vec<Vec<Vec<f64>>> = vec![Vec::with_capacity(m); groups.len()];
-        let mut downloads = vec![None; env.clients()];
+        let mut downloads = Vec::with_capacity(m);
         for (&i, (rows, sent)) in participants.iter().zip(built) {
             for (r, row) in rows.into_iter().enumerate() {
                 layer_rows[r].push(row);
             }
-            downloads[i] = Some(Download {
-                model: sent.model.clone(),
-                aux: None,
-            });
-            self.sent[i] = Some(sent);
+            downloads.push((i, sent.model.clone()));
+            server.sent[i] = Some(sent);
         }
         let layers: Vec<(String, CollaborationGraph)> = groups
             .iter()
@@ -390,7 +396,7 @@ impl Algorithm for FedAghn {
             })
             .collect();
         let graphs: Vec<CollaborationGraph> = layers.iter().map(|(_, g)| g.clone()).collect();
-        Aggregation {
+        RoundOutcome {
             graph: CollaborationGraph::mean(&graphs),
             layers,
             downloads,
@@ -522,7 +528,8 @@ mod tests {
             hn_lr: 50.0,
             ..Default::default()
         };
-        let mut algo = FedAghn::new(params, 5);
+        let algo = FedAghn::new("fedaghn", params, &env).unwrap();
+        let mut server = algo.init_server(&env);
         let mut held: Vec<Vec<f32>> = vec![init.clone(); 5];
         let mut rng = rng_stream(2, 0, 0, Purpose::Batches);
         for round in 1..=4 {
@@ -531,7 +538,7 @@ mod tests {
             } else {
                 (0..5).collect()
             };
-            let uploads: Vec<Upload> = participants
+            let uploads: Vec<(usize, Vec<f32>)> = participants
                 .iter()
                 .map(|&i| {
                     let shift = (i % 2) as f32 * 0.2 - 0.1;
@@ -539,11 +546,10 @@ mod tests {
                         .iter()
                         .map(|x| x + shift + 0.01 * rand::Rng::random::<f32>(&mut rng))
                         .collect();
-                    Upload::model(model, 0.0)
+                    (i, model)
                 })
                 .collect();
-            let refs: Vec<&Upload> = uploads.iter().collect();
-            let agg = algo.aggregate(&env, round, &participants, &refs);
+            let agg = algo.aggregate(&env, &mut server, round, &uploads);
             assert_eq!(agg.layers.len(), 3);
             assert!(agg.graph.max_row_sum_error() < 1e-9);
             for (name, g) in &agg.layers {
@@ -557,17 +563,18 @@ mod tests {
                     assert!(g.get(1, 3) > g.get(1, 0), "{name}: {:?}", g.row(1));
                 }
             }
-            for (i, (dl, model)) in agg.downloads.iter().zip(held.iter_mut()).enumerate() {
+            for (i, model) in held.iter_mut().enumerate() {
                 let present = participants.contains(&i);
+                let dl = agg.downloads.iter().find(|(j, _)| *j == i);
                 assert_eq!(dl.is_some(), present);
                 if !present {
                     assert_eq!(agg.graph.get(i, i), 1.0);
                 }
-                if let Some(dl) = dl {
-                    assert!(dl.model.iter().all(|x| x.is_finite()));
-                    *model = dl.model.clone();
+                if let Some((_, m)) = dl {
+                    assert!(m.iter().all(|x| x.is_finite()));
+                    *model = m.clone();
                 }
-                let (p, q) = algo.self_weights(i);
+                let (p, q) = server.self_weights(i);
                 assert!(p.iter().all(|p| *p >= 0.0 && p.is_finite()), "{p:?}");
                 assert!(q.iter().all(|q| q.is_finite()), "{q:?}");
             }
@@ -580,11 +587,21 @@ mod tests {
             p_init: -0.1,
             ..Default::default()
         };
-        assert!(bad.validate().unwrap_err().contains("algorithm.p_init"));
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("algorithm.p_init")
+        );
         let bad = FedAghnParams {
             hn_lr: f64::NAN,
             ..Default::default()
         };
-        assert!(bad.validate().unwrap_err().contains("algorithm.hn_lr"));
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("algorithm.hn_lr")
+        );
     }
 }

@@ -7,13 +7,13 @@
 //! the global model fine-tuned on local data (the baseline of pFedGraph and
 //! DPFL); the plain variants evaluate the global model itself.
 
-use crate::params::Validate;
+use crate::params::{Validate, non_negative};
 use crate::{
-    Aggregation, Algorithm, ClientData, ClientState, Download, Env, EvalPoint, Upload, models_of,
-    train_plain,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, ParamError,
+    RoundOutcome, Trained, ids_of, models_of,
 };
+use fedweave_core::CollaborationGraph;
 use fedweave_core::vecmath::weighted_sum;
-use fedweave_core::{CollaborationGraph, RngStream};
 use fedweave_nn::Proximal;
 use serde::{Deserialize, Serialize};
 
@@ -32,14 +32,8 @@ impl Default for FedAvgParams {
 }
 
 impl Validate for FedAvgParams {
-    fn validate(&self) -> Result<(), String> {
-        if !(self.mu >= 0.0 && self.mu.is_finite()) {
-            return Err(format!(
-                "algorithm.mu must be a finite number ≥ 0, got {}",
-                self.mu
-            ));
-        }
-        Ok(())
+    fn validate(&self) -> Result<(), ParamError> {
+        non_negative("mu", self.mu)
     }
 }
 
@@ -50,82 +44,116 @@ pub struct FedAvg {
     fine_tuned: bool,
 }
 
-impl FedAvg {
-    /// `name` is one of fedavg, fedavg-ft, fedprox, fedprox-ft.
-    pub fn new(name: &str, p: FedAvgParams) -> Self {
+impl Algorithm for FedAvg {
+    const NAMES: &'static [Info] = &[
+        Info {
+            name: "fedavg",
+            summary: "one global model; every row of W = data-size weights p; evaluates the global model",
+            reference: "McMahan et al., AISTATS 2017",
+        },
+        Info {
+            name: "fedavg-ft",
+            summary: "FedAvg, evaluated after each client fine-tunes the global model for a round of local training",
+            reference: "pFedGraph/DPFL baseline",
+        },
+        Info {
+            name: "fedprox",
+            summary: "FedAvg with the proximal term μ/2‖θ−θ_g‖² (mu = 0.01)",
+            reference: "Li et al., MLSys 2020",
+        },
+        Info {
+            name: "fedprox-ft",
+            summary: "FedProx, evaluated after local fine-tuning",
+            reference: "pFedGraph baseline",
+        },
+    ];
+    type Params = FedAvgParams;
+    /// The global model (after receiving it) or its fine-tuned copy.
+    type Client = Model;
+    type Server = ();
+    /// The global model.
+    type Down = Vec<f32>;
+    /// The trained model.
+    type Up = Vec<f32>;
+
+    fn new(name: &str, p: FedAvgParams, _: &Env) -> Result<Self, AlgoError> {
         let (name, prox, fine_tuned) = match name {
             "fedavg-ft" => ("fedavg-ft", false, true),
             "fedprox" => ("fedprox", true, false),
             "fedprox-ft" => ("fedprox-ft", true, true),
             _ => ("fedavg", false, false),
         };
-        Self {
+        Ok(Self {
             name,
             mu: if prox { p.mu as f32 } else { 0.0 },
             fine_tuned,
-        }
+        })
     }
-}
 
-impl Algorithm for FedAvg {
     fn name(&self) -> &'static str {
         self.name
     }
 
-    fn local_round(
-        &self,
-        env: &Env,
-        _: usize,
-        _: usize,
-        data: &ClientData,
-        state: &mut ClientState,
-        rng: &mut RngStream,
-    ) -> Upload {
+    fn init_server(&self, _: &Env) {}
+
+    fn init_client(&self, env: &Env, _: usize) -> Model {
+        env.initial_model()
+    }
+
+    fn local_round(&self, env: &Env, cx: &mut ClientCx, model: &mut Model) -> Trained<Vec<f32>> {
         let train_loss = if self.mu > 0.0 {
-            let global = state.model.clone();
+            let global = model.params.clone();
             let prox = Proximal {
                 mu: self.mu,
                 anchor: &global,
             };
-            train_plain(env, data, state, &[&prox], rng)
+            cx.train_plain(env, model, &[&prox])
         } else {
-            train_plain(env, data, state, &[], rng)
+            cx.train_plain(env, model, &[])
         };
-        Upload::model(state.model.clone(), train_loss)
+        Trained {
+            up: model.params.clone(),
+            train_loss,
+        }
     }
 
     fn aggregate(
-        &mut self,
+        &self,
         env: &Env,
+        _: &mut (),
         _: usize,
-        participants: &[usize],
-        uploads: &[&Upload],
-    ) -> Aggregation {
-        let uploads = &models_of(uploads)[..];
-        let p = env.size_weights(participants);
-        let mut global = vec![0.0f32; uploads.first().map_or(0, |u| u.len())];
-        weighted_sum(&p, uploads, &mut global);
+        uploads: &[(usize, Vec<f32>)],
+    ) -> RoundOutcome<Vec<f32>> {
+        let participants = ids_of(uploads);
+        let models = models_of(uploads);
+        let p = env.size_weights(&participants);
+        let mut global = vec![0.0f32; env.init.len()];
+        weighted_sum(&p, &models, &mut global);
         // The global model goes to every client, absent ones included, so
         // every row of W is p over this round's participants.
         let mut row = vec![0.0; env.clients()];
-        for (w, &j) in p.iter().zip(participants) {
+        for (w, &j) in p.iter().zip(&participants) {
             row[j] = *w;
         }
-        let download = Download {
-            model: global,
-            aux: None,
-        };
-        Aggregation::new(
+        RoundOutcome::new(
             CollaborationGraph::broadcast_row(&row),
-            vec![Some(download); env.clients()],
+            (0..env.clients()).map(|i| (i, global.clone())).collect(),
         )
+    }
+
+    fn receive(&self, _: &Env, model: &mut Model, global: Vec<f32>) {
+        model.params = global;
+    }
+
+    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
+        model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {
         if self.fine_tuned {
             EvalPoint::AfterTraining
         } else {
-            EvalPoint::AfterMixing
+            EvalPoint::AfterReceive
         }
     }
 }

@@ -30,10 +30,9 @@
 
 use crate::params::Validate;
 use crate::{
-    Aggregation, Algorithm, ClientData, ClientState, Env, EvalPoint, Upload, embed_rows, mix_rows,
-    models_of, train_plain,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
+    RoundOutcome, Trained, embed_rows, ids_of, mix_rows,
 };
-use fedweave_core::RngStream;
 use fedweave_core::vecmath::sq_dist;
 use fedweave_nn::TrainConfig;
 use rayon::prelude::*;
@@ -77,9 +76,9 @@ impl Default for FedDwaParams {
 }
 
 impl Validate for FedDwaParams {
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), ParamError> {
         if self.top_k == 0 {
-            return Err("algorithm.top_k must be at least 1".into());
+            return Err(ParamError::new("top_k", "must be at least 1"));
         }
         Ok(())
     }
@@ -90,10 +89,21 @@ pub struct FedDwa {
     params: FedDwaParams,
 }
 
-impl FedDwa {
-    /// Builds FedDWA.
-    pub fn new(params: FedDwaParams) -> Self {
-        Self { params }
+/// A FedDWA upload: the trained model ŵ_i and the guidance model ŵ*_i.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Guided {
+    /// ŵ_i, what the others mix.
+    pub model: Vec<f32>,
+    /// ŵ*_i, where client i's optimum seems to lie.
+    pub guidance: Vec<f32>,
+}
+
+impl Message for Guided {
+    fn vectors(&self) -> Vec<&[f32]> {
+        vec![&self.model, &self.guidance]
+    }
+    fn vectors_mut(&mut self) -> Vec<&mut [f32]> {
+        vec![&mut self.model, &mut self.guidance]
     }
 }
 
@@ -126,23 +136,37 @@ pub fn dwa_rows(guidance: &[&[f32]], models: &[&[f32]], top_k: usize) -> Vec<Vec
 }
 
 impl Algorithm for FedDwa {
+    const NAMES: &'static [Info] = &[Info {
+        name: "feddwa",
+        summary: "W_ij ∝ 1/‖ŵ*_i − ŵ_j‖² (ŵ* = guidance model, one extra local epoch), top_k = 5 per row; evaluates the mixed model; option guidance = \"full_batch\" (Eq. 16)",
+        reference: "Liu et al., IJCAI 2023",
+    }];
+    type Params = FedDwaParams;
+    type Client = Model;
+    type Server = ();
+    /// Σ_j P_ij ŵ_j.
+    type Down = Vec<f32>;
+    type Up = Guided;
+
+    fn new(_: &str, params: FedDwaParams, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self { params })
+    }
+
     fn name(&self) -> &'static str {
         "feddwa"
     }
 
-    fn local_round(
-        &self,
-        env: &Env,
-        _: usize,
-        _: usize,
-        data: &ClientData,
-        state: &mut ClientState,
-        rng: &mut RngStream,
-    ) -> Upload {
-        let train_loss = train_plain(env, data, state, &[], rng);
-        // The guidance model is trained on a copy: the client keeps (and
-        // uploads as its model) ŵ_i itself.
-        let mut guidance = state.model.clone();
+    fn init_server(&self, _: &Env) {}
+
+    fn init_client(&self, env: &Env, _: usize) -> Model {
+        env.initial_model()
+    }
+
+    fn local_round(&self, env: &Env, cx: &mut ClientCx, model: &mut Model) -> Trained<Guided> {
+        let train_loss = cx.train_plain(env, model, &[]);
+        // The guidance model is trained on a copy, batch-norm statistics
+        // included: the client keeps (and uploads as its model) ŵ_i itself.
+        let mut guidance = model.clone();
         let cfg = match self.params.guidance {
             Guidance::Epoch => TrainConfig {
                 iterations: 0,
@@ -150,60 +174,50 @@ impl Algorithm for FedDwa {
                 ..env.train.clone()
             },
             Guidance::FullBatch => TrainConfig {
-                batch_size: data.train.len().max(1),
+                batch_size: cx.data.train.len().max(1),
                 iterations: 1,
                 momentum: 0.0,
                 ..env.train.clone()
             },
         };
-        // The guidance epoch runs on copies: it must not move the client's
-        // own batch-norm statistics either.
-        fedweave_nn::train_local(
-            env.spec,
-            &mut guidance,
-            &mut state.buffers.clone(),
-            &data.train,
-            &cfg,
-            &[],
-            &[],
-            None,
-            rng,
-        );
-        Upload {
-            model: state.model.clone(),
-            vectors: 2,
+        cx.train(env, &mut guidance, &cfg, &[], &[], None);
+        Trained {
+            up: Guided {
+                model: model.params.clone(),
+                guidance: guidance.params,
+            },
             train_loss,
-            extra: Some(guidance),
         }
     }
 
     fn aggregate(
-        &mut self,
+        &self,
         env: &Env,
+        _: &mut (),
         _: usize,
-        participants: &[usize],
-        uploads: &[&Upload],
-    ) -> Aggregation {
-        let models = models_of(uploads);
-        // A client without a guidance model (never the case for FedDWA's own
-        // clients) is judged by its trained model.
-        let guidance: Vec<&[f32]> = uploads
-            .iter()
-            .map(|u| u.extra.as_deref().unwrap_or(&u.model))
-            .collect();
+        uploads: &[(usize, Guided)],
+    ) -> RoundOutcome<Vec<f32>> {
+        let participants = ids_of(uploads);
+        let models: Vec<&[f32]> = uploads.iter().map(|(_, u)| u.model.as_slice()).collect();
+        let guidance: Vec<&[f32]> = uploads.iter().map(|(_, u)| u.guidance.as_slice()).collect();
         let rows = dwa_rows(&guidance, &models, self.params.top_k);
-        let graph = embed_rows(env.clients(), participants, &rows);
-        let mut downloads = vec![None; env.clients()];
-        for (i, model) in mix_rows(&graph, participants, &models) {
-            downloads[i] = Some(crate::Download { model, aux: None });
-        }
-        Aggregation::new(graph, downloads)
+        let graph = embed_rows(env.clients(), &participants, &rows);
+        let downloads = mix_rows(&graph, &participants, &models);
+        RoundOutcome::new(graph, downloads)
     }
 
-    /// After mixing: FedDWA evaluates the personalised model each client
+    fn receive(&self, _: &Env, model: &mut Model, mixed: Vec<f32>) {
+        model.params = mixed;
+    }
+
+    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
+        model.view()
+    }
+
+    /// After receiving: FedDWA evaluates the personalised model each client
     /// receives, before it trains on it (METHODS.md §4.4).
     fn eval_point(&self) -> EvalPoint {
-        EvalPoint::AfterMixing
+        EvalPoint::AfterReceive
     }
 }
 
@@ -273,6 +287,11 @@ mod tests {
             top_k: 0,
             ..Default::default()
         };
-        assert!(p.validate().unwrap_err().contains("algorithm.top_k"));
+        assert!(
+            p.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("algorithm.top_k")
+        );
     }
 }

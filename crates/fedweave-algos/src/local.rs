@@ -2,8 +2,7 @@
 //! method must beat. Its graph rule is the trait's default `aggregate`.
 
 use crate::params::Validate;
-use crate::{Algorithm, ClientData, ClientState, Env, Upload, train_plain};
-use fedweave_core::RngStream;
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, Trained};
 use serde::{Deserialize, Serialize};
 
 /// Local has no parameters.
@@ -16,34 +15,43 @@ impl Validate for LocalParams {}
 /// Each client trains alone.
 pub struct Local;
 
-impl Local {
-    /// Builds the algorithm.
-    pub fn new(_: LocalParams) -> Self {
-        Self
-    }
-}
-
 impl Algorithm for Local {
+    const NAMES: &'static [Info] = &[Info {
+        name: "local",
+        summary: "each client trains alone; W = I",
+        reference: "—",
+    }];
+    type Params = LocalParams;
+    type Client = Model;
+    type Server = ();
+    type Down = ();
+    type Up = ();
+
+    fn new(_: &str, _: LocalParams, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self)
+    }
+
     fn name(&self) -> &'static str {
         "local"
     }
 
-    fn local_round(
-        &self,
-        env: &Env,
-        _: usize,
-        _: usize,
-        data: &ClientData,
-        state: &mut ClientState,
-        rng: &mut RngStream,
-    ) -> Upload {
-        let train_loss = train_plain(env, data, state, &[], rng);
+    fn init_server(&self, _: &Env) {}
+
+    fn init_client(&self, env: &Env, _: usize) -> Model {
+        env.initial_model()
+    }
+
+    fn local_round(&self, env: &Env, cx: &mut ClientCx, model: &mut Model) -> Trained<()> {
         // Nothing leaves the client.
-        Upload {
-            model: Vec::new(),
-            vectors: 0,
-            train_loss,
-            extra: None,
+        Trained {
+            up: (),
+            train_loss: cx.train_plain(env, model, &[]),
         }
+    }
+
+    fn receive(&self, _: &Env, _: &mut Model, _: ()) {}
+
+    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
+        model.view()
     }
 }

@@ -1,6 +1,6 @@
-//! Typed per-algorithm parameters parsed from the `[algorithm]` table.
+//! Typed per-algorithm parameters parsed from the `[algorithm]` table and
+//! checked once, and the errors of building an algorithm.
 
-use crate::Algorithm;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -15,7 +15,8 @@ pub enum AlgoError {
         /// The names fedweave knows.
         known: String,
     },
-    /// A key is unknown for this algorithm, or has the wrong type.
+    /// A key is unknown for this algorithm, has the wrong type, or an
+    /// impossible value.
     #[error("algorithm `{algorithm}`: {message}")]
     BadParameter {
         /// The algorithm being configured.
@@ -23,19 +24,70 @@ pub enum AlgoError {
         /// What is wrong, naming the key (`algorithm.<key>`).
         message: String,
     },
+    /// The federation lacks something the algorithm needs (e.g. a dataset
+    /// relation graph).
+    #[error("algorithm `{algorithm}`: {message}")]
+    Unsupported {
+        /// The algorithm being built.
+        algorithm: String,
+        /// What is missing.
+        message: String,
+    },
 }
 
-/// Parses `P` from `table` (unknown keys rejected), validates it, and
-/// returns the algorithm together with the resolved table.
-pub(crate) fn build<P, F>(
+/// An impossible parameter value, naming its key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("algorithm.{key} {message}")]
+pub struct ParamError {
+    /// The key inside `[algorithm]`.
+    pub key: &'static str,
+    /// What is wrong with its value.
+    pub message: String,
+}
+
+impl ParamError {
+    /// `key` `message` (e.g. `ParamError::new("top_k", "must be at least 1")`).
+    pub fn new(key: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            key,
+            message: message.into(),
+        }
+    }
+}
+
+/// Range checks beyond what types express, and defaults that depend on the
+/// federation (so the resolved config shows the value that ran).
+pub trait Validate {
+    /// `Err` naming the key when a value is impossible.
+    fn validate(&self) -> Result<(), ParamError> {
+        Ok(())
+    }
+
+    /// Fills defaults that depend on the number of clients.
+    fn resolve(&mut self, _clients: usize) {}
+}
+
+/// `Err` unless `x` is finite and ≥ 0.
+pub(crate) fn non_negative(key: &'static str, x: f64) -> Result<(), ParamError> {
+    if x >= 0.0 && x.is_finite() {
+        Ok(())
+    } else {
+        Err(ParamError::new(
+            key,
+            format!("must be a finite number ≥ 0, got {x}"),
+        ))
+    }
+}
+
+/// Parses `P` from `table` (unknown keys rejected), validates it and fills
+/// federation-dependent defaults; returns it with its resolved table.
+pub(crate) fn parse<P>(
     name: &str,
     table: &toml::Table,
     clients: usize,
-    make: F,
-) -> Result<(Box<dyn Algorithm>, toml::Table), AlgoError>
+) -> Result<(P, toml::Table), AlgoError>
 where
     P: DeserializeOwned + Serialize + Validate,
-    F: FnOnce(P) -> Box<dyn Algorithm>,
 {
     let bad = |message: String| AlgoError::BadParameter {
         algorithm: name.to_string(),
@@ -51,23 +103,11 @@ where
                         .replace("unknown field `", "unknown key `algorithm.")
                 ))
             })?;
-    params.validate().map_err(bad)?;
+    params.validate().map_err(|e| bad(e.to_string()))?;
     params.resolve(clients);
     let resolved = match toml::Value::try_from(&params) {
         Ok(toml::Value::Table(t)) => t,
         _ => toml::Table::new(),
     };
-    Ok((make(params), resolved))
-}
-
-/// Range checks beyond what types express, and defaults that depend on the
-/// federation (so the resolved config shows the value that ran).
-pub(crate) trait Validate {
-    /// `Err(message naming the key)` when a value is impossible.
-    fn validate(&self) -> Result<(), String> {
-        Ok(())
-    }
-
-    /// Fills defaults that depend on the number of clients.
-    fn resolve(&mut self, _clients: usize) {}
+    Ok((params, resolved))
 }

@@ -12,13 +12,13 @@
 //! `reg_target = "normalized"` reproduce the authors' code, which adds
 //! +λ·⟨c_i, θ⟩/‖θ‖ with c_i = Σ_j W_ij θ_j/‖θ_j‖ (METHODS.md §1.4).
 
-use crate::params::Validate;
+use crate::params::{Validate, non_negative};
 use crate::{
-    Aggregation, Algorithm, ClientData, ClientState, Download, Env, Upload, embed_rows, mix_rows,
-    models_of, train_plain,
+    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
+    Trained, embed_rows, ids_of, mix_rows, models_of,
 };
+use fedweave_core::project_to_simplex;
 use fedweave_core::vecmath::{dot, norm, sub_into, weighted_sum};
-use fedweave_core::{RngStream, project_to_simplex};
 use fedweave_nn::CosinePull;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -87,16 +87,13 @@ impl Default for PFedGraphParams {
 }
 
 impl Validate for PFedGraphParams {
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), ParamError> {
         if let Some(a) = self.alpha
             && !(a > 0.0 && a.is_finite())
         {
-            return Err(format!("algorithm.alpha must be > 0, got {a}"));
+            return Err(ParamError::new("alpha", format!("must be > 0, got {a}")));
         }
-        if !(self.lambda >= 0.0 && self.lambda.is_finite()) {
-            return Err(format!("algorithm.lambda must be ≥ 0, got {}", self.lambda));
-        }
-        Ok(())
+        non_negative("lambda", self.lambda)
     }
 
     fn resolve(&mut self, clients: usize) {
@@ -108,21 +105,46 @@ impl Validate for PFedGraphParams {
 pub struct PFedGraph {
     params: PFedGraphParams,
     alpha: f64,
-    /// θ_j − θ_init of every participant, kept across rounds so the N×d
-    /// block is allocated once.
+}
+
+/// A pFedGraph client: its model and, in the code variant, the mix of
+/// normalised models its regulariser pulls toward.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PFedGraphClient {
+    /// θ̃_i after receiving it, θ_i after training.
+    pub model: Model,
+    /// c_i = Σ_j W_ij θ_j/‖θ_j‖ (`reg_target = "normalized"` only).
+    #[serde(with = "fedweave_core::stash::opt_vector")]
+    pub target: Option<Vec<f32>>,
+}
+
+/// The server keeps no state between rounds, only a scratch block for
+/// θ_j − θ_init so the N×d buffer is allocated once.
+#[derive(Default, Serialize, Deserialize)]
+pub struct PFedGraphServer {
+    #[serde(skip)]
     deltas: Vec<Vec<f32>>,
 }
 
-impl PFedGraph {
-    /// Builds pFedGraph for `clients` clients (alpha defaults to 0.08·K).
-    pub fn new(mut params: PFedGraphParams, clients: usize) -> Self {
-        params.resolve(clients);
-        let alpha = params.alpha.unwrap_or(0.08 * clients as f64);
-        Self {
-            params,
-            alpha,
-            deltas: Vec::new(),
-        }
+/// What client i receives: θ̃_i and, in the code variant, c_i.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Mixed {
+    /// θ̃_i = Σ_j W_ij θ_j.
+    pub model: Vec<f32>,
+    /// c_i, when the regulariser targets normalised models.
+    pub normalized: Option<Vec<f32>>,
+}
+
+impl Message for Mixed {
+    fn vectors(&self) -> Vec<&[f32]> {
+        std::iter::once(self.model.as_slice())
+            .chain(self.normalized.as_deref())
+            .collect()
+    }
+    fn vectors_mut(&mut self) -> Vec<&mut [f32]> {
+        std::iter::once(self.model.as_mut_slice())
+            .chain(self.normalized.as_deref_mut())
+            .collect()
     }
 }
 
@@ -184,67 +206,96 @@ pub fn infer_graph(similarity: &[Vec<f64>], p: &[f64], alpha: f64) -> Vec<Vec<f6
 }
 
 impl Algorithm for PFedGraph {
+    const NAMES: &'static [Info] = &[Info {
+        name: "pfedgraph",
+        summary: "W_i = simplex projection of p + s_i/(2·alpha), s = cos(θ−θ_init); local CE − λ·cos(θ, θ̃_i)",
+        reference: "Ye et al., ICML 2023",
+    }];
+    type Params = PFedGraphParams;
+    type Client = PFedGraphClient;
+    type Server = PFedGraphServer;
+    type Down = Mixed;
+    type Up = Vec<f32>;
+
+    fn new(_: &str, params: PFedGraphParams, env: &Env) -> Result<Self, AlgoError> {
+        let alpha = params.alpha.unwrap_or(0.08 * env.clients() as f64);
+        Ok(Self { params, alpha })
+    }
+
     fn name(&self) -> &'static str {
         "pfedgraph"
+    }
+
+    fn init_server(&self, _: &Env) -> PFedGraphServer {
+        PFedGraphServer::default()
+    }
+
+    fn init_client(&self, env: &Env, _: usize) -> PFedGraphClient {
+        PFedGraphClient {
+            model: env.initial_model(),
+            target: None,
+        }
     }
 
     fn local_round(
         &self,
         env: &Env,
-        round: usize,
-        _: usize,
-        data: &ClientData,
-        state: &mut ClientState,
-        rng: &mut RngStream,
-    ) -> Upload {
-        // The client starts from θ̃_i (state.model); from the second round on
-        // the regulariser pulls it toward θ̃_i (or c_i in the code variant).
-        let train_loss = if round > 1 && self.params.lambda > 0.0 {
+        cx: &mut ClientCx,
+        state: &mut PFedGraphClient,
+    ) -> Trained<Vec<f32>> {
+        // The client starts from θ̃_i; from the second round on the
+        // regulariser pulls it toward θ̃_i (or c_i in the code variant).
+        let train_loss = if cx.round > 1 && self.params.lambda > 0.0 {
             let coef = match self.params.reg_sign {
                 RegSign::Paper => -self.params.lambda as f32,
                 RegSign::Code => self.params.lambda as f32,
             };
-            let target = match (&self.params.reg_target, &state.aux) {
+            let target = match (&self.params.reg_target, &state.target) {
                 (RegTarget::Normalized, Some(c)) => c.clone(),
-                _ => state.model.clone(),
+                _ => state.model.params.clone(),
             };
             let term = CosinePull {
                 coef,
                 target: &target,
                 divide_by_target_norm: self.params.reg_target == RegTarget::Mixed,
             };
-            train_plain(env, data, state, &[&term], rng)
+            cx.train_plain(env, &mut state.model, &[&term])
         } else {
-            train_plain(env, data, state, &[], rng)
+            cx.train_plain(env, &mut state.model, &[])
         };
-        Upload::model(state.model.clone(), train_loss)
+        Trained {
+            up: state.model.params.clone(),
+            train_loss,
+        }
     }
 
     fn aggregate(
-        &mut self,
+        &self,
         env: &Env,
+        server: &mut PFedGraphServer,
         _: usize,
-        participants: &[usize],
-        uploads: &[&Upload],
-    ) -> Aggregation {
+        uploads: &[(usize, Vec<f32>)],
+    ) -> RoundOutcome<Mixed> {
+        let participants = ids_of(uploads);
         let uploads = &models_of(uploads)[..];
         let ranges: Vec<Range<usize>> = match self.params.similarity {
             SimilarityOn::All => std::iter::once(0..env.init.len()).collect(),
             SimilarityOn::Fc => env.spec.layout().ranges_with_prefix("fc"),
         };
-        self.deltas.resize_with(uploads.len(), Vec::new);
-        self.deltas
+        let deltas = &mut server.deltas;
+        deltas.resize_with(uploads.len(), Vec::new);
+        deltas
             .par_iter_mut()
             .zip(uploads.par_iter())
             .for_each(|(d, u)| {
                 d.resize(u.len(), 0.0);
                 sub_into(u, env.init, d);
             });
-        let s = similarity_matrix(&self.deltas, &ranges, self.params.threshold);
-        let p = env.size_weights(participants);
+        let s = similarity_matrix(deltas, &ranges, self.params.threshold);
+        let p = env.size_weights(&participants);
         let rows = infer_graph(&s, &p, self.alpha);
-        let graph = embed_rows(env.clients(), participants, &rows);
-        let mixed = mix_rows(&graph, participants, uploads);
+        let graph = embed_rows(env.clients(), &participants, &rows);
+        let mixed = mix_rows(&graph, &participants, uploads);
         let normalized: Option<Vec<Vec<f32>>> = (self.params.reg_target == RegTarget::Normalized)
             .then(|| {
                 let unit: Vec<Vec<f32>> = uploads
@@ -263,12 +314,25 @@ impl Algorithm for PFedGraph {
                     })
                     .collect()
             });
-        let mut downloads = vec![None; env.clients()];
-        for (k, (i, model)) in mixed.into_iter().enumerate() {
-            let aux = normalized.as_ref().map(|c| c[k].clone());
-            downloads[i] = Some(Download { model, aux });
-        }
-        Aggregation::new(graph, downloads)
+        let downloads = mixed
+            .into_iter()
+            .enumerate()
+            .map(|(k, (i, model))| {
+                let normalized = normalized.as_ref().map(|c| c[k].clone());
+                (i, Mixed { model, normalized })
+            })
+            .collect();
+        RoundOutcome::new(graph, downloads)
+    }
+
+    fn receive(&self, _: &Env, state: &mut PFedGraphClient, down: Mixed) {
+        state.model.params = down.model;
+        state.target = down.normalized;
+    }
+
+    /// The model after local training (the paper's protocol scores it).
+    fn personalized<'c>(&self, state: &'c PFedGraphClient) -> ModelRef<'c> {
+        state.model.view()
     }
 }
 

@@ -36,12 +36,13 @@
 //! client c's test split. Absent clients (partial participation) keep their
 //! latest model in Θ and their own model (identity row).
 
-use crate::params::Validate;
+use crate::params::{Validate, non_negative};
 use crate::{
-    Aggregation, Algorithm, ClientData, ClientState, Download, Env, EvalPoint, Upload, train_plain,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
+    RoundOutcome, Trained,
 };
 use fedweave_core::vecmath::sq_dist;
-use fedweave_core::{CollaborationGraph, RelationGraph, RngStream};
+use fedweave_core::{CollaborationGraph, RelationGraph};
 use fedweave_nn::Proximal;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -97,24 +98,22 @@ impl Default for SflParams {
 }
 
 impl Validate for SflParams {
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), ParamError> {
         if self.hops == 0 {
-            return Err("algorithm.hops must be ≥ 1".into());
+            return Err(ParamError::new("hops", "must be ≥ 1"));
         }
-        if !(self.lambda >= 0.0 && self.lambda.is_finite()) {
-            return Err(format!(
-                "algorithm.lambda must be finite and ≥ 0, got {}",
-                self.lambda
-            ));
-        }
+        non_negative("lambda", self.lambda)?;
         if !(0.0..=1.0).contains(&self.adj_beta) {
-            return Err(format!(
-                "algorithm.adj_beta must be in [0, 1], got {}",
-                self.adj_beta
+            return Err(ParamError::new(
+                "adj_beta",
+                format!("must be in [0, 1], got {}", self.adj_beta),
             ));
         }
-        if self.top_k == 0 || self.top_labels == 0 {
-            return Err("algorithm.top_k and algorithm.top_labels must be ≥ 1".into());
+        if self.top_k == 0 {
+            return Err(ParamError::new("top_k", "must be ≥ 1"));
+        }
+        if self.top_labels == 0 {
+            return Err(ParamError::new("top_labels", "must be ≥ 1"));
         }
         Ok(())
     }
@@ -127,19 +126,44 @@ impl Validate for SflParams {
 /// SFL / SFL*.
 pub struct Sfl {
     params: SflParams,
-    /// Every client's latest model (the rows of Θ).
+}
+
+/// An SFL client: its model and the latest global read-out w.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SflClient {
+    /// u_i after receiving it, v after training.
+    pub model: Model,
+    /// w (`None` before the first aggregation).
+    #[serde(with = "fedweave_core::stash::opt_vector")]
+    pub global: Option<Vec<f32>>,
+}
+
+/// The server's Θ: every client's latest model.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SflServer {
+    #[serde(with = "fedweave_core::stash::vectors")]
     latest: Vec<Vec<f32>>,
 }
 
-impl Sfl {
-    /// A fresh server for `clients` clients.
-    pub fn new(params: SflParams, clients: usize) -> Self {
-        Self {
-            params,
-            latest: vec![Vec::new(); clients],
-        }
-    }
+/// What client i receives: u_i and the read-out w.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Propagated {
+    /// u_i = (Â^m Θ)_i.
+    pub model: Vec<f32>,
+    /// w = mean of the u_j.
+    pub global: Vec<f32>,
+}
 
+impl Message for Propagated {
+    fn vectors(&self) -> Vec<&[f32]> {
+        vec![&self.model, &self.global]
+    }
+    fn vectors_mut(&mut self) -> Vec<&mut [f32]> {
+        vec![&mut self.model, &mut self.global]
+    }
+}
+
+impl Sfl {
     /// The base relation graph (no self-loops) for this federation.
     fn base_graph(&self, env: &Env) -> Result<RelationGraph, String> {
         match (self.params.graph, env.relation) {
@@ -291,56 +315,84 @@ fn propagate(a: &RelationGraph, theta: &[Vec<f32>], hops: usize) -> Vec<Vec<f32>
 }
 
 impl Algorithm for Sfl {
+    const NAMES: &'static [Info] = &[Info {
+        name: "sfl",
+        summary: "U = Â^m Θ along a relation graph (hops = 3; graph = given | label_overlap (oracle) | learned = SFL*, adj_beta 0.05); local CE + λ(½‖v−w‖² + ½‖v−u_i‖²); option code_compat",
+        reference: "Chen et al., IJCAI 2022",
+    }];
+    type Params = SflParams;
+    type Client = SflClient;
+    type Server = SflServer;
+    type Down = Propagated;
+    type Up = Vec<f32>;
+
+    fn new(_: &str, params: SflParams, env: &Env) -> Result<Self, AlgoError> {
+        let sfl = Self { params };
+        sfl.base_graph(env)
+            .map_err(|message| AlgoError::Unsupported {
+                algorithm: "sfl".into(),
+                message,
+            })?;
+        Ok(sfl)
+    }
+
     fn name(&self) -> &'static str {
         "sfl"
     }
 
-    fn check(&self, env: &Env) -> Result<(), String> {
-        self.base_graph(env).map(|_| ())
+    fn init_server(&self, env: &Env) -> SflServer {
+        SflServer {
+            latest: vec![env.init.to_vec(); env.clients()],
+        }
+    }
+
+    fn init_client(&self, env: &Env, _: usize) -> SflClient {
+        SflClient {
+            model: env.initial_model(),
+            global: None,
+        }
     }
 
     fn local_round(
         &self,
         env: &Env,
-        _: usize,
-        _: usize,
-        data: &ClientData,
-        state: &mut ClientState,
-        rng: &mut RngStream,
-    ) -> Upload {
-        let loss = match state.aux.clone() {
+        cx: &mut ClientCx,
+        state: &mut SflClient,
+    ) -> Trained<Vec<f32>> {
+        let model = &mut state.model;
+        let train_loss = match state.global.clone() {
             // First round: no u_i or w exists yet; plain training from init.
-            None => train_plain(env, data, state, &[], rng),
+            None => cx.train_plain(env, model, &[]),
             Some(w) if self.params.code_compat => {
-                state.model = w;
-                train_plain(env, data, state, &[], rng)
+                model.params = w;
+                cx.train_plain(env, model, &[])
             }
             Some(w) => {
-                let u = state.model.clone();
+                let u = model.params.clone();
                 let mu = self.params.lambda as f32;
                 let to_w = Proximal { mu, anchor: &w };
                 let to_u = Proximal { mu, anchor: &u };
-                train_plain(env, data, state, &[&to_w, &to_u], rng)
+                cx.train_plain(env, model, &[&to_w, &to_u])
             }
         };
-        Upload::model(state.model.clone(), loss)
+        Trained {
+            up: model.params.clone(),
+            train_loss,
+        }
     }
 
     fn aggregate(
-        &mut self,
+        &self,
         env: &Env,
+        server: &mut SflServer,
         _: usize,
-        participants: &[usize],
-        uploads: &[&Upload],
-    ) -> Aggregation {
-        for slot in self.latest.iter_mut().filter(|s| s.is_empty()) {
-            *slot = env.init.to_vec();
+        uploads: &[(usize, Vec<f32>)],
+    ) -> RoundOutcome<Propagated> {
+        for (i, up) in uploads {
+            server.latest[*i].clone_from(up);
         }
-        for (&i, up) in participants.iter().zip(uploads) {
-            self.latest[i].clone_from(&up.model);
-        }
-        let a = self.propagation_graph(env, &self.latest);
-        let mut u = propagate(&a, &self.latest, self.params.hops);
+        let a = self.propagation_graph(env, &server.latest);
+        let mut u = propagate(&a, &server.latest, self.params.hops);
         let n = u.len();
         let d = env.init.len();
         let mut w = vec![0.0f32; d];
@@ -350,19 +402,32 @@ impl Algorithm for Sfl {
 
         let power = a.dense_power(self.params.hops);
         let mut graph = CollaborationGraph::identity(n);
-        let mut downloads = vec![None; n];
-        for &i in participants {
-            graph.set_row(i, &power[i]);
-            downloads[i] = Some(Download {
-                model: std::mem::take(&mut u[i]),
-                aux: Some(w.clone()),
-            });
+        let mut downloads = Vec::with_capacity(uploads.len());
+        for (i, _) in uploads {
+            graph.set_row(*i, &power[*i]);
+            downloads.push((
+                *i,
+                Propagated {
+                    model: std::mem::take(&mut u[*i]),
+                    global: w.clone(),
+                },
+            ));
         }
-        Aggregation::new(graph, downloads)
+        RoundOutcome::new(graph, downloads)
+    }
+
+    fn receive(&self, _: &Env, state: &mut SflClient, down: Propagated) {
+        state.model.params = down.model;
+        state.global = Some(down.global);
+    }
+
+    /// u_i, as the authors' code scores each u_c on client c's test split.
+    fn personalized<'c>(&self, state: &'c SflClient) -> ModelRef<'c> {
+        state.model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {
-        EvalPoint::AfterMixing
+        EvalPoint::AfterReceive
     }
 }
 

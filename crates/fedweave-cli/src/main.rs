@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use fedweave_sim::{ExperimentConfig, RoundRecord, run_experiment};
+use fedweave_sim::{ExperimentConfig, RoundRecord, Summary, resume_experiment, run_experiment};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -33,6 +33,14 @@ enum Command {
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
     },
+    /// Continue a run from its last checkpoint (DIR/checkpoint/).
+    Resume {
+        /// The run directory.
+        dir: PathBuf,
+        /// Run up to this many rounds (more than configured extends the run).
+        #[arg(long)]
+        rounds: Option<usize>,
+    },
     /// List algorithms, datasets, partitions, models and attacks.
     List,
     /// Rebuild DIR/report.html from a run directory.
@@ -40,6 +48,10 @@ enum Command {
         /// The run directory.
         dir: PathBuf,
     },
+    /// Run a grid of experiments over seeds; rerunning skips finished runs.
+    Sweep(fedweave_sweep::SweepArgs),
+    /// Tables and a comparison page from existing run directories.
+    Compare(fedweave_sweep::CompareArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,7 +72,28 @@ fn main() -> ExitCode {
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Run { config, out, set } => run(config, out, set),
+        Command::Run { config, out, set } => {
+            let cfg = ExperimentConfig::from_file(&config, &set)?;
+            let out = out.unwrap_or_else(|| default_out_dir(&cfg));
+            let summary = with_progress(cfg.rounds, |on_round| {
+                run_experiment(&cfg, &out, on_round)
+                    .with_context(|| format!("run of {} failed", config.display()))
+            })?;
+            print_summary(&summary, &out);
+            Ok(())
+        }
+        Command::Resume { dir, rounds } => {
+            let total = match rounds {
+                Some(r) => r,
+                None => ExperimentConfig::from_file(&dir.join("config.toml"), &[])?.rounds,
+            };
+            let summary = with_progress(total, |on_round| {
+                resume_experiment(&dir, rounds, on_round)
+                    .with_context(|| format!("resume of {} failed", dir.display()))
+            })?;
+            print_summary(&summary, &dir);
+            Ok(())
+        }
         Command::List => {
             list();
             Ok(())
@@ -70,15 +103,20 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             println!("{}", path.display());
             Ok(())
         }
+        Command::Sweep(args) => Ok(fedweave_sweep::run_sweep_command(&args)?),
+        Command::Compare(args) => Ok(fedweave_sweep::run_compare_command(&args)?),
     }
 }
 
-fn run(config: PathBuf, out: Option<PathBuf>, set: Vec<String>) -> anyhow::Result<()> {
-    let cfg = ExperimentConfig::from_file(&config, &set)?;
-    let out = out.unwrap_or_else(|| default_out_dir(&cfg));
+/// Runs `job` with a progress bar on a terminal (one line per round
+/// otherwise) over `rounds` rounds.
+fn with_progress(
+    rounds: usize,
+    job: impl FnOnce(&mut dyn FnMut(&RoundRecord)) -> anyhow::Result<Summary>,
+) -> anyhow::Result<Summary> {
     let started = Instant::now();
     let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = ProgressBar::new(cfg.rounds as u64);
+        let bar = ProgressBar::new(rounds as u64);
         bar.set_style(
             ProgressStyle::with_template(
                 "{spinner} round {pos}/{len} [{bar:30}] {msg} ({elapsed})",
@@ -103,18 +141,20 @@ fn run(config: PathBuf, out: Option<PathBuf>, set: Vec<String>) -> anyhow::Resul
                 b.set_message(msg);
             }
             None => eprintln!(
-                "round {:>4}/{}  {msg}  {:.1}s elapsed",
+                "round {:>4}/{rounds}  {msg}  {:.1}s elapsed",
                 r.round,
-                cfg.rounds,
                 started.elapsed().as_secs_f64()
             ),
         }
     };
-    let summary = run_experiment(&cfg, &out, &mut on_round)
-        .with_context(|| format!("run of {} failed", config.display()))?;
+    let summary = job(&mut on_round)?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    Ok(summary)
+}
+
+fn print_summary(summary: &Summary, out: &std::path::Path) {
     let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.2}%", 100.0 * v));
     if let Some(mae) = summary.mean_test_mae {
         let num = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{v:.4}"));
@@ -130,23 +170,21 @@ fn run(config: PathBuf, out: Option<PathBuf>, set: Vec<String>) -> anyhow::Resul
             num(summary.last_round_mean_test_mae),
             summary.wall_seconds
         );
-        println!("outputs in {}", out.display());
-        return Ok(());
+    } else {
+        println!(
+            "{} on {} ({}, {} clients, {} rounds): mean test acc {} (best-validation), last round {}, max over rounds {}, {:.1}s",
+            summary.algorithm,
+            summary.dataset,
+            summary.partition,
+            summary.clients,
+            summary.rounds,
+            pct(summary.mean_test_acc),
+            pct(summary.last_round_mean_test_acc),
+            pct(summary.max_round_mean_test_acc),
+            summary.wall_seconds
+        );
     }
-    println!(
-        "{} on {} ({}, {} clients, {} rounds): mean test acc {} (best-validation), last round {}, max over rounds {}, {:.1}s",
-        summary.algorithm,
-        summary.dataset,
-        summary.partition,
-        summary.clients,
-        summary.rounds,
-        pct(summary.mean_test_acc),
-        pct(summary.last_round_mean_test_acc),
-        pct(summary.max_round_mean_test_acc),
-        summary.wall_seconds
-    );
     println!("outputs in {}", out.display());
-    Ok(())
 }
 
 fn default_out_dir(cfg: &ExperimentConfig) -> PathBuf {
@@ -162,8 +200,8 @@ fn default_out_dir(cfg: &ExperimentConfig) -> PathBuf {
 
 fn list() {
     println!("algorithms:");
-    for (name, what, paper) in fedweave_algos::catalogue() {
-        println!("  {name:<12} {what}  [{paper}]");
+    for a in fedweave_algos::catalogue() {
+        println!("  {:<12} {}  [{}]", a.name, a.summary, a.reference);
     }
     println!("datasets:");
     for (name, what) in fedweave_data::dataset_names() {

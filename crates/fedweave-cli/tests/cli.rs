@@ -267,3 +267,54 @@ fn fedaghn_cnn_bn_learns_on_real_fashion_mnist() {
     let layers: Vec<&String> = last["graph_layers"].as_object().unwrap().keys().collect();
     assert_eq!(layers, ["bn1", "bn2", "conv1", "conv2", "fc", "fc1"]);
 }
+
+/// `summary.json` without its wall-clock fields.
+fn summary_numbers(dir: &Path) -> serde_json::Value {
+    let mut s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    for k in ["wall_seconds", "seconds_per_round_median"] {
+        s[k] = serde_json::Value::Null;
+    }
+    s
+}
+
+/// The contract's promise: a run killed with SIGKILL in the middle of a
+/// round and resumed gives the same summary numbers and graphs as an
+/// uninterrupted run.
+#[test]
+fn resume_after_kill_9_equals_an_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        "seed = 2\nclients = 6\nrounds = 40\nthreads = 1\n[data]\ndataset = \"digits\"\n\
+         [partition]\nkind = \"dirichlet\"\nbeta = 0.5\n[model]\nkind = \"mlp\"\n\
+         [train]\nlocal_iterations = 150\nbatch_size = 32\nlr = 0.05\n[algorithm]\nname = \"fedaghn\"\n",
+    );
+    let whole = dir.path().join("whole");
+    let o = fedweave(&["run", &cfg, "--out", whole.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let killed = dir.path().join("killed");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fedweave"))
+        .args(["run", &cfg, "--out", killed.to_str().unwrap()])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines =
+        || std::fs::read_to_string(killed.join("rounds.jsonl")).map_or(0, |t| t.lines().count());
+    let started = std::time::Instant::now();
+    while lines() < 3 && started.elapsed().as_secs() < 120 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        !killed.join("summary.json").exists(),
+        "killed before the end (round {})",
+        lines()
+    );
+
+    let o = fedweave(&["resume", killed.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(summary_numbers(&killed), summary_numbers(&whole));
+}

@@ -8,9 +8,11 @@
 
 pub mod graph;
 pub mod layout;
+pub mod pairwise;
 pub mod rng;
 pub mod simplex;
 pub mod sparse;
+pub mod stash;
 pub mod vecmath;
 
 pub use graph::CollaborationGraph;

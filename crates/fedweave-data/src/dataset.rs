@@ -5,7 +5,10 @@ use std::path::Path;
 use fedweave_core::{Purpose, rng_stream};
 use rand::seq::SliceRandom;
 
-use crate::{DataConfig, DataError, digits, forecast, idx, synthetic};
+use crate::{
+    DataConfig, DataError, cifar, digits, emnist, forecast, idx, leaf, movielens, synthetic,
+    tiny_imagenet, yahoo,
+};
 
 /// Samples of one split: features row-major, and one label (classification)
 /// or `target_len` targets (forecasting) per sample.
@@ -81,6 +84,38 @@ pub enum Task {
         /// Steps predicted.
         horizon: usize,
     },
+    /// `targets` real values per sample that are not a time series
+    /// (`movielens-100k`: one rating). Like forecasting, the split's
+    /// `targets` hold them, every sample belongs to a natural client with a
+    /// fixed validation block, and `target_scales` maps them to their unit.
+    Regression {
+        /// Values predicted per sample.
+        targets: usize,
+    },
+}
+
+/// What a sample's feature values are; models pick their input layer by it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputKind {
+    /// Real values (pixels, readings), already normalised.
+    #[default]
+    Dense,
+    /// A sequence of token ids stored as f32 (exact: every id is below
+    /// 2²⁴), each below `vocab_size`: `feature_shape = [length]`. With
+    /// `padded`, id 0 is `<pad>` and fills sequences shorter than `length`.
+    Tokens {
+        /// Number of distinct ids (embedding rows).
+        vocab_size: usize,
+        /// Whether id 0 is padding.
+        padded: bool,
+    },
+    /// One categorical id per feature position, stored as f32: position `j`
+    /// is below `cardinalities[j]` (`movielens-100k`: user, item).
+    Categorical {
+        /// Number of distinct ids of each position.
+        cardinalities: Vec<usize>,
+    },
 }
 
 /// Maps a natural client's z-scored targets back to their unit (°C,
@@ -129,6 +164,8 @@ pub struct Dataset {
     pub relation_graph: Option<fedweave_core::RelationGraph>,
     /// Forecasting: per natural client, the scale of its targets.
     pub target_scales: Option<Vec<TargetScale>>,
+    /// What the feature values are (dense values, token ids, categorical ids).
+    pub input: InputKind,
 }
 
 impl Dataset {
@@ -169,6 +206,38 @@ pub fn dataset_names() -> &'static [(&'static str, &'static str)] {
             "pems08",
             "PeMS08 traffic flow (forecasting) from PEMS08.npz + PEMS08.csv in data.path",
         ),
+        (
+            "cifar10",
+            "CIFAR-10 3x32x32 (50k/10k, 10 classes), binary or python version, in data.path",
+        ),
+        (
+            "cifar100",
+            "CIFAR-100 3x32x32 (50k/10k, 100 fine classes; data.coarse_labels for the 20 superclasses), binary or python version",
+        ),
+        (
+            "emnist",
+            "EMNIST 28x28 from IDX files (data.emnist_split: byclass, bymerge, balanced, letters, digits, mnist)",
+        ),
+        (
+            "femnist",
+            "LEAF FEMNIST 28x28 (62 classes) from train/*.json + test/*.json; one natural client per writer",
+        ),
+        (
+            "shakespeare",
+            "LEAF Shakespeare next-character (80 classes, 80-character token sequences); one natural client per speaking role",
+        ),
+        (
+            "movielens-100k",
+            "MovieLens-100K ratings (regression on user id, item id) from u.data; one client per user, 70/10/20 by time",
+        ),
+        (
+            "yahoo-answers",
+            "Yahoo! Answers topics (10 classes) from train.csv/test.csv; token ids (data.seq_len, data.vocab_size)",
+        ),
+        (
+            "tiny-imagenet",
+            "Tiny-ImageNet 3x64x64 (100k train / 10k val as test, 200 classes) from JPEG folders",
+        ),
     ]
 }
 
@@ -187,11 +256,31 @@ pub const FASHION_MNIST_DEFAULT_DIR: &str = "/usr/share/datasets/fashion-mnist";
 /// - `synthetic`: generated from `seed` (streams `Purpose::Dataset`, client =
 ///   the synthetic client's index; `u64::MAX` for the shared IID model);
 ///   `normalize` has no effect.
+/// - `cifar10`, `cifar100`, `emnist`, `femnist`, `shakespeare`,
+///   `movielens-100k`, `yahoo-answers`, `tiny-imagenet`: the files their
+///   authors distribute, in `cfg.path` (the extracted folder or its parent);
+///   each module documents its layout, normalisation and split (`cifar`,
+///   `emnist`, `leaf`, `movielens`, `yahoo`, `tiny_imagenet`).
 ///
 /// `max_train_samples` then keeps a class-stratified subsample of the
 /// training split drawn from `rng_stream(seed, 1, u64::MAX, Purpose::Dataset)`,
 /// in the original order; natural clients are re-indexed accordingly.
 pub fn load_dataset(cfg: &DataConfig, seed: u64) -> Result<Dataset, DataError> {
+    if cfg.users.is_some()
+        && !matches!(
+            cfg.dataset.as_str(),
+            "femnist" | "shakespeare" | "movielens-100k"
+        )
+    {
+        return Err(DataError::config(
+            "data.users",
+            format!(
+                "only femnist, shakespeare and movielens-100k have natural users, not {:?} \
+                 (synthetic: data.synthetic.clients)",
+                cfg.dataset
+            ),
+        ));
+    }
     let ds = match cfg.dataset.as_str() {
         "digits" => digits::load(cfg.path.as_deref(), cfg.normalize)?,
         "fashion-mnist" => {
@@ -259,6 +348,12 @@ pub fn load_dataset(cfg: &DataConfig, seed: u64) -> Result<Dataset, DataError> {
             };
             forecast::load_pems(&cfg.dataset, dir, cfg)?
         }
+        "cifar10" | "cifar100" => cifar::load(&cfg.dataset, cfg)?,
+        "emnist" => emnist::load(cfg)?,
+        "femnist" | "shakespeare" => leaf::load(&cfg.dataset, cfg)?,
+        "movielens-100k" => movielens::load(cfg)?,
+        "yahoo-answers" => yahoo::load(cfg)?,
+        "tiny-imagenet" => tiny_imagenet::load(cfg)?,
         other => {
             let known: Vec<&str> = dataset_names().iter().map(|(n, _)| *n).collect();
             return Err(DataError::config(

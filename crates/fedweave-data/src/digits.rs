@@ -161,6 +161,7 @@ fn split(pixels: &[u8], labels: &[u32], normalize: bool) -> Dataset {
         task: crate::Task::Classification,
         relation_graph: None,
         target_scales: None,
+        input: crate::InputKind::Dense,
     }
 }
 

@@ -351,6 +351,7 @@ fn windowed(
         task: Task::Forecasting { horizon },
         relation_graph: Some(graph),
         target_scales: Some(scales),
+        input: crate::InputKind::Dense,
     })
 }
 

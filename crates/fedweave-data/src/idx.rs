@@ -60,6 +60,7 @@ pub(crate) fn load_idx_dataset(
         task: crate::Task::Classification,
         relation_graph: None,
         target_scales: None,
+        input: crate::InputKind::Dense,
     })
 }
 
@@ -71,7 +72,7 @@ fn load_pair(
 ) -> Result<(Split, (usize, usize)), DataError> {
     let img_path = find(dir, &format!("{prefix}-images-idx3-ubyte"))?;
     let lbl_path = find(dir, &format!("{prefix}-labels-idx1-ubyte"))?;
-    let labels = read_labels(&lbl_path)?;
+    let labels = read_labels(&lbl_path, 0, CLASSES)?;
     let img = read_bytes(&img_path)?;
     let (count, rows, cols, pixels) = parse_images(&img, &img_path)?;
     if count != labels.len() {
@@ -134,12 +135,12 @@ pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
     Ok(out)
 }
 
-fn be_u32(bytes: &[u8], at: usize) -> u32 {
+pub(crate) fn be_u32(bytes: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
 }
 
 /// Checks an images file; returns (count, rows, cols, pixel bytes).
-fn parse_images<'a>(
+pub(crate) fn parse_images<'a>(
     bytes: &'a [u8],
     path: &Path,
 ) -> Result<(usize, usize, usize, &'a [u8]), DataError> {
@@ -188,8 +189,10 @@ fn parse_images<'a>(
     Ok((count, rows, cols, &bytes[16..]))
 }
 
-/// Reads and checks a labels file.
-fn read_labels(path: &Path) -> Result<Vec<u32>, DataError> {
+/// Reads and checks an IDX labels file whose labels lie in
+/// `first..first + classes` (MNIST: 0..10; EMNIST letters: 1..27); returns
+/// them shifted to start at 0.
+pub(crate) fn read_labels(path: &Path, first: u8, classes: usize) -> Result<Vec<u32>, DataError> {
     let bytes = read_bytes(path)?;
     if bytes.len() < 8 {
         return Err(DataError::format(
@@ -219,15 +222,19 @@ fn read_labels(path: &Path) -> Result<Vec<u32>, DataError> {
             ),
         ));
     }
-    let labels = &bytes[8..];
-    if let Some(pos) = labels.iter().position(|&y| usize::from(y) >= CLASSES) {
-        return Err(DataError::format(
-            path,
-            format!(
-                "label {} of sample {pos} is not below {CLASSES}",
-                labels[pos]
-            ),
-        ));
-    }
-    Ok(labels.iter().map(|&y| u32::from(y)).collect())
+    let last = usize::from(first) + classes - 1;
+    bytes[8..]
+        .iter()
+        .enumerate()
+        .map(|(i, &y)| {
+            if (usize::from(first)..=last).contains(&usize::from(y)) {
+                Ok(u32::from(y - first))
+            } else {
+                Err(DataError::format(
+                    path,
+                    format!("label {y} of sample {i} is outside {first}..={last}"),
+                ))
+            }
+        })
+        .collect()
 }

@@ -1,32 +1,48 @@
 //! fedweave-data: datasets and client partitions for fedweave.
 //!
 //! - [`load_dataset`] loads a dataset by name ([`dataset_names`]): the bundled
-//!   UCI 8×8 digits, Fashion-MNIST / MNIST from IDX files, or FedProx's
-//!   Synthetic(α, β) with natural clients.
+//!   UCI 8×8 digits, Fashion-MNIST / MNIST from IDX files, FedProx's
+//!   Synthetic(α, β) with natural clients, the forecasting series, and the
+//!   formats the seed papers' authors distribute — CIFAR-10/100 (binary and
+//!   python), EMNIST (IDX), LEAF FEMNIST / Shakespeare (JSON, natural
+//!   users), MovieLens-100K (`u.data`, rating regression), Yahoo! Answers
+//!   (CSV, token ids) and Tiny-ImageNet (JPEG folders).
 //! - [`partition`] splits its training pool across clients
 //!   ([`partition_kinds`]), with a per-client validation split and a test set
 //!   that follows each client's label distribution.
+//! - [`prepare`] is the one call an engine makes after loading: it returns
+//!   the dataset to train on and its partition, merging train and test into
+//!   one pool first when `partition.split = "merged"` (PFLlib, FedDWA's
+//!   practical 2, FedAGHN).
 //!
 //! Every random draw comes from [`fedweave_core::rng_stream`], so a
 //! partition depends only on the seed and the configuration.
 
 #![warn(missing_docs)]
 
+mod cifar;
 mod config;
 mod dataset;
 pub mod digits;
+mod emnist;
 mod error;
+mod files;
 mod forecast;
 mod idx;
+mod leaf;
+mod movielens;
 mod partition;
 mod synthetic;
+mod tiny_imagenet;
+mod yahoo;
 
-pub use config::{DataConfig, PartitionConfig, PartitionKind, SyntheticConfig};
+pub use config::{DataConfig, PartitionConfig, PartitionKind, SplitKind, SyntheticConfig};
 pub use dataset::{
-    Dataset, FASHION_MNIST_DEFAULT_DIR, NaturalClient, Split, TargetScale, Task, dataset_names,
-    load_dataset,
+    Dataset, FASHION_MNIST_DEFAULT_DIR, InputKind, NaturalClient, Split, TargetScale, Task,
+    dataset_names, load_dataset,
 };
 pub use error::DataError;
+pub use leaf::SHAKESPEARE_ALPHABET;
 pub use partition::{
-    ClientLabelCounts, ClientSplit, Partition, PartitionReport, partition, partition_kinds,
+    ClientLabelCounts, ClientSplit, Partition, PartitionReport, partition, partition_kinds, prepare,
 };

@@ -19,6 +19,78 @@
 //! samples of class `c`. Client `i` thus gets `round(share_ic · L_c)` samples
 //! of class `c` up to ±1, the slices are disjoint, never exceed the pool, and
 //! a client with no training sample of a class gets no test sample of it.
+//!
+//! **Merged pools.** With `partition.split = "merged"` every kind but
+//! `natural` splits the union of the train and test splits instead (pool
+//! index `p` is training sample `p`, then test sample `p − |train|`), with
+//! the same draws as above; each client's share
+//! is cut into train / validation / test by [`crate::prepare`] (which
+//! rebuilds the dataset so that test indices still index `dataset.test`);
+//! [`partition`] itself rejects that setting.
+//!
+//! # The papers' kinds
+//!
+//! All draw from the partition stream above; `C` is the number of classes,
+//! `N` the number of clients, "pool" the samples being split.
+//!
+//! - **`feddwa_groups`** (FedDWA's practical setting 1 as the paper states
+//!   it; its code, `groups`, gives 2.5 dominant classes per group on
+//!   average and unequal sizes). `groups` = G must divide N; client `i` is
+//!   in group `⌊i / (N/G)⌋`. Group `g`'s dominant classes are the
+//!   `dominant_classes` = d consecutive labels (cyclic) starting at
+//!   `⌊g·C/G⌋` (10 classes, G = 4, d = 3: {0,1,2}, {2,3,4}, {5,6,7},
+//!   {7,8,9}; 100 classes, d = 20: 0–19, 25–44, 50–69, 75–94). Every client
+//!   gets the same number `n` of samples (`samples_per_client`, default the
+//!   largest `n` the pool allows): `n_dom = round(dominant_fraction·n)` from
+//!   its dominant classes, cut into d near-equal parts (the j-th dominant
+//!   class gets `⌊(j+1)·n_dom/d⌋ − ⌊j·n_dom/d⌋`), and `n − n_dom` from all C
+//!   classes, cut the same way over the labels 0..C (as FedDWA's code and
+//!   `groups` spread the remaining 20 % over all classes). All clients of a
+//!   group thus have identical class counts. Each class's samples are
+//!   shuffled and dealt in client order; samples no client needs stay
+//!   unassigned. `group_of` is each client's group.
+//! - **`dpfl_patho`** (DPFL's Patho(k), its
+//!   `complex_dirichlet_client_data_split`): every client draws
+//!   `classes_per_client` = k distinct classes uniformly. Each class's
+//!   shuffled samples are cut among its holders (in client order) by
+//!   Dirichlet(`within_class_beta`) proportions (`⌊cum·len⌋` boundaries, the
+//!   last holder takes the rest), the proportions redrawn (up to
+//!   `1000 · max_retries` times; DPFL loops without limit, and with 100
+//!   clients on 10 classes about 1 draw in 1000 succeeds) until every holder
+//!   has at least `min_samples` of the class. A class nobody drew is
+//!   left unassigned (DPFL's code would fail there). DPFL's balance cap is
+//!   per class and never binds, so it is omitted.
+//! - **`pfllib_pat`** (PFLlib's `separate_data(partition = "pat")`): every
+//!   client has `classes_per_client` class slots. Classes are taken in label
+//!   order; class `c` goes to the first `⌈(N/C)·k⌉` (computed in f64 as
+//!   PFLlib) clients, in client order, that still have a slot; it stops at
+//!   the first class no client can take. The class's samples, in pool order
+//!   (PFLlib does not shuffle here), are cut into consecutive runs: with
+//!   `balance`, `⌊n_c/m⌋` for each of its `m` clients but the last, which
+//!   takes the rest; without, each but the last gets a uniform integer in
+//!   `[⌊max(n_c/m/10, least_samples/C)⌋, ⌊n_c/m⌋)` (numpy's `randint` with
+//!   float bounds). When `k` divides `C` and `N·k/C` is an integer
+//!   (e.g. 20 clients, 10 classes, k = 2: blocks of 4 clients share 2
+//!   classes), every client gets exactly `k` classes and every class is
+//!   used; otherwise PFLlib's greedy order can leave the last clients fewer
+//!   classes (10 clients, 10 classes, k = 3: client 9 gets class
+//!   9 only) and classes unassigned, which is reproduced.
+//! - **`pfllib_dir`** (PFLlib's `dir`): `dirichlet` with PFLlib's
+//!   `least_samples` as the minimum client size: per class, shuffled samples
+//!   cut by Dirichlet(`beta`) proportions, a client already holding `pool/N`
+//!   samples gets proportion 0 (balance trick); redrawn until every client
+//!   has `least_samples` (at most `max_retries` times; PFLlib loops
+//!   forever). `least_samples` defaults to PFLlib's
+//!   `⌊min(10 / test_fraction, pool / N / 2)⌋`; FedAGHN's older PFLlib used 1.
+//! - **`pfllib_exdir`** (PFLlib's `exdir`): every client draws
+//!   `classes_per_client` = k distinct classes uniformly, redrawn until every
+//!   class has at least `max(⌊k·N/C/2⌋, 1)` holders; then per class, a
+//!   Dirichlet(`beta`) over all clients, zeroed for non-holders and for
+//!   clients holding `pool/N` samples already, cut with `⌊cum·len⌋`
+//!   boundaries, the last holder taking the remainder; the whole second
+//!   level is redrawn until every client has `least_samples` (default 10, as
+//!   PFLlib). If every holder of a class is full (PFLlib divides by zero),
+//!   the cap is dropped for that class.
 
 use fedweave_core::{Purpose, RngStream, rng_stream};
 use rand::Rng;
@@ -26,7 +98,12 @@ use rand::seq::SliceRandom;
 use rand_distr::{Distribution, Gamma};
 use serde::Serialize;
 
-use crate::{DataError, Dataset, PartitionConfig, PartitionKind};
+use crate::{DataError, Dataset, PartitionConfig, PartitionKind, SplitKind};
+
+mod merge;
+mod paper;
+
+pub use merge::prepare;
 
 /// One client's data: indices into the dataset's splits.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -132,11 +209,36 @@ pub fn partition_kinds() -> &'static [(&'static str, &'static str)] {
         ),
         (
             "groups",
-            "FedDWA practical 1: client groups; dominant_fraction of each class goes to its group",
+            "FedDWA practical 1 as its code runs: client groups; dominant_fraction of each class \
+             goes to its owning group (see feddwa_groups for the paper's setting)",
         ),
         (
             "natural",
             "the dataset's own clients (synthetic: one per generated device)",
+        ),
+        (
+            "feddwa_groups",
+            "FedDWA practical 1 as the paper states it: equal groups, dominant_classes per group, \
+             dominant_fraction of every client from them, the same size for every client",
+        ),
+        (
+            "dpfl_patho",
+            "DPFL Patho(k): classes_per_client random classes per client, each class spread over \
+             its holders by Dirichlet(within_class_beta), at least min_samples each",
+        ),
+        (
+            "pfllib_pat",
+            "PFLlib pat: classes in order to the clients with class slots left, balance or random \
+             counts",
+        ),
+        (
+            "pfllib_dir",
+            "PFLlib dir: Dirichlet(beta) with the balance trick, redrawn until least_samples each",
+        ),
+        (
+            "pfllib_exdir",
+            "PFLlib exdir: classes_per_client random classes per client, Dirichlet(beta) over \
+             each class's holders",
         ),
     ]
 }
@@ -145,7 +247,9 @@ pub fn partition_kinds() -> &'static [(&'static str, &'static str)] {
 /// a validation split and a test set (see the module documentation).
 ///
 /// Errors name the configuration key when the settings are invalid or
-/// impossible for this dataset.
+/// impossible for this dataset. `partition.split = "merged"` is rejected
+/// here (its test indices cannot index `ds.test`): use [`crate::prepare`],
+/// which handles both splits.
 pub fn partition(
     ds: &Dataset,
     cfg: &PartitionConfig,
@@ -153,6 +257,14 @@ pub fn partition(
     seed: u64,
 ) -> Result<Partition, DataError> {
     cfg.validate(clients)?;
+    if cfg.split == SplitKind::Merged {
+        return Err(DataError::config(
+            "partition.split",
+            "split = \"merged\" rebuilds the dataset (its test indices point into the merged \
+             pool): call fedweave_data::prepare(dataset, &cfg, clients, seed) instead of \
+             partition()",
+        ));
+    }
     if ds.task != crate::Task::Classification {
         return forecasting_partition(ds, cfg, clients);
     }
@@ -175,28 +287,16 @@ pub fn partition(
         ));
     }
     let mut rng = rng_stream(seed, 0, u64::MAX, Purpose::Partition);
-    let by_class = by_class(&ds.train.labels, ds.num_classes);
     let mut group_of = None;
     let mut natural_test = None;
-    let shares = match cfg.kind {
-        PartitionKind::Iid => iid(ds.train.len(), clients, &mut rng)?,
-        PartitionKind::Dirichlet => dirichlet(&by_class, cfg, clients, &mut rng)?,
-        PartitionKind::Pathological => {
-            let (s, g) = pathological(&by_class, cfg.classes_per_client, clients, &mut rng)?;
-            group_of = Some(g);
-            s
-        }
-        PartitionKind::Shards => shards(&by_class, cfg.shards_per_client, clients, &mut rng)?,
-        PartitionKind::Groups => {
-            let (s, g) = groups(&by_class, cfg, clients, &mut rng)?;
-            group_of = Some(g);
-            s
-        }
-        PartitionKind::Natural => {
-            let (train, test) = natural(ds, clients)?;
-            natural_test = Some(test);
-            train
-        }
+    let shares = if cfg.kind == PartitionKind::Natural {
+        let (train, test) = natural(ds, clients)?;
+        natural_test = Some(test);
+        train
+    } else {
+        let (s, g) = label_shares(&ds.train.labels, ds.num_classes, cfg, clients, &mut rng)?;
+        group_of = g;
+        s
     };
 
     let need = if cfg.val_fraction > 0.0 { 2 } else { 1 };
@@ -248,8 +348,89 @@ pub fn partition(
     })
 }
 
+/// Per-client shares of a labelled pool (indices into `labels`) and, for
+/// the grouped kinds, each client's group. Every kind but `natural`.
+pub(crate) fn label_shares(
+    labels: &[u32],
+    num_classes: usize,
+    cfg: &PartitionConfig,
+    clients: usize,
+    rng: &mut RngStream,
+) -> Result<(Shares, Option<Vec<usize>>), DataError> {
+    let by_class = by_class(labels, num_classes);
+    let n = labels.len();
+    // PFLlib's least_samples: int(min(batch_size / (1 - train_ratio), N / clients / 2)).
+    let pfllib_least = || {
+        cfg.least_samples.unwrap_or_else(|| {
+            (10.0 / cfg.test_fraction).min(n as f64 / clients as f64 / 2.0) as usize
+        })
+    };
+    Ok(match cfg.kind {
+        PartitionKind::Iid => (iid(n, clients, rng)?, None),
+        PartitionKind::Dirichlet => (
+            dirichlet(
+                &by_class,
+                cfg,
+                cfg.min_samples,
+                "partition.min_samples",
+                clients,
+                rng,
+            )?,
+            None,
+        ),
+        PartitionKind::PfllibDir => (
+            dirichlet(
+                &by_class,
+                cfg,
+                pfllib_least(),
+                "partition.least_samples",
+                clients,
+                rng,
+            )?,
+            None,
+        ),
+        PartitionKind::Pathological => {
+            let (s, g) = pathological(&by_class, cfg.classes_per_client, clients, rng)?;
+            (s, Some(g))
+        }
+        PartitionKind::Shards => (
+            shards(&by_class, cfg.shards_per_client, clients, rng)?,
+            None,
+        ),
+        PartitionKind::Groups => {
+            let (s, g) = groups(&by_class, cfg, clients, rng)?;
+            (s, Some(g))
+        }
+        PartitionKind::FeddwaGroups => {
+            let (s, g) = paper::feddwa_groups(&by_class, cfg, clients, rng)?;
+            (s, Some(g))
+        }
+        PartitionKind::DpflPatho => (paper::dpfl_patho(&by_class, cfg, clients, rng)?, None),
+        PartitionKind::PfllibPat => (
+            paper::pfllib_pat(&by_class, cfg, clients, pfllib_least(), rng)?,
+            None,
+        ),
+        PartitionKind::PfllibExdir => (
+            paper::pfllib_exdir(
+                &by_class,
+                cfg,
+                clients,
+                cfg.least_samples.unwrap_or(10),
+                rng,
+            )?,
+            None,
+        ),
+        PartitionKind::Natural => {
+            return Err(DataError::config(
+                "partition.kind",
+                "natural clients come with the dataset, not from its labels",
+            ));
+        }
+    })
+}
+
 /// Training indices of each class, ascending.
-fn by_class(labels: &[u32], classes: usize) -> Vec<Vec<usize>> {
+pub(crate) fn by_class(labels: &[u32], classes: usize) -> Vec<Vec<usize>> {
     let mut out = vec![Vec::new(); classes];
     for (i, &y) in labels.iter().enumerate() {
         out[y as usize].push(i);
@@ -258,7 +439,7 @@ fn by_class(labels: &[u32], classes: usize) -> Vec<Vec<usize>> {
 }
 
 /// Start of part `p` when `n` items are cut into `parts` near-equal parts.
-fn bound(p: usize, n: usize, parts: usize) -> usize {
+pub(crate) fn bound(p: usize, n: usize, parts: usize) -> usize {
     (p as u128 * n as u128 / parts as u128) as usize
 }
 
@@ -279,21 +460,22 @@ fn iid(n: usize, clients: usize, rng: &mut RngStream) -> Result<Vec<Vec<usize>>,
 fn dirichlet(
     by_class: &[Vec<usize>],
     cfg: &PartitionConfig,
+    min_samples: usize,
+    key: &str,
     clients: usize,
     rng: &mut RngStream,
 ) -> Result<Vec<Vec<usize>>, DataError> {
     let total: usize = by_class.iter().map(Vec::len).sum();
-    match cfg.min_samples.checked_mul(clients) {
+    let name = key.trim_start_matches("partition.");
+    match min_samples.checked_mul(clients) {
         Some(need) if need <= total => {}
         _ => {
             return Err(DataError::config(
-                "partition.min_samples",
+                key,
                 format!(
-                    "min_samples = {} for each of {clients} clients needs {} samples but the \
-                     training split has {total}; lower partition.min_samples (at most {}) or use \
-                     fewer clients",
-                    cfg.min_samples,
-                    cfg.min_samples.saturating_mul(clients),
+                    "{name} = {min_samples} for each of {clients} clients needs {} samples but the \
+                     pool has {total}; lower {key} (at most {}) or use fewer clients",
+                    min_samples.saturating_mul(clients),
                     total / clients
                 ),
             ));
@@ -350,17 +532,17 @@ fn dirichlet(
             }
         }
         smallest = shares.iter().map(Vec::len).min().unwrap_or(0);
-        if smallest >= cfg.min_samples {
+        if smallest >= min_samples {
             return Ok(shares);
         }
     }
     Err(DataError::config(
-        "partition.min_samples",
+        key,
         format!(
-            "after {} Dirichlet draws (beta = {}) some client still had fewer than min_samples = \
-             {} samples (smallest in the last draw: {smallest}); lower partition.min_samples, \
+            "after {} Dirichlet draws (beta = {}) some client still had fewer than {name} = \
+             {min_samples} samples (smallest in the last draw: {smallest}); lower {key}, \
              raise partition.beta or partition.max_retries, or use fewer clients",
-            cfg.max_retries, cfg.beta, cfg.min_samples
+            cfg.max_retries, cfg.beta
         ),
     ))
 }
@@ -484,7 +666,7 @@ fn groups(
 }
 
 /// Per-client lists of sample indices.
-type Shares = Vec<Vec<usize>>;
+pub(crate) type Shares = Vec<Vec<usize>>;
 
 /// Forecasting data comes with its clients (one per sensor) and their
 /// chronological train / validation / test windows; nothing is drawn.

@@ -174,6 +174,7 @@ pub(crate) fn generate(cfg: &SyntheticConfig, seed: u64) -> Result<Dataset, Data
         task: crate::Task::Classification,
         relation_graph: None,
         target_scales: None,
+        input: crate::InputKind::Dense,
     })
 }
 

@@ -61,10 +61,18 @@ fn listed_datasets_are_loadable_names() {
             "synthetic",
             "us-weather",
             "pems04",
-            "pems08"
+            "pems08",
+            "cifar10",
+            "cifar100",
+            "emnist",
+            "femnist",
+            "shakespeare",
+            "movielens-100k",
+            "yahoo-answers",
+            "tiny-imagenet"
         ]
     );
-    assert_eq!(partition_kinds().len(), 6);
+    assert_eq!(partition_kinds().len(), 11);
     for name in ["digits", "synthetic", "us-weather"] {
         let cfg = DataConfig {
             dataset: name.into(),
@@ -72,4 +80,29 @@ fn listed_datasets_are_loadable_names() {
         };
         assert_eq!(load_dataset(&cfg, 1).unwrap().name, name);
     }
+}
+
+#[test]
+fn unknown_dataset_lists_every_name_and_new_keys_parse() {
+    let cfg = DataConfig {
+        dataset: "imagenet".into(),
+        ..DataConfig::default()
+    };
+    let e = load_dataset(&cfg, 0).unwrap_err().to_string();
+    for (name, _) in dataset_names() {
+        assert!(e.contains(name), "{name} missing: {e}");
+    }
+    let d: DataConfig = serde_json::from_str(
+        r#"{"dataset": "emnist", "emnist_split": "letters", "users": 5, "coarse_labels": true,
+            "vocab_size": 1000, "seq_len": 64}"#,
+    )
+    .unwrap();
+    assert_eq!(d.emnist_split, "letters");
+    assert_eq!(d.users, Some(5));
+    assert!(d.coarse_labels);
+    assert_eq!((d.vocab_size, d.seq_len), (1000, 64));
+    let d = DataConfig::default();
+    assert_eq!(d.emnist_split, "balanced");
+    assert_eq!((d.users, d.coarse_labels), (None, false));
+    assert_eq!((d.vocab_size, d.seq_len), (50_000, 256));
 }

@@ -2,12 +2,14 @@
 //!
 //! This is the only crate that touches the deep-learning backend (burn with
 //! its pure-Rust `flex` CPU backend). Models cross its boundary as flat `f32`
-//! vectors described by a [`fedweave_core::ParamLayout`]: each training step
-//! builds the parameter tensors from the flat vector, lets burn's autodiff
-//! compute the task-loss gradient, and returns to flat vectors, where the
-//! optimiser and the algorithms' extra loss terms ([`ExtraLoss`]) live. That
-//! keeps every piece of federated-learning math backend-independent and
-//! testable, at a cost of one copy of the parameters per step.
+//! vectors described by a [`fedweave_core::ParamLayout`], so every piece of
+//! federated-learning math outside it stays backend-independent. Within a
+//! local round the model lives in the backend: a [`LocalTrainer`] loads it
+//! once, runs forward/backward and the momentum-SGD steps there, and copies
+//! it back at the end; the algorithms' extra loss terms ([`ExtraLoss`]) are
+//! written on flat vectors. [`train_local`] is the whole round in one call;
+//! algorithms that need step-level control drive a [`LocalTrainer`] and a
+//! [`BatchSampler`] themselves.
 
 #![warn(missing_docs)]
 
@@ -15,13 +17,19 @@ mod batch;
 pub mod extra;
 pub mod model;
 pub mod train;
+pub mod trainer;
 
 pub use batch::LocalData;
+/// The backend device a [`LocalTrainer`] runs on (`Device::flex()`: the CPU
+/// backend, the only one enabled), re-exported so callers need no burn
+/// dependency.
+pub use burn::tensor::Device;
 pub use extra::{CosinePull, ExtraLoss, Proximal};
 pub use model::{ModelKind, ModelSpec};
 pub use train::{
     EvalStats, MAPE_MIN_ABS, SgdState, TrainConfig, TrainStats, evaluate, train_local,
 };
+pub use trainer::{BatchSampler, LocalTrainer, SgdConfig};
 
 /// Errors from model construction.
 #[derive(Debug, thiserror::Error)]

@@ -22,6 +22,11 @@ pub enum ModelKind {
     /// conv 5×5→32, BN, ReLU, pool; conv 5×5→64, BN, ReLU, pool; fc 512;
     /// fc classes. Its running statistics are local buffers.
     CnnBn,
+    /// FedDWA's CIFAR CNN: conv 3×3→32, ReLU, pool, BN; conv 3×3→64, ReLU,
+    /// pool, BN; fc 512, ReLU; fc classes. The reference's Dropout(0.5)
+    /// before the first ReLU is left out (the trainer has no training-mode
+    /// randomness yet); it holds no parameters.
+    CnnDwa,
     /// SFL's "pure RNN with 64 hidden": a GRU over the input sequence
     /// (`[steps, features]`) and a linear head from the last hidden state to
     /// the forecast horizon.
@@ -40,6 +45,10 @@ impl ModelKind {
             (
                 "cnn-bn",
                 "FedAGHN's 4-layer CNN: conv5×5→32, BN, pool, conv5×5→64, BN, pool, fc512, fc; C×28×28 or C×32×32; BN statistics stay local",
+            ),
+            (
+                "cnn-dwa",
+                "FedDWA's CNN: conv3×3→32, ReLU, pool, BN, conv3×3→64, ReLU, pool, BN, fc512, fc; C×32×32 (or 28×28); BN statistics stay local; no dropout",
             ),
             (
                 "gru",
@@ -68,6 +77,37 @@ pub const GRU_HIDDEN: usize = 64;
 /// Batch-norm ε and momentum (PyTorch defaults).
 const BN_EPS: f32 = 1e-5;
 const BN_MOMENTUM: f32 = 0.1;
+
+/// The two-conv + BN + two-fc layout shared by `cnn-bn` (5×5 kernels) and
+/// `cnn-dwa` (3×3): conv 32, BN, conv 64, BN, fc `CNN_BN_FC`, fc classes;
+/// `s` is the side of the last feature map.
+fn push_conv_bn_fc(layout: &mut ParamLayout, c: usize, k: usize, s: usize, classes: usize) {
+    layout
+        .push_group(
+            "conv1",
+            &[("weight", vec![32, c, k, k]), ("bias", vec![32])],
+        )
+        .push_group("bn1", &[("weight", vec![32]), ("bias", vec![32])])
+        .push_group(
+            "conv2",
+            &[("weight", vec![64, 32, k, k]), ("bias", vec![64])],
+        )
+        .push_group("bn2", &[("weight", vec![64]), ("bias", vec![64])])
+        .push_group(
+            "fc1",
+            &[
+                ("weight", vec![64 * s * s, CNN_BN_FC]),
+                ("bias", vec![CNN_BN_FC]),
+            ],
+        )
+        .push_group(
+            "fc",
+            &[
+                ("weight", vec![CNN_BN_FC, classes]),
+                ("bias", vec![classes]),
+            ],
+        );
+}
 
 impl ModelSpec {
     /// Validates the input shape for the architecture and builds the layout.
@@ -119,31 +159,7 @@ impl ModelSpec {
                 }
                 let s = ((h - 4) / 2 - 4) / 2;
                 if kind == ModelKind::CnnBn {
-                    layout
-                        .push_group(
-                            "conv1",
-                            &[("weight", vec![32, c, 5, 5]), ("bias", vec![32])],
-                        )
-                        .push_group("bn1", &[("weight", vec![32]), ("bias", vec![32])])
-                        .push_group(
-                            "conv2",
-                            &[("weight", vec![64, 32, 5, 5]), ("bias", vec![64])],
-                        )
-                        .push_group("bn2", &[("weight", vec![64]), ("bias", vec![64])])
-                        .push_group(
-                            "fc1",
-                            &[
-                                ("weight", vec![64 * s * s, CNN_BN_FC]),
-                                ("bias", vec![CNN_BN_FC]),
-                            ],
-                        )
-                        .push_group(
-                            "fc",
-                            &[
-                                ("weight", vec![CNN_BN_FC, num_classes]),
-                                ("bias", vec![num_classes]),
-                            ],
-                        );
+                    push_conv_bn_fc(&mut layout, c, 5, s, num_classes);
                     batch_norms = vec![(32, 0), (64, 64)];
                     return Ok(Self {
                         kind,
@@ -171,6 +187,16 @@ impl ModelSpec {
                             ("bias", vec![num_classes]),
                         ],
                     );
+            }
+            ModelKind::CnnDwa => {
+                let [c, h, w] = <[usize; 3]>::try_from(input_shape)
+                    .map_err(|_| bad("needs a C×H×W image input"))?;
+                if h != w || (h != 28 && h != 32) {
+                    return Err(bad("needs 28×28 or 32×32 images"));
+                }
+                let s = ((h - 2) / 2 - 2) / 2;
+                push_conv_bn_fc(&mut layout, c, 3, s, num_classes);
+                batch_norms = vec![(32, 0), (64, 64)];
             }
             ModelKind::Gru => {
                 let [steps, features] = <[usize; 2]>::try_from(input_shape)
@@ -309,6 +335,15 @@ impl ModelSpec {
                 let y = relu(linear(flatten(y), p[8].t2(), Some(p[9].t1())));
                 linear(y, p[10].t2(), Some(p[11].t1()))
             }
+            ModelKind::CnnDwa => {
+                let x = self.image_batch(x);
+                let y = max_pool2d(relu(conv2d(x, p[0].t4(), Some(p[1].t1()), conv())), pool());
+                let y = norm.apply(0, self.batch_norms[0], y, &p[2], &p[3]);
+                let y = max_pool2d(relu(conv2d(y, p[4].t4(), Some(p[5].t1()), conv())), pool());
+                let y = norm.apply(1, self.batch_norms[1], y, &p[6], &p[7]);
+                let y = relu(linear(flatten(y), p[8].t2(), Some(p[9].t1())));
+                linear(y, p[10].t2(), Some(p[11].t1()))
+            }
             ModelKind::Gru => self.gru_forward(p, x),
         }
     }
@@ -349,21 +384,20 @@ impl ModelSpec {
         linear(h, p[4].t2(), Some(p[5].t1()))
     }
 
-    /// Builds the parameter tensors from a flat vector, optionally tracking
-    /// gradients.
-    pub(crate) fn tensors(&self, flat: &[f32], device: &Device, track: bool) -> Vec<ParamTensor> {
+    /// Builds the parameter tensors from a flat vector, without gradients
+    /// (evaluation; training keeps them in a [`crate::LocalTrainer`]).
+    pub(crate) fn tensors(&self, flat: &[f32], device: &Device) -> Vec<ParamTensor> {
         self.layout
             .tensors()
             .iter()
             .map(|t| {
                 let data = TensorData::new(flat[t.range()].to_vec(), t.shape.clone());
-                let pt = match t.shape.len() {
+                match t.shape.len() {
                     1 => ParamTensor::T1(Tensor::from_data(data, device)),
                     2 => ParamTensor::T2(Tensor::from_data(data, device)),
                     4 => ParamTensor::T4(Tensor::from_data(data, device)),
                     r => unreachable!("layouts only hold rank 1, 2 and 4 tensors, got {r}"),
-                };
-                if track { pt.require_grad() } else { pt }
+                }
             })
             .collect()
     }
@@ -461,13 +495,6 @@ pub(crate) enum ParamTensor {
 }
 
 impl ParamTensor {
-    fn require_grad(self) -> Self {
-        match self {
-            Self::T1(t) => Self::T1(t.require_grad()),
-            Self::T2(t) => Self::T2(t.require_grad()),
-            Self::T4(t) => Self::T4(t.require_grad()),
-        }
-    }
     fn t1(&self) -> Tensor<1> {
         match self {
             Self::T1(t) => t.clone(),
@@ -487,16 +514,34 @@ impl ParamTensor {
         }
     }
 
-    /// Copies this tensor's gradient into `out` (zeros if it has none).
-    pub(crate) fn grad_into(&self, grads: &burn::tensor::Gradients, out: &mut [f32]) {
-        let data = match self {
-            Self::T1(t) => t.grad(grads).map(|g| g.into_data()),
-            Self::T2(t) => t.grad(grads).map(|g| g.into_data()),
-            Self::T4(t) => t.grad(grads).map(|g| g.into_data()),
-        };
-        match data.as_ref().and_then(|d| d.as_slice::<f32>().ok()) {
-            Some(s) => out.copy_from_slice(s),
-            None => out.fill(0.0),
+    /// An autodiff leaf (tracking its gradient) of layout shape `shape` over
+    /// a rank-1 parameter tensor: a reshape of the same contiguous buffer.
+    pub(crate) fn leaf(flat: Tensor<1>, shape: &[usize]) -> Self {
+        match shape.len() {
+            1 => Self::T1(flat.autodiff().require_grad()),
+            2 => Self::T2(flat.reshape([shape[0], shape[1]]).autodiff().require_grad()),
+            4 => Self::T4(
+                flat.reshape([shape[0], shape[1], shape[2], shape[3]])
+                    .autodiff()
+                    .require_grad(),
+            ),
+            r => unreachable!("layouts only hold rank 1, 2 and 4 tensors, got {r}"),
+        }
+    }
+
+    /// This leaf's gradient as a rank-1 tensor without autodiff (`None` if
+    /// the loss does not depend on it).
+    pub(crate) fn grad_flat(&self, grads: &burn::tensor::Gradients) -> Option<Tensor<1>> {
+        match self {
+            Self::T1(t) => t.grad(grads),
+            Self::T2(t) => t.grad(grads).map(|g| {
+                let n = g.shape().num_elements();
+                g.reshape([n])
+            }),
+            Self::T4(t) => t.grad(grads).map(|g| {
+                let n = g.shape().num_elements();
+                g.reshape([n])
+            }),
         }
     }
 }
@@ -510,8 +555,16 @@ mod tests {
         // pFedGraph's SimpleCNN for 1×28×28 has 44,426 parameters (fc1 256→120).
         let cnn = ModelSpec::new(ModelKind::Cnn, &[1, 28, 28], 10).unwrap();
         assert_eq!(cnn.layout().len(), 44_426);
-        // LeNet-5 for 3×32×32 (fc1 400→120): 62,006.
+        // pFedGraph's SimpleCNN for CIFAR (3×32×32, METHODS.md §1.6):
+        // 32 −conv5→ 28 −pool→ 14 −conv5→ 10 −pool→ 5, flatten 16·5·5 = 400.
+        //   conv1 6·3·5·5 + 6   =    456
+        //   conv2 16·6·5·5 + 16 =  2,416
+        //   fc1   400·120 + 120 = 48,120
+        //   fc2   120·84 + 84   = 10,164
+        //   fc3   84·10 + 10    =    850
+        //   total                 62,006
         let cnn32 = ModelSpec::new(ModelKind::Cnn, &[3, 32, 32], 10).unwrap();
+        assert_eq!(456 + 2_416 + 48_120 + 10_164 + 850, 62_006);
         assert_eq!(cnn32.layout().len(), 62_006);
         let mlp = ModelSpec::new(ModelKind::Mlp, &[1, 28, 28], 10).unwrap();
         assert_eq!(mlp.layout().len(), 784 * 200 + 200 + 200 * 200 + 200 + 2010);
@@ -610,7 +663,7 @@ mod tests {
         ));
         let xs = [[0.5f32, -1.0, 2.0, 0.0, 0.3], [1.0, 1.0, -0.5, 0.2, -2.0]];
         let device = Device::flex();
-        let tensors = spec.tensors(&p, &device, false);
+        let tensors = spec.tensors(&p, &device);
         let x = Tensor::<2>::from_data(TensorData::new(xs.concat(), [2, 5]), &device);
         let out = spec
             .forward(&tensors, x, &mut Norm::Running(&[]))
@@ -626,6 +679,95 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn feddwa_cnn_size_and_shape() {
+        // FedDWA's CIFAR CNN (METHODS.md §4.3): 32 −conv3→ 30 −pool→ 15
+        // −conv3→ 13 −pool→ 6, flatten 64·6·6 = 2304.
+        //   conv1 32·3·3·3 + 32    =       896
+        //   bn1   2·32             =        64
+        //   conv2 64·32·3·3 + 64   =    18,496
+        //   bn2   2·64             =       128
+        //   fc1   2304·512 + 512   = 1,180,160
+        //   fc    512·10 + 10      =     5,130
+        //   total                    1,204,874
+        let spec = ModelSpec::new(ModelKind::CnnDwa, &[3, 32, 32], 10).unwrap();
+        assert_eq!(896 + 64 + 18_496 + 128 + 1_180_160 + 5_130, 1_204_874);
+        assert_eq!(spec.layout().len(), 1_204_874);
+        assert_eq!(spec.buffer_len(), 192);
+        let p = spec.init(&mut fedweave_core::rng_stream(
+            1,
+            0,
+            0,
+            fedweave_core::Purpose::ModelInit,
+        ));
+        let device = Device::flex();
+        let tensors = spec.tensors(&p, &device);
+        let x = Tensor::<2>::zeros([2, 3 * 32 * 32], &device);
+        let buffers = spec.init_buffers();
+        let out = spec.forward(&tensors, x, &mut Norm::Running(&buffers));
+        assert_eq!(out.dims(), [2, 10]);
+    }
+
+    #[test]
+    fn feddwa_cnn_loss_decreases() {
+        use rand::Rng;
+        let spec = ModelSpec::new(ModelKind::CnnDwa, &[3, 32, 32], 2).unwrap();
+        let mut rng = fedweave_core::rng_stream(2, 0, 0, fedweave_core::Purpose::Dataset);
+        let n = 8;
+        let y: Vec<u32> = (0..n as u32).map(|i| i % 2).collect();
+        let x: Vec<f32> = (0..n * 3072)
+            .map(|i| f32::from(y[i / 3072] as u8) + rng.random_range(-0.5f32..0.5))
+            .collect();
+        let idx: Vec<usize> = (0..n).collect();
+        let data = crate::LocalData::new(&x, &y, &idx);
+        let mut p = spec.init(&mut fedweave_core::rng_stream(
+            1,
+            0,
+            0,
+            fedweave_core::Purpose::ModelInit,
+        ));
+        let mut buffers = spec.init_buffers();
+        let cfg = crate::TrainConfig {
+            lr: 0.01,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            batch_size: n,
+            iterations: 6,
+            epochs: 0,
+        };
+        let first = crate::train_local(
+            &spec,
+            &mut p,
+            &mut buffers,
+            &data,
+            &crate::TrainConfig {
+                iterations: 1,
+                ..cfg.clone()
+            },
+            &[],
+            &[],
+            None,
+            &mut fedweave_core::rng_stream(1, 1, 0, fedweave_core::Purpose::Batches),
+        );
+        let later = crate::train_local(
+            &spec,
+            &mut p,
+            &mut buffers,
+            &data,
+            &cfg,
+            &[],
+            &[],
+            None,
+            &mut fedweave_core::rng_stream(1, 2, 0, fedweave_core::Purpose::Batches),
+        );
+        assert!(
+            later.mean_loss < first.mean_loss,
+            "{} → {}",
+            first.mean_loss,
+            later.mean_loss
+        );
     }
 
     #[test]

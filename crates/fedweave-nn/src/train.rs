@@ -1,12 +1,13 @@
-//! Local training (SGD with momentum on the flat vector) and evaluation.
+//! Local training of a whole round ([`train_local`], a loop over a
+//! [`LocalTrainer`]) and evaluation.
 
 use crate::batch::{Batch, LocalData};
 use crate::extra::ExtraLoss;
 use crate::model::{ModelSpec, Norm};
+use crate::trainer::{BatchSampler, LocalTrainer, SgdConfig};
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Tensor, TensorData};
 use rand::Rng;
-use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
@@ -28,6 +29,15 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
+    /// The optimiser settings (all but the learning rate) for a
+    /// [`LocalTrainer`].
+    pub fn sgd(&self) -> SgdConfig {
+        SgdConfig {
+            momentum: self.momentum,
+            weight_decay: self.weight_decay,
+        }
+    }
+
     /// Number of optimiser steps for a client with `n` training samples.
     pub fn steps_for(&self, n: usize) -> usize {
         if self.iterations > 0 {
@@ -125,6 +135,10 @@ fn ratio(sum: f64, n: usize) -> f64 {
 /// `buffers` (the client's running statistics).
 /// Mini-batches walk a shuffled order drawn from `rng`, reshuffled at every
 /// pass; the last batch of a pass may be smaller.
+///
+/// This is a loop over a [`LocalTrainer`] on the CPU backend fed by a
+/// [`BatchSampler`]; algorithms that need control within the round write
+/// their own loop over the same pieces.
 #[allow(clippy::too_many_arguments)]
 pub fn train_local(
     spec: &ModelSpec,
@@ -142,122 +156,32 @@ pub fn train_local(
         return TrainStats::default();
     }
     let steps = cfg.steps_for(n);
-    let device = Device::flex().autodiff();
-    let input_len = spec.input_len();
-    let mut local_state = SgdState::default();
-    let state = state.unwrap_or(&mut local_state);
-    if state.momentum.len() != params.len() {
-        state.momentum = vec![0.0; params.len()];
-    }
-    let mut grad = vec![0.0f32; params.len()];
-    let mut order: Vec<usize> = (0..n).collect();
-    order.shuffle(rng);
-    let mut cursor = 0;
-    let (mut x, mut y) = (Vec::new(), Batch::default());
+    let mut sampler = BatchSampler::new(n, cfg.batch_size, rng);
+    let mut trainer = LocalTrainer::new(
+        spec,
+        &Device::flex(),
+        params,
+        buffers,
+        cfg.sgd(),
+        state.as_deref(),
+    );
     let mut loss_total = 0.0;
     let mut samples = 0;
-    let bs = cfg.batch_size.max(1);
     for _ in 0..steps {
-        if cursor >= n {
-            order.shuffle(rng);
-            cursor = 0;
-        }
-        let end = (cursor + bs).min(n);
-        data.gather(&order[cursor..end], input_len, &mut x, &mut y);
-        let b = end - cursor;
-        cursor = end;
-        samples += b;
-
-        let tensors = spec.tensors(params, &device, true);
-        let xt: Tensor<2> = Tensor::from_data(
-            TensorData::new(std::mem::take(&mut x), [b, input_len]),
-            &device,
-        );
-        let mut norm = Norm::Batch(Vec::new());
-        let out = spec.forward(&tensors, xt, &mut norm);
-        let loss = if data.is_regression() {
-            masked_mae(out, &y, &device)
-        } else {
-            cross_entropy(out, &y.labels, spec.num_classes(), &device)
-        };
-        let grads = loss.backward();
-        loss_total += scalar(&loss);
-        for (t, spec_t) in tensors.iter().zip(spec.layout().tensors()) {
-            t.grad_into(&grads, &mut grad[spec_t.range()]);
-        }
-        for e in extras {
-            e.add_value_and_grad(params, &mut grad);
-        }
-        sgd_step(params, &grad, &mut state.momentum, cfg, frozen);
-        norm.update_running(spec, buffers);
-        x = Vec::with_capacity(b * input_len);
+        let batch = sampler.next_batch(rng);
+        samples += batch.len();
+        loss_total += trainer.loss_and_grad(data, batch, extras);
+        trainer.step(frozen, cfg.lr);
+    }
+    trainer.store(params, buffers);
+    if let Some(state) = state {
+        trainer.store_state(state);
     }
     TrainStats {
         steps,
         samples,
         mean_loss: loss_total / steps as f64,
     }
-}
-
-/// θ ← θ − lr·buf, buf ← momentum·buf + (g + wd·θ), skipping frozen ranges.
-fn sgd_step(
-    params: &mut [f32],
-    grad: &[f32],
-    buf: &mut [f32],
-    cfg: &TrainConfig,
-    frozen: &[Range<usize>],
-) {
-    let update = |lo: usize, hi: usize, params: &mut [f32], buf: &mut [f32]| {
-        for i in lo..hi {
-            let g = grad[i] + cfg.weight_decay * params[i];
-            buf[i] = cfg.momentum * buf[i] + g;
-            params[i] -= cfg.lr * buf[i];
-        }
-    };
-    let mut lo = 0;
-    let mut sorted: Vec<&Range<usize>> = frozen.iter().collect();
-    sorted.sort_by_key(|r| r.start);
-    for r in sorted {
-        if r.start > lo {
-            update(lo, r.start, params, buf);
-        }
-        lo = lo.max(r.end);
-    }
-    update(lo, params.len(), params, buf);
-}
-
-fn cross_entropy(logits: Tensor<2>, y: &[i64], classes: usize, device: &Device) -> Tensor<1> {
-    let yt: Tensor<1, Int> = Tensor::from_data(TensorData::new(y.to_vec(), [y.len()]), device);
-    let onehot: Tensor<2> = yt.one_hot::<2>(classes).float();
-    log_softmax(logits, 1)
-        .mul(onehot)
-        .sum_dim(1)
-        .mean()
-        .neg()
-        .reshape([1])
-}
-
-/// Mean absolute error over the observed targets of a batch (the standard
-/// loss of graph traffic forecasting; robust to the outliers of sensor data
-/// and the metric reported). Unobserved targets carry no gradient.
-fn masked_mae(pred: Tensor<2>, y: &Batch, device: &Device) -> Tensor<1> {
-    let shape = pred.dims();
-    let target: Tensor<2> = Tensor::from_data(TensorData::new(y.targets.clone(), shape), device);
-    let observed: Tensor<2> = Tensor::from_data(TensorData::new(y.observed.clone(), shape), device);
-    let count = y.observed.iter().sum::<f32>().max(1.0);
-    (pred - target)
-        .abs()
-        .mul(observed)
-        .sum()
-        .div_scalar(count)
-        .reshape([1])
-}
-
-fn scalar(t: &Tensor<1>) -> f64 {
-    t.to_data()
-        .as_slice::<f32>()
-        .map(|s| s[0] as f64)
-        .unwrap_or(f64::NAN)
 }
 
 /// Evaluation batch size: large batches amortise the backend's per-call cost.
@@ -273,7 +197,7 @@ pub fn evaluate(spec: &ModelSpec, params: &[f32], buffers: &[f32], data: &LocalD
         return stats;
     }
     let device = Device::flex();
-    let tensors = spec.tensors(params, &device, false);
+    let tensors = spec.tensors(params, &device);
     let input_len = spec.input_len();
     let positions: Vec<usize> = (0..data.len()).collect();
     let (mut x, mut y) = (Vec::new(), Batch::default());

@@ -4,6 +4,7 @@ use std::fs;
 use std::io::ErrorKind;
 use std::path::Path;
 
+use fedweave_records::{RoundRecord, Summary};
 use serde_json::Value;
 
 use crate::ReportError;
@@ -14,15 +15,16 @@ pub(crate) const SUMMARY_FILE: &str = "summary.json";
 pub(crate) const ROUNDS_FILE: &str = "rounds.jsonl";
 pub(crate) const PARTITION_FILE: &str = "partition.json";
 
-/// The raw contents of a run directory, as the engine wrote them.
+/// The contents of a run directory, as the engine wrote them: the summary
+/// and round records through their shared schema (`fedweave-records`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunFiles {
     /// `config.toml`, verbatim.
     pub config_toml: String,
-    /// `summary.json` (an object).
-    pub summary: Value,
-    /// `rounds.jsonl`, one object per non-empty line, in file order.
-    pub rounds: Vec<Value>,
+    /// `summary.json`.
+    pub summary: Summary,
+    /// `rounds.jsonl`, one record per non-empty line, in file order.
+    pub rounds: Vec<RoundRecord>,
     /// `partition.json`, when the run wrote one.
     pub partition: Option<Value>,
 }
@@ -32,24 +34,18 @@ impl RunFiles {
     /// `partition.json` from `run_dir`.
     ///
     /// # Errors
-    /// A missing or unreadable required file, invalid JSON (with the line
-    /// number for `rounds.jsonl`), or JSON of the wrong shape (summary or a
-    /// round that is not an object) — each naming the file.
+    /// A missing or unreadable required file, or JSON that is invalid or of
+    /// the wrong shape (with the line number for `rounds.jsonl`) — each
+    /// naming the file.
     pub fn read(run_dir: &Path) -> Result<Self, ReportError> {
         let summary_path = run_dir.join(SUMMARY_FILE);
-        let summary: Value =
+        let summary: Summary =
             serde_json::from_str(&read_text(&summary_path)?).map_err(|source| {
                 ReportError::Json {
                     path: summary_path.clone(),
                     source,
                 }
             })?;
-        if !summary.is_object() {
-            return Err(ReportError::invalid(
-                summary_path.display().to_string(),
-                "expected a JSON object",
-            ));
-        }
 
         let config_toml = read_text(&run_dir.join(CONFIG_FILE))?;
 
@@ -61,18 +57,13 @@ impl RunFiles {
             if line.is_empty() {
                 continue;
             }
-            let v: Value = serde_json::from_str(line).map_err(|source| ReportError::JsonLine {
-                path: rounds_path.clone(),
-                line: idx + 1,
-                source,
-            })?;
-            if !v.is_object() {
-                return Err(ReportError::invalid(
-                    format!("{}:{}", rounds_path.display(), idx + 1),
-                    "expected a JSON object",
-                ));
-            }
-            rounds.push(v);
+            let r: RoundRecord =
+                serde_json::from_str(line).map_err(|source| ReportError::JsonLine {
+                    path: rounds_path.clone(),
+                    line: idx + 1,
+                    source,
+                })?;
+            rounds.push(r);
         }
 
         let partition_path = run_dir.join(PARTITION_FILE);
@@ -106,35 +97,6 @@ fn read_text(path: &Path) -> Result<String, ReportError> {
         path: path.to_path_buf(),
         source,
     })
-}
-
-/// A finite number at `key`.
-/// `key` may be a dotted path into nested objects (`selection.no_worse_share`).
-pub(crate) fn num(v: &Value, key: &str) -> Option<f64> {
-    key.split('.')
-        .try_fold(v, |v, k| v.get(k))
-        .and_then(Value::as_f64)
-        .filter(|x| x.is_finite())
-}
-
-/// A string at `key`; numbers and booleans are shown as written.
-pub(crate) fn text(v: &Value, key: &str) -> Option<String> {
-    match v.get(key)? {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
-        _ => None,
-    }
-}
-
-/// An array of optional numbers at `key` (`null` and non-numbers → `None`).
-pub(crate) fn opt_numbers(v: &Value, key: &str) -> Option<Vec<Option<f64>>> {
-    let arr = v.get(key)?.as_array()?;
-    Some(
-        arr.iter()
-            .map(|x| x.as_f64().filter(|f| f.is_finite()))
-            .collect(),
-    )
 }
 
 /// A dense row-major matrix; `NaN` marks a missing (`null`) entry.
@@ -193,9 +155,41 @@ impl Matrix {
         })
     }
 
+    /// A matrix from rows of a record (NaN stays NaN); ragged rows are an
+    /// error.
+    pub fn from_rows(rows: &[Vec<f64>]) -> Result<Matrix, String> {
+        let cols = rows.first().map_or(0, Vec::len);
+        let mut data = Vec::with_capacity(rows.len() * cols);
+        for (i, row) in rows.iter().enumerate() {
+            if row.len() != cols {
+                return Err(format!(
+                    "row {i} has {} entries, expected {cols}",
+                    row.len()
+                ));
+            }
+            data.extend_from_slice(row);
+        }
+        Ok(Matrix {
+            rows: rows.len(),
+            cols,
+            data,
+        })
+    }
+
+    /// Like [`Matrix::from_rows`], but also requires a non-empty square
+    /// matrix.
+    pub fn square(rows: &[Vec<f64>]) -> Result<Matrix, String> {
+        Matrix::from_rows(rows)?.require_square()
+    }
+
     /// Like [`Matrix::parse`], but also requires a non-empty square matrix.
     pub fn parse_square(v: &Value) -> Result<Matrix, String> {
-        let m = Matrix::parse(v)?;
+        Matrix::parse(v)?.require_square()
+    }
+
+    /// `Err` unless the matrix is square and not empty.
+    fn require_square(self) -> Result<Matrix, String> {
+        let m = self;
         if m.rows == 0 {
             return Err("empty matrix".to_string());
         }

@@ -39,6 +39,41 @@ pub fn render_report(inputs: &RunFiles) -> Result<String, ReportError> {
     page::render(inputs)
 }
 
+/// A collaboration graph (a square JSON matrix, e.g. `summary.json`'s
+/// `final_graph`) as a standalone inline `<svg>` heatmap about `width`
+/// pixels wide, in the report's colour scale. Rows are recipients, columns
+/// sources; `marked` clients (e.g. malicious ones) are outlined in red.
+///
+/// # Errors
+/// A value that is not a non-empty square matrix of numbers (or `null`).
+pub fn graph_heatmap_svg(
+    graph: &serde_json::Value,
+    marked: &[usize],
+    width: f64,
+    label: &str,
+) -> Result<String, ReportError> {
+    let m = input::Matrix::parse_square(graph).map_err(|e| ReportError::invalid("graph", e))?;
+    let vmax = m.max_finite().unwrap_or(1.0);
+    let cell = (width / m.rows as f64).clamp(2.0, 36.0);
+    Ok(heatmap::Heatmap {
+        matrix: &m,
+        vmax,
+        cell_w: cell,
+        cell_h: cell,
+        x_title: "client j (source)",
+        y_title: "client i (recipient)",
+        row_name: "recipient",
+        col_name: "source",
+        mark_rows: marked,
+        mark_cols: marked,
+        integer_values: false,
+        show_values: m.rows <= 8,
+        colorbar: true,
+        label,
+    }
+    .to_svg())
+}
+
 /// Reads `run_dir` and writes `run_dir/report.html`; returns its path.
 ///
 /// # Errors

@@ -2,15 +2,24 @@
 
 use std::fmt::Write as _;
 
+use fedweave_records::{RoundRecord, Summary};
 use serde_json::Value;
 
 use crate::ReportError;
 use crate::charts::{self, BarChart, LineChart, Series, YFormat};
 use crate::fmt::{escape_html as esc, human_bytes, human_seconds, number, percent};
 use crate::heatmap::Heatmap;
-use crate::input::{
-    Matrix, PARTITION_FILE, ROUNDS_FILE, RunFiles, SUMMARY_FILE, num, opt_numbers, text,
-};
+use crate::input::{Matrix, PARTITION_FILE, ROUNDS_FILE, RunFiles, SUMMARY_FILE};
+
+/// A finite value, or nothing.
+fn fin(x: Option<f64>) -> Option<f64> {
+    x.filter(|v| v.is_finite())
+}
+
+/// A recorded string, or `default` when it was not recorded.
+fn or(text: &str, default: &str) -> String {
+    if text.is_empty() { default } else { text }.to_string()
+}
 
 /// At most this many rounds get a pre-rendered heatmap behind the slider.
 pub(crate) const MAX_FRAMES: usize = 30;
@@ -53,7 +62,7 @@ struct Frame {
 
 struct Ctx<'a> {
     files: &'a RunFiles,
-    s: &'a Value,
+    s: &'a Summary,
     mode: Mode,
     malicious: Vec<usize>,
     clients: usize,
@@ -61,34 +70,16 @@ struct Ctx<'a> {
 
 pub(crate) fn render(files: &RunFiles) -> Result<String, ReportError> {
     let s = &files.summary;
-    if !s.is_object() {
-        return Err(ReportError::invalid(SUMMARY_FILE, "expected a JSON object"));
-    }
-    let has_mae = num(s, "mean_test_mae").is_some()
-        || s.get("per_client_test_mae").is_some_and(Value::is_array)
-        || files
-            .rounds
-            .iter()
-            .any(|r| num(r, "mean_val_mae").is_some());
-    let mode = if num(s, "mean_test_acc").is_none() && has_mae {
+    let has_mae = fin(s.mean_test_mae).is_some()
+        || s.per_client_test_mae.is_some()
+        || files.rounds.iter().any(|r| fin(r.mean_val_mae).is_some());
+    let mode = if fin(s.mean_test_acc).is_none() && has_mae {
         Mode::Forecast
     } else {
         Mode::Accuracy
     };
-    let malicious: Vec<usize> = s
-        .get("malicious")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_u64().and_then(|x| usize::try_from(x).ok()))
-                .collect()
-        })
-        .unwrap_or_default();
-    let clients = s
-        .get("clients")
-        .and_then(Value::as_u64)
-        .and_then(|x| usize::try_from(x).ok())
-        .unwrap_or(0);
+    let malicious = s.malicious.clone();
+    let clients = s.clients;
     let ctx = Ctx {
         files,
         s,
@@ -114,8 +105,8 @@ pub(crate) fn render(files: &RunFiles) -> Result<String, ReportError> {
 
     let title = format!(
         "fedweave · {} on {}",
-        text(s, "algorithm").unwrap_or_else(|| "run".into()),
-        text(s, "dataset").unwrap_or_else(|| "?".into())
+        or(&s.algorithm, "run"),
+        or(&s.dataset, "?")
     );
     let mut page = String::with_capacity(body.len() + 8192);
     let _ = write!(
@@ -215,23 +206,29 @@ fn invalid_round(round: &str, what: &str, e: String) -> ReportError {
 }
 
 impl Ctx<'_> {
-    fn round_label(&self, idx: usize, r: &Value) -> String {
-        match r.get("round").and_then(Value::as_i64) {
-            Some(x) => x.to_string(),
-            None => (idx + 1).to_string(),
-        }
+    /// The record's round number (its position when it has none).
+    fn round_of(idx: usize, r: &RoundRecord) -> usize {
+        if r.round > 0 { r.round } else { idx + 1 }
     }
 
-    fn round_x(idx: usize, r: &Value) -> i32 {
-        r.get("round")
-            .and_then(Value::as_i64)
-            .and_then(|x| i32::try_from(x).ok())
-            .unwrap_or(i32::try_from(idx + 1).unwrap_or(i32::MAX))
+    fn round_label(&self, idx: usize, r: &RoundRecord) -> String {
+        Self::round_of(idx, r).to_string()
+    }
+
+    fn round_x(idx: usize, r: &RoundRecord) -> i32 {
+        i32::try_from(Self::round_of(idx, r)).unwrap_or(i32::MAX)
     }
 
     fn header(&self, out: &mut String) {
         let s = self.s;
-        let t = |k: &str| text(s, k).unwrap_or_else(|| "?".to_string());
+        let t = |k: &str| match k {
+            "algorithm" => or(&s.algorithm, "?"),
+            "dataset" => or(&s.dataset, "?"),
+            "partition" => or(&s.partition, "?"),
+            "clients" => s.clients.to_string(),
+            "rounds" => s.rounds.to_string(),
+            _ => s.seed.to_string(),
+        };
         let _ = write!(
             out,
             r#"<header class="top"><div class="wrap"><p class="kicker">fedweave run report</p><h1>{} <span style="opacity:.7;font-weight:400">on</span> {}</h1><ul class="chips">"#,
@@ -246,7 +243,7 @@ impl Ctx<'_> {
         ] {
             let _ = write!(out, "<li>{k} <b>{}</b></li>", esc(&t(key)));
         }
-        let attack = text(s, "attack").unwrap_or_else(|| "none".to_string());
+        let attack = or(&s.attack, "none");
         let alert = if attack.trim() != "none" {
             " class=\"alert\""
         } else {
@@ -274,30 +271,30 @@ impl Ctx<'_> {
                     out,
                     "primary",
                     "Mean test accuracy",
-                    &percent(num(s, "mean_test_acc")),
+                    &percent(fin(s.mean_test_acc)),
                     "best-validation model per client",
                 );
                 stat(
                     out,
                     "",
                     "Last round",
-                    &percent(num(s, "last_round_mean_test_acc")),
+                    &percent(fin(s.last_round_mean_test_acc)),
                     "models of the final round",
                 );
                 stat(
                     out,
                     "",
                     "Max over rounds",
-                    &percent(num(s, "max_round_mean_test_acc")),
+                    &percent(fin(s.max_round_mean_test_acc)),
                     "best round's mean (optimistic)",
                 );
-                let std = num(s, "std_test_acc")
+                let std = fin(s.std_test_acc)
                     .map(|v| format!("± {:.2} pp", v * 100.0))
                     .unwrap_or_else(|| "—".to_string());
                 let detail = format!(
                     "min {} · bottom 10% {}",
-                    percent(num(s, "min_test_acc")),
-                    percent(num(s, "bottom10_test_acc"))
+                    percent(fin(s.min_test_acc)),
+                    percent(fin(s.bottom10_test_acc))
                 );
                 stat(out, "", "Spread across clients", &std, &detail);
             }
@@ -306,30 +303,31 @@ impl Ctx<'_> {
                     out,
                     "primary",
                     "Mean test MAE",
-                    &number(num(s, "mean_test_mae")),
+                    &number(fin(s.mean_test_mae)),
                     "best-validation model per client",
                 );
                 stat(
                     out,
                     "",
                     "Mean test RMSE",
-                    &number(num(s, "mean_test_rmse")),
+                    &number(fin(s.mean_test_rmse)),
                     "lower is better",
                 );
                 stat(
                     out,
                     "",
                     "Mean test MAPE",
-                    &number(num(s, "mean_test_mape")),
+                    &number(fin(s.mean_test_mape)),
                     "lower is better",
                 );
             }
         }
-        let up = num(s, "bytes_up").map_or_else(|| "—".to_string(), human_bytes);
-        let down = num(s, "bytes_down").map_or_else(|| "—".to_string(), human_bytes);
+        let up = human_bytes(s.bytes_up as f64);
+        let down = human_bytes(s.bytes_down as f64);
         stat(out, "", "Sent up", &up, &format!("down {down}"));
-        let wall = num(s, "wall_seconds").map_or_else(|| "—".to_string(), human_seconds);
-        let per_round = match (num(s, "wall_seconds"), self.files.rounds.len()) {
+        let wall_seconds = Some(s.wall_seconds).filter(|w| *w > 0.0);
+        let wall = wall_seconds.map_or_else(|| "—".to_string(), human_seconds);
+        let per_round = match (wall_seconds, self.files.rounds.len()) {
             (Some(w), n) if n > 0 => format!("{} per round", human_seconds(w / n as f64)),
             _ => String::new(),
         };
@@ -340,16 +338,17 @@ impl Ctx<'_> {
     fn curves(&self, out: &mut String) -> Result<(), ReportError> {
         out.push_str(r#"<section class="card" id="curves">"#);
         let rounds = &self.files.rounds;
-        let (keys, names, fmt, y_label, scale) = match self.mode {
+        type Metric = fn(&RoundRecord) -> Option<f64>;
+        let (keys, names, fmt, y_label, scale): ([Metric; 2], _, _, _, _) = match self.mode {
             Mode::Accuracy => (
-                ["mean_val_acc", "mean_test_acc"],
+                [|r| r.mean_val_acc, |r| r.mean_test_acc],
                 ["mean validation accuracy", "mean test accuracy"],
                 YFormat::Percent,
                 "accuracy (%)",
                 100.0,
             ),
             Mode::Forecast => (
-                ["mean_val_mae", "mean_test_mae"],
+                [|r| r.mean_val_mae, |r| r.mean_test_mae],
                 ["mean validation MAE", "mean test MAE"],
                 YFormat::Plain,
                 "MAE",
@@ -374,7 +373,7 @@ impl Ctx<'_> {
                 points: rounds
                     .iter()
                     .enumerate()
-                    .map(|(i, r)| (Self::round_x(i, r), num(r, key).map(|v| v * scale)))
+                    .map(|(i, r)| (Self::round_x(i, r), fin(key(r)).map(|v| v * scale)))
                     .collect(),
             })
             .filter(|s| s.points.iter().any(|p| p.1.is_some()))
@@ -413,16 +412,14 @@ impl Ctx<'_> {
         let mut frames = Vec::new();
         for (idx, r) in rounds.iter().enumerate() {
             let label = self.round_label(idx, r);
-            if let Some(g) = r.get("graph").filter(|g| !g.is_null()) {
+            if !r.graph.is_empty() {
                 let graph =
-                    Matrix::parse_square(g).map_err(|e| invalid_round(&label, "graph", e))?;
+                    Matrix::square(&r.graph).map_err(|e| invalid_round(&label, "graph", e))?;
                 frames.push(Frame { label, graph });
             }
         }
-        if frames.is_empty()
-            && let Some(g) = self.s.get("final_graph").filter(|g| !g.is_null())
-        {
-            let graph = Matrix::parse_square(g)
+        if frames.is_empty() && !self.s.final_graph.is_empty() {
+            let graph = Matrix::square(&self.s.final_graph)
                 .map_err(|e| ReportError::invalid(SUMMARY_FILE, format!("final_graph: {e}")))?;
             frames.push(Frame {
                 label: "final".to_string(),
@@ -526,29 +523,23 @@ impl Ctx<'_> {
             .enumerate()
             .rev()
             .find_map(|(i, r)| {
-                r.get("graph_layers")
-                    .and_then(Value::as_object)
-                    .filter(|o| !o.is_empty())
-                    .map(|o| {
-                        (
-                            o,
-                            format!("{ROUNDS_FILE} (round {})", self.round_label(i, r)),
-                        )
-                    })
+                (!r.graph_layers.is_empty()).then(|| {
+                    (
+                        &r.graph_layers,
+                        format!("{ROUNDS_FILE} (round {})", self.round_label(i, r)),
+                    )
+                })
             });
         let found = from_rounds.or_else(|| {
-            self.s
-                .get("final_graph_layers")
-                .and_then(Value::as_object)
-                .filter(|o| !o.is_empty())
-                .map(|o| (o, SUMMARY_FILE.to_string()))
+            let layers = &self.s.final_graph_layers;
+            (!layers.is_empty()).then(|| (layers, SUMMARY_FILE.to_string()))
         });
         let Some((layers, file)) = found else {
             return Ok(());
         };
         let mut parsed = Vec::new();
         for (name, g) in layers {
-            let m = Matrix::parse_square(g).map_err(|e| {
+            let m = Matrix::square(g).map_err(|e| {
                 ReportError::invalid(file.clone(), format!("graph_layers.{name}: {e}"))
             })?;
             parsed.push((name, m));
@@ -594,29 +585,31 @@ impl Ctx<'_> {
 
     fn graph_metrics(&self, out: &mut String) -> Result<(), ReportError> {
         let rounds = &self.files.rounds;
-        let series: Vec<Series> = [
-            ("graph_sparsity", "sparsity", charts::PURPLE),
-            ("graph_symmetry", "symmetry", charts::GREEN),
+        type Metric = fn(&RoundRecord) -> Option<f64>;
+        let metrics: [(Metric, &str, _); 3] = [
+            (|r| Some(r.graph_sparsity), "sparsity", charts::PURPLE),
+            (|r| Some(r.graph_symmetry), "symmetry", charts::GREEN),
             // Peer-to-peer selection (DPFL): share of clients whose chosen
             // set scored no worse than the client alone (Remark 3).
             (
-                "selection.no_worse_share",
+                |r| r.selection.as_ref().map(|s| s.no_worse_share),
                 "chosen set ≥ alone (share of clients)",
                 charts::ORANGE,
             ),
-        ]
-        .into_iter()
-        .map(|(key, name, color)| Series {
-            name: name.to_string(),
-            color,
-            points: rounds
-                .iter()
-                .enumerate()
-                .map(|(i, r)| (Self::round_x(i, r), num(r, key)))
-                .collect(),
-        })
-        .filter(|s| s.points.iter().any(|p| p.1.is_some()))
-        .collect();
+        ];
+        let series: Vec<Series> = metrics
+            .into_iter()
+            .map(|(key, name, color)| Series {
+                name: name.to_string(),
+                color,
+                points: rounds
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| (Self::round_x(i, r), fin(key(r))))
+                    .collect(),
+            })
+            .filter(|s| s.points.iter().any(|p| p.1.is_some()))
+            .collect();
         if series.is_empty() {
             return Ok(());
         }
@@ -647,9 +640,15 @@ impl Ctx<'_> {
 
     fn per_client_values(&self) -> Option<Vec<Option<f64>>> {
         match self.mode {
-            Mode::Accuracy => opt_numbers(self.s, "per_client_test_acc")
-                .map(|v| v.into_iter().map(|x| x.map(|a| a * 100.0)).collect()),
-            Mode::Forecast => opt_numbers(self.s, "per_client_test_mae"),
+            Mode::Accuracy => {
+                let v = &self.s.per_client_test_acc;
+                (!v.is_empty()).then(|| v.iter().map(|x| fin(*x).map(|a| a * 100.0)).collect())
+            }
+            Mode::Forecast => self
+                .s
+                .per_client_test_mae
+                .as_ref()
+                .map(|v| v.iter().map(|x| fin(*x)).collect()),
         }
     }
 
@@ -676,11 +675,11 @@ impl Ctx<'_> {
         let mal: Vec<bool> = (0..n).map(|i| self.malicious.contains(&i)).collect();
         let (mean, mean_label) = match self.mode {
             Mode::Accuracy => {
-                let m = num(self.s, "mean_test_acc");
+                let m = fin(self.s.mean_test_acc);
                 (m.map(|v| v * 100.0), format!("mean {}", percent(m)))
             }
             Mode::Forecast => {
-                let m = num(self.s, "mean_test_mae");
+                let m = fin(self.s.mean_test_mae);
                 (m, format!("mean {}", number(m)))
             }
         };
@@ -719,10 +718,7 @@ impl Ctx<'_> {
 
     fn client_table(&self, out: &mut String, sizes: Option<&[[Option<u64>; 3]]>) {
         let values = self.per_client_values().unwrap_or_default();
-        let best = self
-            .s
-            .get("per_client_best_round")
-            .and_then(Value::as_array);
+        let best = &self.s.per_client_best_round;
         let n = values
             .len()
             .max(self.clients)
@@ -770,8 +766,9 @@ impl Ctx<'_> {
                 Mode::Forecast => number(v),
             };
             let b = best
-                .and_then(|a| a.get(i))
-                .and_then(Value::as_i64)
+                .get(i)
+                .copied()
+                .flatten()
                 .map_or("—".to_string(), |x| x.to_string());
             let _ = write!(out, "<td>{shown}</td><td>{b}</td></tr>");
         }
@@ -779,7 +776,7 @@ impl Ctx<'_> {
     }
 
     fn partition(&self, out: &mut String) -> Result<(), ReportError> {
-        let partition_name = text(self.s, "partition").unwrap_or_default();
+        let partition_name = self.s.partition.clone();
         let _ = write!(
             out,
             r#"<section class="card" id="partition"><h2>Partition</h2><p class="note">Split: <b>{}</b>.</p>"#,
@@ -882,9 +879,9 @@ impl Ctx<'_> {
 
     fn protocol_and_config(&self, out: &mut String) {
         out.push_str(r#"<section class="card" id="protocol"><h2>Evaluation protocol</h2>"#);
-        match text(self.s, "protocol") {
-            Some(p) if !p.trim().is_empty() => {
-                let _ = write!(out, r#"<p class="protocol">{}</p>"#, esc(&p));
+        match self.s.protocol.as_str() {
+            p if !p.trim().is_empty() => {
+                let _ = write!(out, r#"<p class="protocol">{}</p>"#, esc(p));
             }
             _ => out.push_str(r#"<p class="note">Not recorded.</p>"#),
         }

@@ -8,6 +8,11 @@ use std::path::Path;
 use fedweave_report::{ReportError, RunFiles, color, render_report, write_report};
 use serde_json::json;
 
+/// A record as the engine's schema reads it (missing fields take defaults).
+fn typed<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+    serde_json::from_value(v).unwrap()
+}
+
 fn fixture_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     fixture::write_fixture(dir.path(), 4, 3, &[2]);
@@ -168,7 +173,7 @@ fn other_bad_inputs_are_errors_not_panics() {
 
     // A ragged graph in round 2.
     let mut files = RunFiles::read(fixture_dir().path()).unwrap();
-    files.rounds[1]["graph"] = json!([[0.5, 0.5], [1.0]]);
+    files.rounds[1].graph = vec![vec![0.5, 0.5], vec![1.0]];
     let msg = render_report(&files).unwrap_err().to_string();
     assert!(
         msg.contains("rounds.jsonl") && msg.contains("round 2"),
@@ -179,7 +184,10 @@ fn other_bad_inputs_are_errors_not_panics() {
     let dir = fixture_dir();
     fs::write(dir.path().join("rounds.jsonl"), "{\"round\": 1}\n\n42\n").unwrap();
     let msg = write_report(dir.path()).unwrap_err().to_string();
-    assert!(msg.contains("rounds.jsonl:3"), "{msg}");
+    assert!(
+        msg.contains("rounds.jsonl") && msg.contains("line 3"),
+        "{msg}"
+    );
 
     // Missing config.toml.
     let dir = fixture_dir();
@@ -216,10 +224,10 @@ fn config_and_summary_strings_are_escaped() {
 fn minimal_run_without_optional_fields_renders() {
     let files = RunFiles {
         config_toml: String::new(),
-        summary: json!({ "algorithm": "local", "mean_test_acc": null }),
+        summary: typed(json!({ "algorithm": "local", "mean_test_acc": null })),
         rounds: vec![
-            json!({ "round": 1 }),
-            json!({ "round": 2, "mean_val_acc": 0.5 }),
+            typed(json!({ "round": 1 })),
+            typed(json!({ "round": 2, "mean_val_acc": 0.5 })),
         ],
         partition: None,
     };
@@ -230,7 +238,7 @@ fn minimal_run_without_optional_fields_renders() {
 
     let empty = RunFiles {
         config_toml: String::new(),
-        summary: json!({}),
+        summary: typed(json!({})),
         rounds: Vec::new(),
         partition: Some(json!({ "clients": [] })),
     };
@@ -241,8 +249,10 @@ fn minimal_run_without_optional_fields_renders() {
 fn final_graph_is_used_when_rounds_have_none() {
     let files = RunFiles {
         config_toml: String::new(),
-        summary: json!({ "clients": 2, "final_graph": [[0.9, 0.1], [0.3, 0.7]], "malicious": [] }),
-        rounds: vec![json!({ "round": 1, "mean_val_acc": 0.5 })],
+        summary: typed(
+            json!({ "clients": 2, "final_graph": [[0.9, 0.1], [0.3, 0.7]], "malicious": [] }),
+        ),
+        rounds: vec![typed(json!({ "round": 1, "mean_val_acc": 0.5 }))],
         partition: None,
     };
     let html = render_report(&files).unwrap();

@@ -64,6 +64,9 @@ pub struct ExperimentConfig {
     pub algorithm: toml::Table,
     /// Malicious clients.
     pub attack: AttackSection,
+    /// Rounds between checkpoints in `DIR/checkpoint/` (0: none; the last
+    /// round is always checkpointed otherwise).
+    pub checkpoint_every: usize,
 }
 
 impl Default for ExperimentConfig {
@@ -85,6 +88,7 @@ impl Default for ExperimentConfig {
             train: TrainSection::default(),
             algorithm,
             attack: AttackSection::default(),
+            checkpoint_every: 1,
         }
     }
 }
@@ -177,6 +181,19 @@ impl Default for AttackSection {
     }
 }
 
+impl AttackSection {
+    /// `none`, or e.g. `sign_flip r=0.4`.
+    pub fn describe(&self) -> String {
+        if self.kind == AttackKind::None {
+            return "none".into();
+        }
+        let kind = toml::Value::try_from(self.kind)
+            .map(|v| v.as_str().unwrap_or("").to_string())
+            .unwrap_or_default();
+        format!("{kind} r={}", self.ratio)
+    }
+}
+
 impl ExperimentConfig {
     /// Parses TOML text, applies `overrides` (`dotted.key=value`, the value
     /// read as a TOML value or else as a string) and checks every key.
@@ -242,7 +259,10 @@ impl ExperimentConfig {
             return Err(key_err("threads", "must be at least 1"));
         }
         match self.algorithm.get("name") {
-            Some(toml::Value::String(_)) => {}
+            Some(toml::Value::String(name)) => {
+                fedweave_algos::check_params(name, &self.algorithm_params(), self.clients)
+                    .map_err(|e| key_err("algorithm", e.to_string()))?;
+            }
             Some(_) => return Err(key_err("algorithm.name", "must be a string")),
             None => return Err(key_err("algorithm.name", "missing")),
         }
@@ -287,6 +307,17 @@ impl ExperimentConfig {
             .validate(self.clients)
             .map_err(|e| key_err("partition", e.to_string()))?;
         Ok(())
+    }
+
+    /// What identifies a run for its checkpoints: the configuration less
+    /// what may change when it is resumed (rounds, threads, checkpoint
+    /// frequency).
+    pub fn fingerprint(&self) -> String {
+        let mut c = self.clone();
+        c.rounds = 0;
+        c.threads = None;
+        c.checkpoint_every = 0;
+        c.to_toml()
     }
 
     /// The resolved configuration as TOML (what `DIR/config.toml` holds).

@@ -5,15 +5,21 @@
 //! depend on the thread count), applies attacks, asks the algorithm for the
 //! round's collaboration graph, accounts for every byte, evaluates with the
 //! papers' protocol and writes the run directory (`config.toml`,
-//! `rounds.jsonl`, `summary.json`, `partition.json`, `report.html`).
+//! `rounds.jsonl`, `summary.json`, `partition.json`, `report.html`) and its
+//! checkpoints. `setup` builds the fixed part of a run, `round` runs one
+//! round, `protocol` scores and summarises, `engine` drives the loop and
+//! writes the outputs, `checkpoint` saves and restores the state.
 
 #![warn(missing_docs)]
 
+mod checkpoint;
 pub mod config;
 mod engine;
 mod peer;
-mod records;
+mod protocol;
+mod round;
+mod setup;
 
 pub use config::{ConfigError, ExperimentConfig};
-pub use engine::{RunError, run_experiment};
-pub use records::{PROTOCOL, RoundRecord, SelectionStats, Summary};
+pub use engine::{RunError, resume_experiment, run_experiment};
+pub use fedweave_records::{PROTOCOL, RoundRecord, SelectionStats, Summary};

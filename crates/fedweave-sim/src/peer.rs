@@ -3,48 +3,63 @@
 //! counted transfer per fetch; each client combines what it fetched by its
 //! own rule and its graph row is its own decision.
 
-use crate::records::SelectionStats;
-use fedweave_algos::{Algorithm, ClientData, ClientState, Env, PeerNet, PeerStep};
+use crate::setup::Setup;
+use fedweave_algos::{Algorithm, ClientCx, Message, PeerNet, PeerStep};
 use fedweave_core::{CollaborationGraph, Purpose, rng_stream};
+use fedweave_records::SelectionStats;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Published models served from memory; counts every transfer.
-pub(crate) struct SharedMemoryNet<'a> {
-    models: Vec<Option<&'a [f32]>>,
+/// Published messages served from memory; counts every transfer and its
+/// bytes.
+pub(crate) struct SharedMemoryNet<'a, M> {
+    messages: Vec<Option<&'a M>>,
     published: Vec<usize>,
     transfers: AtomicU64,
+    bytes: AtomicU64,
 }
 
-impl<'a> SharedMemoryNet<'a> {
-    /// A network of `n` clients where `published` (client, model) pairs are
-    /// available this round.
-    pub(crate) fn new(n: usize, published: impl IntoIterator<Item = (usize, &'a [f32])>) -> Self {
-        let mut models = vec![None; n];
+impl<'a, M: Message> SharedMemoryNet<'a, M> {
+    /// A network of `n` clients where the `published` (client, message)
+    /// pairs are available this round.
+    pub(crate) fn new(n: usize, published: &'a [(usize, M)]) -> Self {
+        let mut messages = vec![None; n];
         for (i, m) in published {
-            models[i] = Some(m);
+            messages[*i] = Some(m);
         }
-        let published = (0..n).filter(|&i| models[i].is_some()).collect();
+        let published = (0..n).filter(|&i| messages[i].is_some()).collect();
         Self {
-            models,
+            messages,
             published,
             transfers: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
         }
     }
 
-    /// Model transfers so far.
+    /// Whether client `i` published this round.
+    pub(crate) fn has_published(&self, i: usize) -> bool {
+        self.messages.get(i).is_some_and(Option::is_some)
+    }
+
+    /// Transfers so far.
     pub(crate) fn transfers(&self) -> u64 {
         self.transfers.load(Ordering::Relaxed)
     }
+
+    /// Bytes moved so far.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
 }
 
-impl PeerNet for SharedMemoryNet<'_> {
-    fn fetch(&self, to: usize, peer: usize) -> Option<&[f32]> {
-        let model = self.models.get(peer).copied().flatten()?;
+impl<M: Message> PeerNet<M> for SharedMemoryNet<'_, M> {
+    fn fetch(&self, to: usize, peer: usize) -> Option<&M> {
+        let message = self.messages.get(peer).copied().flatten()?;
         if to != peer {
             self.transfers.fetch_add(1, Ordering::Relaxed);
+            self.bytes.fetch_add(message.bytes(), Ordering::Relaxed);
         }
-        Some(model)
+        Some(message)
     }
 
     fn published(&self) -> &[usize] {
@@ -55,26 +70,30 @@ impl PeerNet for SharedMemoryNet<'_> {
 /// Runs every selecting client's `peer_step` in parallel (each owns only its
 /// state) and assembles the round's graph from their rows; other clients
 /// keep their models (identity rows).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn exchange<'d>(
-    algo: &dyn Algorithm,
-    env: &Env,
-    seed: u64,
+pub(crate) fn exchange<A: Algorithm>(
+    algo: &A,
+    setup: &Setup,
     round: usize,
-    states: &mut [ClientState],
+    clients: &mut [A::Client],
     selecting: &[bool],
-    data: &(dyn Fn(usize) -> ClientData<'d> + Sync),
-    net: &SharedMemoryNet,
+    net: &SharedMemoryNet<A::Up>,
 ) -> (CollaborationGraph, SelectionStats) {
-    let n = states.len();
-    let steps: Vec<(usize, PeerStep)> = states
+    let n = clients.len();
+    let env = setup.env();
+    let seed = setup.cfg.seed;
+    let steps: Vec<(usize, PeerStep)> = clients
         .par_iter_mut()
         .enumerate()
         .filter(|(i, _)| selecting[*i])
-        .map(|(i, state)| {
-            let mut rng = rng_stream(seed, round as u64, i as u64, Purpose::Selection);
-            let step = algo.peer_step(env, round, i, &data(i), state, net, &mut rng);
-            (i, step)
+        .map(|(i, client)| {
+            let mut cx = ClientCx {
+                client: i,
+                round,
+                data: setup.client_data(i),
+                rng: rng_stream(seed, round as u64, i as u64, Purpose::Selection),
+                origin: None,
+            };
+            (i, algo.peer_step(&env, &mut cx, client, net))
         })
         .collect();
     let mut graph = CollaborationGraph::identity(n);
@@ -107,15 +126,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn transfers_are_counted_per_fetch_and_self_fetches_are_free() {
-        let a = vec![1.0f32, 2.0];
-        let b = vec![3.0f32, 4.0];
-        let net = SharedMemoryNet::new(3, [(0, a.as_slice()), (2, b.as_slice())]);
+    fn transfers_and_bytes_are_counted_per_fetch_and_self_fetches_are_free() {
+        let published = vec![(0, vec![1.0f32, 2.0]), (2, vec![3.0f32, 4.0, 5.0])];
+        let net = SharedMemoryNet::new(3, &published);
         assert_eq!(net.published(), &[0, 2]);
-        assert_eq!(net.fetch(1, 2), Some(b.as_slice()));
-        assert_eq!(net.fetch(2, 2), Some(b.as_slice()));
+        assert_eq!(net.fetch(1, 2), Some(&published[1].1));
+        assert_eq!(net.fetch(2, 2), Some(&published[1].1));
         assert_eq!(net.fetch(0, 1), None);
-        assert_eq!(net.fetch(1, 0), Some(a.as_slice()));
+        assert_eq!(net.fetch(1, 0), Some(&published[0].1));
         assert_eq!(net.transfers(), 2);
+        assert_eq!(net.bytes(), 4 * (3 + 2));
+        assert!(net.has_published(2) && !net.has_published(1));
     }
 }

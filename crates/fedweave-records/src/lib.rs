@@ -1,6 +1,10 @@
-//! What a run writes: one [`RoundRecord`] per round and a [`Summary`].
+//! What a run writes: one [`RoundRecord`] per line of `rounds.jsonl` and a
+//! [`Summary`] in `summary.json`. The engine writes these types and the
+//! report (and `resume`) read them back, so the files have one schema.
 
-use serde::Serialize;
+#![warn(missing_docs)]
+
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// The evaluation protocol, printed with the results.
@@ -12,7 +16,10 @@ mean of these over benign clients. Also reported: the last round's mean, the max
 of the per-round mean (FedDWA's convention), and the spread across clients.";
 
 /// One line of `rounds.jsonl`.
-#[derive(Clone, Debug, Serialize)]
+/// Missing fields read as their defaults, so older or partial files still
+/// load (the report shows what is there).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RoundRecord {
     /// Round number, from 1.
     pub round: usize,
@@ -21,16 +28,16 @@ pub struct RoundRecord {
     /// Mean test accuracy over benign clients (null when forecasting).
     pub mean_test_acc: Option<f64>,
     /// Forecasting: mean validation MAE over benign clients.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean_val_mae: Option<f64>,
     /// Forecasting: mean test MAE (in the target's unit).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean_test_mae: Option<f64>,
     /// Forecasting: mean test RMSE.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean_test_rmse: Option<f64>,
     /// Forecasting: mean test MAPE (%).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean_test_mape: Option<f64>,
     /// Mean local training loss over the participants.
     pub mean_train_loss: f64,
@@ -45,21 +52,24 @@ pub struct RoundRecord {
     /// Clients whose upload was rejected (non-finite or wrong size).
     pub rejected: Vec<usize>,
     /// The round's graph (mean over layers for per-layer methods).
+    #[serde(deserialize_with = "matrix")]
     pub graph: Vec<Vec<f64>>,
     /// Per-layer graphs, when the method has them.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(deserialize_with = "matrices")]
     pub graph_layers: BTreeMap<String, Vec<Vec<f64>>>,
     /// Share of absent off-diagonal edges.
     pub graph_sparsity: f64,
     /// Share of edges whose reverse also exists.
     pub graph_symmetry: f64,
     /// Peer-to-peer rounds: what the clients' own selections cost and gave.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selection: Option<SelectionStats>,
 }
 
 /// The round's collaborator selections (peer-to-peer methods).
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct SelectionStats {
     /// Reward evaluations over all clients (DPFL: validation passes).
     pub reward_evaluations: usize,
@@ -77,7 +87,9 @@ pub struct SelectionStats {
 }
 
 /// `summary.json`.
-#[derive(Clone, Debug, Serialize)]
+/// Missing fields read as their defaults, as for [`RoundRecord`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Summary {
     /// Algorithm name.
     pub algorithm: String,
@@ -123,17 +135,19 @@ pub struct Summary {
     pub last_round_mean_test_mae: Option<f64>,
     /// Forecasting: per-client best-validation test MAE (null for
     /// malicious clients); absent for classification.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_client_test_mae: Option<Vec<Option<f64>>>,
     /// Forecasting: mean MAE of the worst 10 % of clients.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worst10_test_mae: Option<f64>,
     /// Malicious clients.
     pub malicious: Vec<usize>,
     /// The last round's graph.
+    #[serde(deserialize_with = "matrix")]
     pub final_graph: Vec<Vec<f64>>,
     /// The last round's per-layer graphs, if any.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(deserialize_with = "matrices")]
     pub final_graph_layers: BTreeMap<String, Vec<Vec<f64>>>,
     /// Total bytes uploaded.
     pub bytes_up: u64,
@@ -147,4 +161,54 @@ pub struct Summary {
     pub threads: usize,
     /// The evaluation protocol.
     pub protocol: String,
+}
+
+/// A matrix whose `null` entries (how JSON writes NaN) read back as NaN, and
+/// a `null` matrix as an empty one.
+fn matrix<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Vec<f64>>, D::Error> {
+    let rows: Option<Vec<Vec<Option<f64>>>> = Deserialize::deserialize(d)?;
+    Ok(rows
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| r.into_iter().map(|x| x.unwrap_or(f64::NAN)).collect())
+        .collect())
+}
+
+/// [`matrix`] for each named layer.
+fn matrices<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, Vec<Vec<f64>>>, D::Error> {
+    #[derive(Deserialize)]
+    struct M(#[serde(deserialize_with = "matrix")] Vec<Vec<f64>>);
+    let named: Option<BTreeMap<String, M>> = Deserialize::deserialize(d)?;
+    Ok(named
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, m)| (k, m.0))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_partial_files_load() {
+        let r = RoundRecord {
+            round: 3,
+            mean_val_acc: Some(0.25),
+            graph: vec![vec![0.5, f64::NAN], vec![0.0, 1.0]],
+            ..Default::default()
+        };
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(text.contains("[0.5,null]"), "{text}");
+        let back: RoundRecord = serde_json::from_str(&text).unwrap();
+        assert!(back.graph[0][1].is_nan());
+        assert_eq!(back.graph[1], r.graph[1]);
+        assert_eq!(back.mean_val_acc, Some(0.25));
+        let partial: Summary = serde_json::from_str(r#"{"algorithm":"local"}"#).unwrap();
+        assert_eq!(partial.algorithm, "local");
+        assert!(partial.final_graph.is_empty() && partial.mean_test_acc.is_none());
+        assert!(serde_json::from_str::<Summary>("[1, 2]").is_err());
+    }
 }

@@ -1,0 +1,851 @@
+//! Pairwise kernels over sets of flat `f32` models at matrix-multiply speed:
+//! Gram, cosine and squared-distance matrices, and the mixing product W·Θ.
+//!
+//! They compute what the pair-by-pair loops over [`crate::vecmath`] compute
+//! (`dot`, `cosine`, `sq_dist`, `weighted_sum`), as blocked `f64` GEMMs:
+//!
+//! | today | here |
+//! |---|---|
+//! | pFedGraph `similarity_matrix(deltas, ranges, t)` | [`cosine_matrix_sym`]`(deltas, &View::ranges(ranges))`, then the threshold (or pass the models with `.with_shift(θ_init)`) |
+//! | FedDWA `sq_dist(g_i, m_j)` | [`sq_dist_matrix`]`(guidance, models, &View::all())` |
+//! | FedAGHN per-layer `dot`s | [`gram`] / [`sq_norms`] with `View::ranges(&[layer])` |
+//! | SFL `sq_dist(θ_i, θ_j).sqrt()` | [`sq_dist_matrix_sym`]`(models, &View::all())` |
+//! | `mix_rows` (`weighted_sum` per distinct row) | [`mix`]`(rows, uploads)` |
+//!
+//! **Blocking.** Models stay separate `Vec<f32>`s. A task gathers at most
+//! `TILE` (256) rows × `KC` (512) columns of them (optionally restricted to
+//! index ranges and shifted) into an `f64` buffer and hands it to
+//! single-threaded `matrixmultiply::dgemm`; memory is O(threads·TILE·KC)
+//! plus the outputs, never an `f64` copy of Θ. A Gram matrix is cut into
+//! TILE×TILE output tiles (upper triangle only when symmetric; a symmetric
+//! matrix of 128–256 rows is cut in two halves instead) and, when there
+//! are few tiles, into a fixed number of contiguous column segments whose
+//! partial tiles are added in segment order. Mixing is cut into blocks of
+//! `DC` (256) output columns, each converting its block of Θ once (16384 when
+//! at most [`MIX_DIRECT_ROWS`] rows are distinct).
+//!
+//! **Precision.** An `f32·f32` product is exact in `f64`, so a Gram entry's
+//! only error is the `f64` summation along a tree of depth at most
+//! `h = 2·KC + 2·chunks + 136` (chunks = ⌈k/KC⌉, k the number of columns):
+//! |Ĝ − G| ≤ γ_h·Σ|a_c·b_c| ≤ γ_h·‖a‖‖b‖ with γ_h = h·u/(1 − h·u), u = 2⁻⁵³;
+//! ≈ 3.8e-13·‖a‖‖b‖ at k = 582k ([`gram_error_factor`]). An `f32` GEMM
+//! (rounded products, `f32` sums) would lose ~1e-6–1e-4 relative at these
+//! lengths: too coarse to reproduce `cos > 0.9` decisions of the `f64` loops
+//! and hopeless for small distances, so we pay the 2× of `f64` GEMM.
+//! Squared distances use ‖a′‖² + ‖b′‖² − 2⟨a′,b′⟩ on rows centred at their
+//! mean (a′ = a − c), which keeps the norms at the spread of the set rather
+//! than the size of the models; every entry whose rounding bound
+//! γ_h·(‖a′‖ + ‖b′‖)² exceeds [`SQ_DIST_REL_TOL`] (1e-9) of its value is
+//! recomputed directly as Σ(a − b)², so each returned distance is within
+//! 1e-9 relative of the exact one (the pair of a model and its one-epoch
+//! guidance model typically takes the direct path). That path is taken for
+//! pairs closer than ≈ 2% of ‖a′‖ + ‖b′‖ at k = 582k; were most pairs that
+//! close (one far outlier inflating the centred norms), the kernel would
+//! degrade to pair-by-pair cost, never to a worse result. Mixing accumulates in
+//! `f64` and rounds once to `f32`, like `weighted_sum`; the two agree to one
+//! `f32` ulp (bit-identical for at most [`MIX_DIRECT_ROWS`] distinct rows,
+//! which use `weighted_sum`'s own loop).
+//!
+//! **Determinism.** Every cut (tiles, chunks, segments, column blocks)
+//! depends only on the shapes, never on the number of threads; rayon runs
+//! independent tasks, each output element is reduced by one task in a fixed
+//! order, and segment partials are added in index order. Results are
+//! therefore bit-identical for any thread count on a given machine. (Across
+//! CPUs with different SIMD support `matrixmultiply` selects another kernel,
+//! so the last bits of Gram entries may differ between machines.)
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+/// Rows (of either operand) per Gram output tile, and distinct weight rows
+/// per mixing GEMM.
+const TILE: usize = 256;
+/// Smallest symmetric Gram whose single tile is split in halves (below it
+/// the smaller GEMMs cost what the halving saves).
+const SPLIT_MIN: usize = 128;
+/// Columns gathered per GEMM call.
+const KC: usize = 512;
+/// A Gram matrix is split into at least this many tasks when it has enough
+/// columns (tiles × column segments).
+const TARGET_TASKS: usize = 128;
+/// Cap on the memory of the segment partials of one Gram matrix.
+const MAX_PARTIAL_BYTES: usize = 1 << 30;
+/// Output columns per mixing task (GEMM path / direct path).
+const DC: usize = 256;
+const DIRECT_DC: usize = 16384;
+/// Mixing with at most this many distinct weight rows runs `weighted_sum`'s
+/// loop (a GEMM would be memory-bound and pad its microkernel anyway).
+pub const MIX_DIRECT_ROWS: usize = 4;
+/// Relative error bound of every entry of [`sq_dist_matrix`].
+pub const SQ_DIST_REL_TOL: f64 = 1e-9;
+
+/// Which part of each row the pairwise kernels see: the concatenation of
+/// `ranges` (all of the row when `None`; overlapping ranges count twice, as
+/// a sum of per-range dots would), minus `shift` (same length as the rows)
+/// when given. The subtraction is done in `f64`, so `shift = θ_init` turns
+/// models into exact deltas θ − θ_init without materialising them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct View<'a> {
+    pub ranges: Option<&'a [Range<usize>]>,
+    pub shift: Option<&'a [f32]>,
+}
+
+impl<'a> View<'a> {
+    /// The whole rows, unshifted.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Only `ranges` of each row.
+    pub fn ranges(ranges: &'a [Range<usize>]) -> Self {
+        Self {
+            ranges: Some(ranges),
+            shift: None,
+        }
+    }
+
+    /// The same view of the rows minus `shift`.
+    pub fn with_shift(self, shift: &'a [f32]) -> Self {
+        Self {
+            shift: Some(shift),
+            ..self
+        }
+    }
+}
+
+/// A dense row-major `f64` matrix.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Matrix {
+    rows: usize,
+    cols: usize,
+    data: Vec<f64>,
+}
+
+impl Matrix {
+    fn zeros(rows: usize, cols: usize) -> Self {
+        Self {
+            rows,
+            cols,
+            data: vec![0.0; rows * cols],
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn get(&self, i: usize, j: usize) -> f64 {
+        self.data[i * self.cols + j]
+    }
+
+    pub fn row(&self, i: usize) -> &[f64] {
+        &self.data[i * self.cols..(i + 1) * self.cols]
+    }
+
+    /// All entries, row-major.
+    pub fn as_slice(&self) -> &[f64] {
+        &self.data
+    }
+
+    /// The rows as `Vec<Vec<f64>>` (the shape the algorithms use).
+    pub fn into_rows(self) -> Vec<Vec<f64>> {
+        if self.cols == 0 {
+            return vec![Vec::new(); self.rows];
+        }
+        self.data.chunks(self.cols).map(<[f64]>::to_vec).collect()
+    }
+
+    fn set(&mut self, i: usize, j: usize, v: f64) {
+        self.data[i * self.cols + j] = v;
+    }
+}
+
+/// The columns of a [`View`] as logical columns `0..k`.
+struct Cols<'a> {
+    /// (start in the row, length, logical offset) of each non-empty range.
+    segs: Vec<(usize, usize, usize)>,
+    k: usize,
+    shift: Option<&'a [f32]>,
+}
+
+impl<'a> Cols<'a> {
+    /// `d`: the rows' length; without rows (`None`) nothing is seen.
+    fn new(ranges: Option<&[Range<usize>]>, shift: Option<&'a [f32]>, d: Option<usize>) -> Self {
+        let Some(d) = d else {
+            return Self {
+                segs: Vec::new(),
+                k: 0,
+                shift,
+            };
+        };
+        let whole = 0..d;
+        let ranges = ranges.unwrap_or(std::slice::from_ref(&whole));
+        let mut segs = Vec::with_capacity(ranges.len());
+        let mut k = 0;
+        for r in ranges {
+            assert!(
+                r.start <= r.end && r.end <= d,
+                "range {r:?} outside rows of length {d}"
+            );
+            if !r.is_empty() {
+                segs.push((r.start, r.len(), k));
+                k += r.len();
+            }
+        }
+        if let Some(s) = shift {
+            assert_eq!(s.len(), d, "shift length differs from the rows'");
+        }
+        Self { segs, k, shift }
+    }
+
+    fn chunks(&self) -> usize {
+        self.k.div_ceil(KC)
+    }
+
+    /// out[..k1 − k0] ← x − shift on logical columns k0..k1, in f64.
+    fn gather(&self, x: &[f32], k0: usize, k1: usize, out: &mut [f64]) {
+        let mut s = self.segs.partition_point(|seg| seg.2 <= k0) - 1;
+        let (mut k, mut o) = (k0, 0);
+        while k < k1 {
+            let (start, len, off) = self.segs[s];
+            let within = k - off;
+            let take = (len - within).min(k1 - k);
+            let lo = start + within;
+            let src = &x[lo..lo + take];
+            let dst = &mut out[o..o + take];
+            match self.shift {
+                None => dst
+                    .iter_mut()
+                    .zip(src)
+                    .for_each(|(d, v)| *d = f64::from(*v)),
+                Some(sh) => dst
+                    .iter_mut()
+                    .zip(src)
+                    .zip(&sh[lo..lo + take])
+                    .for_each(|((d, v), c)| *d = f64::from(*v) - f64::from(*c)),
+            }
+            k += take;
+            o += take;
+            s += 1;
+        }
+    }
+
+    /// Σ over chunks (in order) of `f(chunk)`: the blocked reduction the
+    /// norm and direct-distance kernels share, so their depth stays ≤ h.
+    fn blocked_sum(&self, mut f: impl FnMut(usize, usize) -> f64) -> f64 {
+        let mut total = 0.0;
+        for c in 0..self.chunks() {
+            let k0 = c * KC;
+            total += f(k0, (k0 + KC).min(self.k));
+        }
+        total
+    }
+}
+
+/// Σ x·y in a fixed order with four accumulators (depth ≤ len/4 + 2).
+fn dot4(x: &[f64], y: &[f64]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let mut xs = x.chunks_exact(4);
+    let mut ys = y.chunks_exact(4);
+    for (a, b) in (&mut xs).zip(&mut ys) {
+        for q in 0..4 {
+            acc[q] += a[q] * b[q];
+        }
+    }
+    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for (a, b) in xs.remainder().iter().zip(ys.remainder()) {
+        s += a * b;
+    }
+    s
+}
+
+/// Bound factor γ_h of the Gram kernels on `k` columns: every Gram entry
+/// satisfies |Ĝ − G| ≤ γ_h·Σ|a_c·b_c| ≤ γ_h·‖a‖‖b‖ (norms from [`sq_norms`]
+/// obey the same bound), assuming as `matrixmultiply` does that one GEMM
+/// call of depth `kc` sums along a tree of depth at most 2·kc.
+pub fn gram_error_factor(k: usize) -> f64 {
+    let h = (2 * KC + 2 * k.div_ceil(KC) + TARGET_TASKS + 8) as f64;
+    let u = f64::EPSILON / 2.0;
+    h * u / (1.0 - h * u)
+}
+
+/// The common length of the rows (`None` without rows).
+fn row_len<R: AsRef<[f32]>>(sets: &[&[R]]) -> Option<usize> {
+    let mut d = None;
+    for set in sets {
+        for r in set.iter() {
+            let len = r.as_ref().len();
+            match d {
+                None => d = Some(len),
+                Some(d) => assert_eq!(d, len, "rows of different lengths"),
+            }
+        }
+    }
+    d
+}
+
+fn dims<A: AsRef<[f32]>, B: AsRef<[f32]>>(a: &[A], b: &[B]) -> Option<usize> {
+    let da = row_len(&[a]);
+    let db = row_len(&[b]);
+    if let (Some(x), Some(y)) = (da, db) {
+        assert_eq!(x, y, "rows of different lengths");
+    }
+    da.or(db)
+}
+
+/// The (symmetric when `b` is `None`) Gram matrix of the views of `a` and `b`.
+fn gram_impl<A, B>(a: &[A], b: Option<&[B]>, cols: &Cols) -> Matrix
+where
+    A: AsRef<[f32]> + Sync,
+    B: AsRef<[f32]> + Sync,
+{
+    let n = a.len();
+    let m = b.map_or(n, <[B]>::len);
+    let mut out = Matrix::zeros(n, m);
+    let nchunks = cols.chunks();
+    if n == 0 || m == 0 || nchunks == 0 {
+        return out;
+    }
+    // A symmetric Gram that fits one tile is cut in two halves so that only
+    // the upper triangle (3 of 4 quarters) is computed.
+    let tile = if b.is_none() && (SPLIT_MIN..=TILE).contains(&n) {
+        n.div_ceil(2)
+    } else {
+        TILE
+    };
+    let tiles = |len: usize| -> Vec<(usize, usize)> {
+        (0..len.div_ceil(tile))
+            .map(|t| (t * tile, ((t + 1) * tile).min(len)))
+            .collect()
+    };
+    let (ta, tb) = (tiles(n), tiles(m));
+    let mut pairs = Vec::new();
+    for (ti, &ri) in ta.iter().enumerate() {
+        for (tj, &rj) in tb.iter().enumerate() {
+            if b.is_some() || ti <= tj {
+                pairs.push((ri, rj));
+            }
+        }
+    }
+    let max_seg = (MAX_PARTIAL_BYTES / (8 * n * m)).max(1);
+    let nseg = TARGET_TASKS
+        .div_ceil(pairs.len())
+        .min(nchunks)
+        .min(max_seg)
+        .max(1);
+    let tasks: Vec<(usize, usize)> = (0..pairs.len())
+        .flat_map(|p| (0..nseg).map(move |s| (p, s)))
+        .collect();
+    let partials: Vec<Vec<f64>> = tasks
+        .par_iter()
+        .map(|&(p, s)| {
+            let ((i0, i1), (j0, j1)) = pairs[p];
+            let (ni, nj) = (i1 - i0, j1 - j0);
+            // A diagonal tile of a symmetric Gram multiplies one buffer by itself.
+            let same = b.is_none() && i0 == j0;
+            let mut acc = vec![0.0f64; ni * nj];
+            let mut bufa = vec![0.0f64; ni * KC];
+            let mut bufb = vec![0.0f64; if same { 0 } else { nj * KC }];
+            for c in s * nchunks / nseg..(s + 1) * nchunks / nseg {
+                let k0 = c * KC;
+                let k1 = (k0 + KC).min(cols.k);
+                let kc = k1 - k0;
+                for (r, row) in a[i0..i1].iter().enumerate() {
+                    cols.gather(row.as_ref(), k0, k1, &mut bufa[r * kc..(r + 1) * kc]);
+                }
+                if !same {
+                    match b {
+                        Some(b) => {
+                            for (r, row) in b[j0..j1].iter().enumerate() {
+                                cols.gather(row.as_ref(), k0, k1, &mut bufb[r * kc..(r + 1) * kc]);
+                            }
+                        }
+                        None => {
+                            for (r, row) in a[j0..j1].iter().enumerate() {
+                                cols.gather(row.as_ref(), k0, k1, &mut bufb[r * kc..(r + 1) * kc]);
+                            }
+                        }
+                    }
+                }
+                let bp = if same { bufa.as_ptr() } else { bufb.as_ptr() };
+                // SAFETY: bufa holds ni rows of kc (row stride kc); the
+                // right operand is the kc×nj transpose of nj rows of kc
+                // (row stride 1, column stride kc); acc is ni×nj row-major.
+                unsafe {
+                    matrixmultiply::dgemm(
+                        ni,
+                        kc,
+                        nj,
+                        1.0,
+                        bufa.as_ptr(),
+                        kc as isize,
+                        1,
+                        bp,
+                        1,
+                        kc as isize,
+                        1.0,
+                        acc.as_mut_ptr(),
+                        nj as isize,
+                        1,
+                    );
+                }
+            }
+            acc
+        })
+        .collect();
+    for (p, &((i0, i1), (j0, j1))) in pairs.iter().enumerate() {
+        let parts = &partials[p * nseg..(p + 1) * nseg];
+        let nj = j1 - j0;
+        for r in 0..i1 - i0 {
+            for c in 0..nj {
+                let (i, j) = (i0 + r, j0 + c);
+                if b.is_none() && i > j {
+                    continue;
+                }
+                let mut v = parts[0][r * nj + c];
+                for part in &parts[1..] {
+                    v += part[r * nj + c];
+                }
+                out.set(i, j, v);
+                if b.is_none() {
+                    out.set(j, i, v);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn sq_norms_impl<R: AsRef<[f32]> + Sync>(a: &[R], cols: &Cols) -> Vec<f64> {
+    a.par_iter()
+        .map(|row| {
+            let mut buf = vec![0.0f64; KC];
+            cols.blocked_sum(|k0, k1| {
+                let buf = &mut buf[..k1 - k0];
+                cols.gather(row.as_ref(), k0, k1, buf);
+                dot4(buf, buf)
+            })
+        })
+        .collect()
+}
+
+/// G_ij = ⟨view(a_i), view(b_j)⟩ (n × m). Error: see [`gram_error_factor`].
+pub fn gram<A, B>(a: &[A], b: &[B], view: &View) -> Matrix
+where
+    A: AsRef<[f32]> + Sync,
+    B: AsRef<[f32]> + Sync,
+{
+    let cols = Cols::new(view.ranges, view.shift, dims(a, b));
+    gram_impl(a, Some(b), &cols)
+}
+
+/// G_ij = ⟨view(a_i), view(a_j)⟩, exactly symmetric, at half the cost of
+/// [`gram`]`(a, a, view)`.
+pub fn gram_sym<R: AsRef<[f32]> + Sync>(a: &[R], view: &View) -> Matrix {
+    let cols = Cols::new(view.ranges, view.shift, row_len(&[a]));
+    gram_impl::<R, R>(a, None, &cols)
+}
+
+/// ‖view(a_i)‖² for each row.
+pub fn sq_norms<R: AsRef<[f32]> + Sync>(a: &[R], view: &View) -> Vec<f64> {
+    let cols = Cols::new(view.ranges, view.shift, row_len(&[a]));
+    sq_norms_impl(a, &cols)
+}
+
+fn cos_of(g: f64, na: f64, nb: f64) -> f64 {
+    if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        g / (na.sqrt() * nb.sqrt())
+    }
+}
+
+/// C_ij = cos(view(a_i), view(b_j)), 0 when either is the zero vector (as
+/// `vecmath::cosine`).
+pub fn cosine_matrix<A, B>(a: &[A], b: &[B], view: &View) -> Matrix
+where
+    A: AsRef<[f32]> + Sync,
+    B: AsRef<[f32]> + Sync,
+{
+    let cols = Cols::new(view.ranges, view.shift, dims(a, b));
+    let mut g = gram_impl(a, Some(b), &cols);
+    let na = sq_norms_impl(a, &cols);
+    let nb = sq_norms_impl(b, &cols);
+    let m = g.cols;
+    for (idx, v) in g.data.iter_mut().enumerate() {
+        *v = cos_of(*v, na[idx / m], nb[idx % m]);
+    }
+    g
+}
+
+/// C_ij = cos(view(a_i), view(a_j)), exactly symmetric; the diagonal is
+/// exactly 1 (0 for a zero row).
+pub fn cosine_matrix_sym<R: AsRef<[f32]> + Sync>(a: &[R], view: &View) -> Matrix {
+    let mut g = gram_sym(a, view);
+    let n = g.rows;
+    let norms: Vec<f64> = (0..n).map(|i| g.get(i, i)).collect();
+    for i in 0..n {
+        for j in 0..n {
+            let v = if i == j {
+                if norms[i] == 0.0 { 0.0 } else { 1.0 }
+            } else {
+                cos_of(g.get(i, j), norms[i], norms[j])
+            };
+            g.set(i, j, v);
+        }
+    }
+    g
+}
+
+/// The mean of the rows of `a` and `b` on the columns of `cols`, rounded to
+/// f32 (0 elsewhere and where non-finite): a centre for the distance kernels.
+fn mean_center<A, B>(a: &[A], b: &[B], cols: &Cols, d: usize) -> Vec<f32>
+where
+    A: AsRef<[f32]> + Sync,
+    B: AsRef<[f32]> + Sync,
+{
+    const BLOCK: usize = 4096;
+    let mut center = vec![0.0f32; d];
+    let count = (a.len() + b.len()) as f64;
+    for &(start, len, _) in &cols.segs {
+        center[start..start + len]
+            .par_chunks_mut(BLOCK)
+            .enumerate()
+            .for_each(|(bi, out)| {
+                let lo = start + bi * BLOCK;
+                let hi = lo + out.len();
+                let mut acc = vec![0.0f64; out.len()];
+                let rows = a
+                    .iter()
+                    .map(AsRef::as_ref)
+                    .chain(b.iter().map(AsRef::as_ref));
+                for row in rows {
+                    for (s, x) in acc.iter_mut().zip(&row[lo..hi]) {
+                        *s += f64::from(*x);
+                    }
+                }
+                for (o, s) in out.iter_mut().zip(&acc) {
+                    let c = (s / count) as f32;
+                    *o = if c.is_finite() { c } else { 0.0 };
+                }
+            });
+    }
+    center
+}
+
+/// Σ_c (x_c − y_c)² on the view's columns (no shift), blocked like the GEMMs.
+fn direct_sq_dist(x: &[f32], y: &[f32], cols: &Cols, buf: &mut [f64]) -> f64 {
+    let (bx, by) = buf.split_at_mut(KC);
+    cols.blocked_sum(|k0, k1| {
+        let (bx, by) = (&mut bx[..k1 - k0], &mut by[..k1 - k0]);
+        cols.gather(x, k0, k1, bx);
+        cols.gather(y, k0, k1, by);
+        for (p, q) in bx.iter_mut().zip(by.iter()) {
+            *p -= q;
+        }
+        dot4(bx, bx)
+    })
+}
+
+fn sq_dist_impl<A, B>(a: &[A], b: Option<&[B]>, view: &View) -> Matrix
+where
+    A: AsRef<[f32]> + Sync,
+    B: AsRef<[f32]> + Sync,
+{
+    let empty: &[B] = &[];
+    let d = dims(a, b.unwrap_or(empty));
+    let plain = Cols::new(view.ranges, None, d);
+    let center = mean_center(a, b.unwrap_or(empty), &plain, d.unwrap_or(0));
+    let cols = Cols::new(view.ranges, Some(&center), d);
+    let mut g = gram_impl(a, b, &cols);
+    let (na, nb) = match b {
+        Some(b) => (sq_norms_impl(a, &cols), sq_norms_impl(b, &cols)),
+        None => {
+            let diag: Vec<f64> = (0..a.len()).map(|i| g.get(i, i)).collect();
+            (diag.clone(), diag)
+        }
+    };
+    // The bound is on exact norms; computed ones are within γ of them.
+    let gamma = gram_error_factor(cols.k) * (1.0 + 1e-6);
+    let mut direct = Vec::new();
+    for (i, ni) in na.iter().enumerate() {
+        for (j, nj) in nb.iter().enumerate() {
+            if b.is_none() && i >= j {
+                continue;
+            }
+            let v = ni + nj - 2.0 * g.get(i, j);
+            let s = ni.sqrt() + nj.sqrt();
+            // Anything but "comfortably above the bound" (NaN included, from
+            // non-finite inputs) takes the direct path.
+            let safe = (v * SQ_DIST_REL_TOL).partial_cmp(&(gamma * s * s));
+            if safe != Some(std::cmp::Ordering::Greater) {
+                direct.push((i, j));
+            }
+            g.set(i, j, v);
+        }
+    }
+    let exact: Vec<f64> = direct
+        .par_iter()
+        .map_init(
+            || vec![0.0f64; 2 * KC],
+            |buf, &(i, j)| {
+                let y = match b {
+                    Some(b) => b[j].as_ref(),
+                    None => a[j].as_ref(),
+                };
+                direct_sq_dist(a[i].as_ref(), y, &plain, buf)
+            },
+        )
+        .collect();
+    for (&(i, j), v) in direct.iter().zip(exact) {
+        g.set(i, j, v);
+    }
+    if b.is_none() {
+        for i in 0..g.rows {
+            g.set(i, i, 0.0);
+            for j in 0..i {
+                let v = g.get(j, i);
+                g.set(i, j, v);
+            }
+        }
+    }
+    g
+}
+
+/// D_ij = ‖view(a_i) − view(b_j)‖² (the view's shift cancels and is
+/// ignored), each entry within [`SQ_DIST_REL_TOL`] relative of the exact
+/// value (NaN where `vecmath::sq_dist` gives NaN).
+pub fn sq_dist_matrix<A, B>(a: &[A], b: &[B], view: &View) -> Matrix
+where
+    A: AsRef<[f32]> + Sync,
+    B: AsRef<[f32]> + Sync,
+{
+    sq_dist_impl(a, Some(b), view)
+}
+
+/// D_ij = ‖view(a_i) − view(a_j)‖², exactly symmetric with a zero diagonal,
+/// at half the cost of [`sq_dist_matrix`]`(a, a, view)`.
+pub fn sq_dist_matrix_sym<R: AsRef<[f32]> + Sync>(a: &[R], view: &View) -> Matrix {
+    sq_dist_impl::<R, R>(a, None, view)
+}
+
+/// The result of [`mix`]: one row per weight row, stored once per distinct
+/// weight row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mixed {
+    distinct: Vec<Vec<f32>>,
+    which: Vec<usize>,
+}
+
+impl Mixed {
+    /// Number of output rows (= weight rows).
+    pub fn len(&self) -> usize {
+        self.which.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.which.is_empty()
+    }
+
+    /// Number of distinct weight rows (= rows actually computed).
+    pub fn distinct(&self) -> usize {
+        self.distinct.len()
+    }
+
+    /// Index of output row `i`'s distinct row (0..distinct(), in order of
+    /// first appearance).
+    pub fn class_of(&self, i: usize) -> usize {
+        self.which[i]
+    }
+
+    /// Output row `i`.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.distinct[self.which[i]]
+    }
+
+    /// The distinct rows, in order of first appearance.
+    pub fn distinct_rows(&self) -> &[Vec<f32>] {
+        &self.distinct
+    }
+
+    /// One owned vector per output row: each distinct row is moved into its
+    /// last user and cloned for the others.
+    pub fn into_rows(self) -> Vec<Vec<f32>> {
+        let mut last = vec![0; self.distinct.len()];
+        for (i, &w) in self.which.iter().enumerate() {
+            last[w] = i;
+        }
+        let mut rows: Vec<Option<Vec<f32>>> = self.distinct.into_iter().map(Some).collect();
+        self.which
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| {
+                if last[w] == i {
+                    rows[w].take().expect("moved once, at its last use")
+                } else {
+                    rows[w].clone().expect("not moved before its last use")
+                }
+            })
+            .collect()
+    }
+}
+
+/// M_i = Σ_j W_ij·θ_j for each weight row W_i (length `models.len()`), with
+/// the semantics of `vecmath::weighted_sum`: `f64` accumulation, one rounding
+/// to `f32`, zero weights skipped (a non-finite model with weight 0 does not
+/// poison the row). Rows with bit-identical weights are computed once; the
+/// output rows have the models' length (0 without models).
+pub fn mix<W, R>(weights: &[W], models: &[R]) -> Mixed
+where
+    W: AsRef<[f64]>,
+    R: AsRef<[f32]> + Sync,
+{
+    let m = models.len();
+    let d = row_len(&[models]).unwrap_or(0);
+    // Distinct weight rows, by bits.
+    let mut seen: HashMap<Vec<u64>, usize> = HashMap::new();
+    let mut which = Vec::with_capacity(weights.len());
+    let mut distinct_w: Vec<&[f64]> = Vec::new();
+    for w in weights {
+        let w = w.as_ref();
+        assert_eq!(
+            w.len(),
+            m,
+            "weight row length differs from the number of models"
+        );
+        let key: Vec<u64> = w.iter().map(|x| x.to_bits()).collect();
+        let next = distinct_w.len();
+        let k = *seen.entry(key).or_insert(next);
+        if k == next {
+            distinct_w.push(w);
+        }
+        which.push(k);
+    }
+    let p = distinct_w.len();
+    // Models some row uses; the others are never read.
+    let active: Vec<usize> = (0..m)
+        .filter(|&j| distinct_w.iter().any(|w| w[j] != 0.0))
+        .collect();
+    let na = active.len();
+    let wd: Vec<f64> = distinct_w
+        .iter()
+        .flat_map(|w| active.iter().map(move |&j| w[j]))
+        .collect();
+    let mut distinct = vec![vec![0.0f32; d]; p];
+    if na == 0 || d == 0 {
+        return Mixed { distinct, which };
+    }
+    // Few rows: long blocks stream each model; many: short blocks keep the
+    // converted block of Θ in cache across the GEMM's row tiles.
+    let width = if p <= MIX_DIRECT_ROWS { DIRECT_DC } else { DC };
+    let mut blocks: Vec<Vec<&mut [f32]>> = (0..d.div_ceil(width)).map(|_| Vec::new()).collect();
+    for row in distinct.iter_mut() {
+        for (c, chunk) in row.chunks_mut(width).enumerate() {
+            blocks[c].push(chunk);
+        }
+    }
+    // `weighted_sum` on one block of one row: the reference semantics. Four
+    // models per pass with the same per-element order of additions, so the
+    // result is bit-identical to `weighted_sum` with a quarter of the traffic
+    // on the accumulator.
+    let exact = |r: usize, c0: usize, out: &mut [f32], acc: &mut [f64]| {
+        let len = out.len();
+        let acc = &mut acc[..len];
+        acc.fill(0.0);
+        let terms: Vec<(f64, &[f32])> = active
+            .iter()
+            .enumerate()
+            .map(|(jj, &j)| (wd[r * na + jj], &models[j].as_ref()[c0..c0 + len]))
+            .filter(|(w, _)| *w != 0.0)
+            .collect();
+        let mut quads = terms.chunks_exact(4);
+        for q in &mut quads {
+            let [(w0, x0), (w1, x1), (w2, x2), (w3, x3)] = [q[0], q[1], q[2], q[3]];
+            let (x0, x1, x2, x3) = (&x0[..len], &x1[..len], &x2[..len], &x3[..len]);
+            for e in 0..len {
+                let mut s = acc[e];
+                s += w0 * f64::from(x0[e]);
+                s += w1 * f64::from(x1[e]);
+                s += w2 * f64::from(x2[e]);
+                s += w3 * f64::from(x3[e]);
+                acc[e] = s;
+            }
+        }
+        for &(w, x) in quads.remainder() {
+            for (s, v) in acc.iter_mut().zip(x) {
+                *s += w * f64::from(*v);
+            }
+        }
+        for (o, s) in out.iter_mut().zip(acc.iter()) {
+            *o = *s as f32;
+        }
+    };
+    blocks
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(c, mut outs)| {
+            let c0 = c * width;
+            let dc = outs[0].len();
+            let mut acc = vec![0.0f64; TILE.min(p) * dc];
+            if p <= MIX_DIRECT_ROWS {
+                for (r, out) in outs.iter_mut().enumerate() {
+                    exact(r, c0, out, &mut acc);
+                }
+                return;
+            }
+            let mut theta = vec![0.0f64; na * dc];
+            for (jj, &j) in active.iter().enumerate() {
+                let x = &models[j].as_ref()[c0..c0 + dc];
+                for (t, v) in theta[jj * dc..(jj + 1) * dc].iter_mut().zip(x) {
+                    *t = f64::from(*v);
+                }
+            }
+            for i0 in (0..p).step_by(TILE) {
+                let ni = TILE.min(p - i0);
+                // SAFETY: wd holds p rows of na (row stride na), theta na rows of
+                // dc (row stride dc), acc at least ni rows of dc.
+                unsafe {
+                    matrixmultiply::dgemm(
+                        ni,
+                        na,
+                        dc,
+                        1.0,
+                        wd[i0 * na..].as_ptr(),
+                        na as isize,
+                        1,
+                        theta.as_ptr(),
+                        dc as isize,
+                        1,
+                        0.0,
+                        acc.as_mut_ptr(),
+                        dc as isize,
+                        1,
+                    );
+                }
+                let mut redo = Vec::new();
+                for r in 0..ni {
+                    let out = &mut *outs[i0 + r];
+                    let mut finite = true;
+                    for (o, s) in out.iter_mut().zip(&acc[r * dc..(r + 1) * dc]) {
+                        *o = *s as f32;
+                        finite &= o.is_finite();
+                    }
+                    if !finite {
+                        redo.push(i0 + r);
+                    }
+                }
+                // A non-finite entry may come from 0·∞ of a skipped model:
+                // such rows take the reference loop.
+                for r in redo {
+                    exact(r, c0, outs[r], &mut acc);
+                }
+            }
+        });
+    Mixed { distinct, which }
+}

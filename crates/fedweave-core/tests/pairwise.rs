@@ -1,0 +1,521 @@
+//! The pairwise kernels against the pair-by-pair `vecmath` loops.
+
+// (i, j) indexing mirrors the matrices under test.
+#![allow(clippy::needless_range_loop)]
+
+use std::ops::Range;
+
+use fedweave_core::pairwise::{
+    Matrix, SQ_DIST_REL_TOL, View, cosine_matrix, cosine_matrix_sym, gram, gram_error_factor,
+    gram_sym, mix, sq_dist_matrix, sq_dist_matrix_sym, sq_norms,
+};
+use fedweave_core::vecmath::{cosine, dot, sq_dist, weighted_sum};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn rows(seed: u64, n: usize, d: usize, offset: f32) -> Vec<Vec<f32>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            (0..d)
+                .map(|_| offset + rng.random_range(-1.0f32..1.0))
+                .collect()
+        })
+        .collect()
+}
+
+/// The view of one row as the algorithms build it today.
+fn viewed(x: &[f32], ranges: &[Range<usize>], shift: Option<&[f32]>) -> Vec<f64> {
+    ranges
+        .iter()
+        .flat_map(|r| {
+            r.clone()
+                .map(move |c| f64::from(x[c]) - shift.map_or(0.0, |s| f64::from(s[c])))
+        })
+        .collect()
+}
+
+fn dot64(a: &[f64], b: &[f64]) -> f64 {
+    // Exact enough as a reference: compensated (Kahan–Babuška) summation.
+    let (mut s, mut comp) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        let p = x * y;
+        let t = s + p;
+        comp += if s.abs() >= p.abs() {
+            (s - t) + p
+        } else {
+            (p - t) + s
+        };
+        s = t;
+    }
+    s + comp
+}
+
+fn norm64(a: &[f64]) -> f64 {
+    dot64(a, a).sqrt()
+}
+
+fn bits(m: &Matrix) -> Vec<u64> {
+    m.as_slice().iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn gram_matches_naive_dot_across_tiles() {
+    // 300 rows cross the 256-row tile; 1500 columns cross the 512-column chunk.
+    let a = rows(1, 300, 1500, 0.0);
+    let b = rows(2, 7, 1500, 0.3);
+    let g = gram(&a, &b, &View::all());
+    assert_eq!((g.rows(), g.cols()), (300, 7));
+    for i in 0..300 {
+        for j in 0..7 {
+            let naive = dot(&a[i], &b[j]);
+            let scale = dot(&a[i], &a[i]).sqrt() * dot(&b[j], &b[j]).sqrt();
+            let err = (g.get(i, j) - naive).abs();
+            assert!(
+                err <= 1e-12 * scale,
+                "({i},{j}): {} vs {naive}",
+                g.get(i, j)
+            );
+            if naive.abs() > 1e-2 * scale {
+                assert!(err <= 1e-9 * naive.abs(), "({i},{j}) relative");
+            }
+        }
+    }
+    // 150 rows: the one symmetric tile is cut in halves.
+    let half = gram_sym(&a[..150], &View::all());
+    for i in 0..150 {
+        for j in 0..150 {
+            let naive = dot(&a[i], &a[j]);
+            assert!(
+                (half.get(i, j) - naive).abs()
+                    <= 1e-12 * dot(&a[i], &a[i]).max(1e-300).sqrt() * dot(&a[j], &a[j]).sqrt()
+            );
+            assert_eq!(half.get(i, j).to_bits(), half.get(j, i).to_bits());
+        }
+    }
+    let s = gram_sym(&a, &View::all());
+    for i in 0..300 {
+        for j in 0..300 {
+            assert_eq!(s.get(i, j).to_bits(), s.get(j, i).to_bits());
+        }
+        let naive = dot(&a[i], &a[(i * 7) % 300]);
+        assert!((s.get(i, (i * 7) % 300) - naive).abs() <= 1e-12 * dot(&a[i], &a[i]));
+    }
+}
+
+#[test]
+fn gram_on_long_rows_stays_within_its_bound() {
+    // Many chunks and column segments; an offset makes Σ|a·b| ≫ |⟨a,b⟩|.
+    let d = 100_003;
+    let a = rows(3, 5, d, 0.01);
+    let g = gram_sym(&a, &View::all());
+    let gamma = gram_error_factor(d);
+    assert!(gamma < 2e-13, "{gamma}");
+    for i in 0..5 {
+        for j in 0..5 {
+            let x: Vec<f64> = a[i].iter().map(|v| f64::from(*v)).collect();
+            let y: Vec<f64> = a[j].iter().map(|v| f64::from(*v)).collect();
+            let exact = dot64(&x, &y);
+            let abs: f64 = x.iter().zip(&y).map(|(p, q)| (p * q).abs()).sum();
+            assert!((g.get(i, j) - exact).abs() <= gamma * abs);
+            assert!((g.get(i, j) - dot(&a[i], &a[j])).abs() <= 1e-9 * exact.abs().max(1e-3 * abs));
+        }
+    }
+}
+
+#[test]
+fn ranges_and_shift_match_sums_of_per_range_dots() {
+    let d = 2000;
+    let a = rows(4, 9, d, 0.0);
+    let b = rows(5, 11, d, 0.0);
+    let init = rows(6, 1, d, 0.5).remove(0);
+    // Disjoint, unsorted, an empty one and one crossing a chunk boundary.
+    let ranges = [1200..1900, 5..17, 300..300, 400..1100];
+    let view = View::ranges(&ranges).with_shift(&init);
+    let g = gram(&a, &b, &view);
+    let na = sq_norms(&a, &view);
+    for i in 0..9 {
+        let x = viewed(&a[i], &ranges, Some(&init));
+        assert!((na[i] - dot64(&x, &x)).abs() <= 1e-12 * dot64(&x, &x));
+        for j in 0..11 {
+            let y = viewed(&b[j], &ranges, Some(&init));
+            let exact = dot64(&x, &y);
+            assert!((g.get(i, j) - exact).abs() <= 1e-12 * norm64(&x) * norm64(&y));
+        }
+    }
+    // Without a shift: the per-range dots pFedGraph sums today.
+    let g = gram(&a, &b, &View::ranges(&ranges));
+    for i in 0..9 {
+        for j in 0..11 {
+            let naive: f64 = ranges
+                .iter()
+                .map(|r| dot(&a[i][r.clone()], &b[j][r.clone()]))
+                .sum();
+            assert!((g.get(i, j) - naive).abs() <= 1e-9 * naive.abs().max(1.0));
+        }
+    }
+    // Nothing to see.
+    let none: [Range<usize>; 0] = [];
+    let g = gram(&a, &b, &View::ranges(&none));
+    assert!(g.as_slice().iter().all(|v| *v == 0.0));
+    let empty: Vec<Vec<f32>> = Vec::new();
+    assert_eq!(gram(&empty, &b, &View::all()).rows(), 0);
+    assert_eq!(gram_sym(&empty, &View::all()).cols(), 0);
+}
+
+#[test]
+fn cosines_match_vecmath() {
+    let mut a = rows(7, 40, 777, 0.1);
+    a[3] = vec![0.0; 777];
+    let b = rows(8, 3, 777, -0.2);
+    let c = cosine_matrix(&a, &b, &View::all());
+    let s = cosine_matrix_sym(&a, &View::all());
+    for i in 0..40 {
+        for j in 0..3 {
+            assert!((c.get(i, j) - cosine(&a[i], &b[j])).abs() < 1e-12);
+        }
+        for j in 0..40 {
+            let want = if i == j && i != 3 {
+                1.0
+            } else {
+                cosine(&a[i], &a[j])
+            };
+            assert!((s.get(i, j) - want).abs() < 1e-12, "({i},{j})");
+        }
+    }
+    assert_eq!(s.get(3, 3), 0.0);
+    assert_eq!(c.get(3, 1), 0.0);
+}
+
+fn assert_rel(got: &Matrix, want: impl Fn(usize, usize) -> f64, tol: f64) {
+    for i in 0..got.rows() {
+        for j in 0..got.cols() {
+            let w = want(i, j);
+            let e = (got.get(i, j) - w).abs();
+            assert!(e <= tol * w.abs(), "({i},{j}): {} vs {w}", got.get(i, j));
+        }
+    }
+}
+
+#[test]
+fn sq_distances_match_naive() {
+    let a = rows(9, 30, 3000, 0.0);
+    let b = rows(10, 20, 3000, 0.0);
+    let exact = |x: &[f32], y: &[f32]| {
+        let d: Vec<f64> = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| f64::from(*p) - f64::from(*q))
+            .collect();
+        dot64(&d, &d)
+    };
+    let d = sq_dist_matrix(&a, &b, &View::all());
+    assert_rel(&d, |i, j| exact(&a[i], &b[j]), SQ_DIST_REL_TOL);
+    assert_rel(&d, |i, j| sq_dist(&a[i], &b[j]), SQ_DIST_REL_TOL);
+    let s = sq_dist_matrix_sym(&a, &View::all());
+    assert_rel(&s, |i, j| exact(&a[i], &a[j]), SQ_DIST_REL_TOL);
+    for i in 0..30 {
+        assert_eq!(s.get(i, i), 0.0);
+        for j in 0..30 {
+            assert_eq!(s.get(i, j).to_bits(), s.get(j, i).to_bits());
+        }
+    }
+    let ranges = [10..20, 2500..2990];
+    let r = sq_dist_matrix(&a, &b, &View::ranges(&ranges));
+    assert_rel(
+        &r,
+        |i, j| {
+            let x = viewed(&a[i], &ranges, None);
+            let y = viewed(&b[j], &ranges, None);
+            let dd: Vec<f64> = x.iter().zip(&y).map(|(p, q)| p - q).collect();
+            dot64(&dd, &dd)
+        },
+        SQ_DIST_REL_TOL,
+    );
+}
+
+/// FedDWA: the guidance model is one epoch from the trained one, so the
+/// distance is tiny next to the norms; ‖a‖² + ‖b‖² − 2⟨a,b⟩ alone would lose
+/// most of its digits.
+#[test]
+fn tiny_distances_keep_their_precision() {
+    let d = 20_000;
+    // Models far from the origin (norm² ≈ 2·10⁴·(4 + 1/3)), spread ~1 apart.
+    let models = rows(11, 12, d, 2.0);
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    let guidance: Vec<Vec<f32>> = models
+        .iter()
+        .map(|m| {
+            m.iter()
+                .map(|x| x + rng.random_range(-1e-4f32..1e-4))
+                .collect()
+        })
+        .collect();
+    let exact = |x: &[f32], y: &[f32]| {
+        let d: Vec<f64> = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| f64::from(*p) - f64::from(*q))
+            .collect();
+        dot64(&d, &d)
+    };
+    let got = sq_dist_matrix(&guidance, &models, &View::all());
+    assert_rel(
+        &got,
+        |i, j| exact(&guidance[i], &models[j]),
+        SQ_DIST_REL_TOL,
+    );
+    // The guidance–own pair is ~1e-8 of the norms: the naive formula on the
+    // same Gram (uncentred) is far off; ours is not.
+    let g = gram(&guidance, &models, &View::all());
+    let (ng, nm) = (
+        sq_norms(&guidance, &View::all()),
+        sq_norms(&models, &View::all()),
+    );
+    let naive_formula = ng[0] + nm[0] - 2.0 * g.get(0, 0);
+    let want = exact(&guidance[0], &models[0]);
+    assert!(want < 1e-6 * nm[0]);
+    assert!((got.get(0, 0) - want).abs() <= SQ_DIST_REL_TOL * want);
+    assert!((naive_formula - want).abs() > 100.0 * SQ_DIST_REL_TOL * want);
+    // Identical rows are exactly 0 apart, in both kernels.
+    let twin = vec![models[0].clone(), models[0].clone(), models[1].clone()];
+    let s = sq_dist_matrix_sym(&twin, &View::all());
+    assert_eq!(s.get(0, 1), 0.0);
+    assert_eq!(sq_dist_matrix(&twin, &twin, &View::all()).get(1, 0), 0.0);
+}
+
+#[test]
+fn non_finite_rows_only_poison_their_own_distances() {
+    let mut a = rows(13, 6, 1000, 0.0);
+    a[2][500] = f32::NAN;
+    let cross = sq_dist_matrix(&a, &a, &View::all());
+    assert!(cross.get(2, 2).is_nan() && cross.get(2, 3).is_nan() && cross.get(1, 1) == 0.0);
+    let s = sq_dist_matrix_sym(&a, &View::all());
+    for i in 0..6 {
+        for j in 0..6 {
+            if i == j {
+                // The symmetric kernel's diagonal is 0 by definition.
+                assert_eq!(s.get(i, j), 0.0);
+            } else if i == 2 || j == 2 {
+                assert!(s.get(i, j).is_nan());
+            } else {
+                let w = sq_dist(&a[i], &a[j]);
+                assert!((s.get(i, j) - w).abs() <= SQ_DIST_REL_TOL * w, "({i},{j})");
+            }
+        }
+    }
+}
+
+fn weight_rows(seed: u64, n: usize, m: usize) -> Vec<Vec<f64>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            let raw: Vec<f64> = (0..m)
+                .map(|_| {
+                    if rng.random_bool(0.3) {
+                        0.0
+                    } else {
+                        rng.random_range(0.0..1.0)
+                    }
+                })
+                .collect();
+            let s: f64 = raw.iter().sum::<f64>().max(1e-9);
+            raw.iter().map(|w| w / s).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn mixing_matches_weighted_sum() {
+    // 300 distinct rows cross the 256-row GEMM tile; 1000 columns end in a
+    // partial 256-column block.
+    let models = rows(14, 20, 1000, 0.0);
+    let refs: Vec<&[f32]> = models.iter().map(Vec::as_slice).collect();
+    let w = weight_rows(15, 300, 20);
+    let mixed = mix(&w, &models);
+    assert_eq!((mixed.len(), mixed.distinct()), (300, 300));
+    let mut same = 0usize;
+    for (i, wi) in w.iter().enumerate() {
+        let mut want = vec![0.0f32; 1000];
+        weighted_sum(wi, &refs, &mut want);
+        for (c, (g, r)) in mixed.row(i).iter().zip(&want).enumerate() {
+            let bound: f64 = wi
+                .iter()
+                .zip(&models)
+                .map(|(wj, mj)| (wj * f64::from(mj[c])).abs())
+                .sum();
+            // One f32 rounding apart at most, plus the f64 summation error.
+            let tol = f64::from(f32::EPSILON) * f64::from(r.abs()) + 1e-13 * bound;
+            assert!((f64::from(*g) - f64::from(*r)).abs() <= tol, "({i},{c})");
+            same += usize::from(g.to_bits() == r.to_bits());
+        }
+    }
+    // Nearly all entries round to the same f32.
+    assert!(same as f64 >= 0.99 * 300_000.0, "{same}");
+}
+
+#[test]
+fn identical_rows_are_mixed_once_and_bit_exactly() {
+    let models = rows(16, 50, 3000, 0.0);
+    let refs: Vec<&[f32]> = models.iter().map(Vec::as_slice).collect();
+    let p = weight_rows(17, 1, 50).remove(0);
+    let w = vec![p.clone(); 50];
+    let mixed = mix(&w, &refs);
+    assert_eq!(mixed.distinct(), 1);
+    let mut want = vec![0.0f32; 3000];
+    weighted_sum(&p, &refs, &mut want);
+    assert_eq!(mixed.row(49), want.as_slice());
+    let owned = mixed.into_rows();
+    assert_eq!(owned.len(), 50);
+    assert!(owned.iter().all(|r| *r == want));
+    // Two classes, interleaved.
+    let q = weight_rows(18, 1, 50).remove(0);
+    let w2 = vec![p.clone(), q.clone(), p, q];
+    let m2 = mix(&w2, &models);
+    assert_eq!(m2.distinct(), 2);
+    assert_eq!((m2.class_of(2), m2.class_of(3)), (0, 1));
+    assert_eq!(m2.row(0), m2.row(2));
+}
+
+#[test]
+fn zero_weights_skip_non_finite_models() {
+    let mut models = rows(19, 10, 600, 0.0);
+    models[4] = vec![f32::NAN; 600];
+    models[7][3] = f32::INFINITY;
+    let refs: Vec<&[f32]> = models.iter().map(Vec::as_slice).collect();
+    // 8 distinct rows (the GEMM path) and 1 row (the direct path).
+    for n in [8, 1] {
+        let mut w = weight_rows(20 + n as u64, n, 10);
+        for row in &mut w {
+            row[4] = 0.0;
+            row[7] = 0.0;
+        }
+        w[0][7] = 0.5;
+        let mixed = mix(&w, &models);
+        for (i, wi) in w.iter().enumerate() {
+            let mut want = vec![0.0f32; 600];
+            weighted_sum(wi, &refs, &mut want);
+            let got = mixed.row(i);
+            for c in 0..600 {
+                let (g, r) = (got[c], want[c]);
+                assert_eq!(g.is_finite(), r.is_finite(), "n={n} ({i},{c})");
+                assert!(g == r || (g - r).abs() <= 2.0 * f32::EPSILON * r.abs());
+            }
+            assert_eq!(got.iter().all(|x| x.is_finite()), i != 0);
+        }
+    }
+    // No models, no weights.
+    let none: Vec<Vec<f32>> = Vec::new();
+    let m = mix(&[Vec::<f64>::new(), Vec::new()], &none);
+    assert_eq!((m.len(), m.distinct(), m.row(1).len()), (2, 1, 0));
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let a = rows(21, 270, 2100, 0.5);
+    let b = rows(22, 5, 2100, 0.5);
+    let mut close = b.clone();
+    close[0] = a[0].iter().map(|x| x + 1e-5).collect();
+    let ranges = [0..700, 900..2100];
+    let w = weight_rows(23, 270, 270);
+    let run = || {
+        let view = View::ranges(&ranges);
+        (
+            bits(&gram_sym(&a, &View::all())),
+            bits(&gram_sym(&a[..150], &View::all())),
+            bits(&gram(&a, &b, &view)),
+            bits(&cosine_matrix_sym(&a, &view)),
+            bits(&sq_dist_matrix(&a, &close, &View::all())),
+            bits(&sq_dist_matrix_sym(&a, &view)),
+            mix(&w, &a)
+                .into_rows()
+                .concat()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<u32>>(),
+        )
+    };
+    let with = |threads: usize| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("thread pool")
+            .install(run)
+    };
+    let one = with(1);
+    assert!(one == with(4));
+    assert!(one == with(3));
+}
+
+mod random_shapes {
+    use super::*;
+    use proptest::prelude::*;
+
+    type Case = (Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<Range<usize>>);
+
+    /// Rows, a second set, and ranges (possibly empty, unsorted or overlapping).
+    fn case() -> impl Strategy<Value = Case> {
+        (0usize..5, 0usize..5, 0usize..1300).prop_flat_map(|(n, m, d)| {
+            let row = prop::collection::vec(-4.0f32..4.0, d);
+            let bound = d + 1;
+            (
+                prop::collection::vec(row.clone(), n),
+                prop::collection::vec(row, m),
+                prop::collection::vec((0..bound, 0..bound), 0..4).prop_map(|v| {
+                    v.into_iter()
+                        .map(|(x, y)| x.min(y)..x.max(y))
+                        .collect::<Vec<_>>()
+                }),
+            )
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        #[test]
+        fn kernels_match_the_pair_loops((a, b, ranges) in case()) {
+            let view = View::ranges(&ranges);
+            let on = |x: &[f32], y: &[f32]| -> (f64, f64) {
+                ranges.iter().fold((0.0, 0.0), |(s, ab), r| {
+                    let (x, y) = (&x[r.clone()], &y[r.clone()]);
+                    let abs: f64 = x.iter().zip(y).map(|(p, q)| (f64::from(*p) * f64::from(*q)).abs()).sum();
+                    (s + dot(x, y), ab + abs)
+                })
+            };
+            let g = gram(&a, &b, &view);
+            let d2 = sq_dist_matrix(&a, &b, &view);
+            prop_assert_eq!((g.rows(), g.cols()), (a.len(), b.len()));
+            for i in 0..a.len() {
+                for j in 0..b.len() {
+                    let (want, abs) = on(&a[i], &b[j]);
+                    prop_assert!((g.get(i, j) - want).abs() <= 1e-12 * abs.max(1e-300));
+                    let diff: f64 = ranges.iter().map(|r| sq_dist(&a[i][r.clone()], &b[j][r.clone()])).sum();
+                    prop_assert!((d2.get(i, j) - diff).abs() <= 2.0 * SQ_DIST_REL_TOL * diff);
+                }
+            }
+            let s = gram_sym(&a, &view);
+            for i in 0..a.len() {
+                for j in 0..a.len() {
+                    let (want, abs) = on(&a[i], &a[j]);
+                    prop_assert!((s.get(i, j) - want).abs() <= 1e-12 * abs.max(1e-300));
+                }
+            }
+            // Mixing b's rows by weights over a's rows.
+            if !a.is_empty() {
+                let refs: Vec<&[f32]> = a.iter().map(Vec::as_slice).collect();
+                let w: Vec<Vec<f64>> = (0..b.len() + 5)
+                    .map(|i| (0..a.len()).map(|j| ((i * 7 + j * 3) % 5) as f64 * 0.1).collect())
+                    .collect();
+                let mixed = mix(&w, &a);
+                for (i, wi) in w.iter().enumerate() {
+                    let mut want = vec![0.0f32; a[0].len()];
+                    weighted_sum(wi, &refs, &mut want);
+                    for (x, y) in mixed.row(i).iter().zip(&want) {
+                        prop_assert!((x - y).abs() <= f32::EPSILON * y.abs() + 1e-30);
+                    }
+                }
+            }
+        }
+    }
+}

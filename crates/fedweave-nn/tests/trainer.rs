@@ -1,0 +1,315 @@
+//! The step-level training API: a hand-written loop over `LocalTrainer`
+//! equals `train_local`, frozen ranges stay put, the optimiser state
+//! survives sessions, and the sampler draws today's order.
+
+use fedweave_core::{Purpose, rng_stream};
+use fedweave_nn::{
+    BatchSampler, CosinePull, Device, ExtraLoss, LocalData, LocalTrainer, ModelKind, ModelSpec,
+    Proximal, SgdState, TrainConfig, train_local,
+};
+use rand::Rng;
+use rand::seq::SliceRandom;
+use std::ops::Range;
+
+const N: usize = 30;
+
+struct Data {
+    x: Vec<f32>,
+    y: Vec<u32>,
+    idx: Vec<usize>,
+}
+
+impl Data {
+    fn new(input_len: usize, classes: u32) -> Self {
+        let mut rng = rng_stream(21, 0, 0, Purpose::Dataset);
+        Self {
+            x: (0..N * input_len)
+                .map(|_| rng.random_range(-1.0f32..1.0))
+                .collect(),
+            y: (0..N).map(|_| rng.random_range(0..classes)).collect(),
+            idx: (0..N).collect(),
+        }
+    }
+    fn view(&self) -> LocalData<'_> {
+        LocalData::new(&self.x, &self.y, &self.idx)
+    }
+}
+
+fn cfg() -> TrainConfig {
+    TrainConfig {
+        lr: 0.05,
+        momentum: 0.9,
+        weight_decay: 1e-3,
+        batch_size: 8,
+        iterations: 6,
+        epochs: 0,
+    }
+}
+
+fn mlp() -> (ModelSpec, Vec<f32>) {
+    let spec = ModelSpec::new(ModelKind::Mlp, &[6], 3).unwrap();
+    let init = spec.init(&mut rng_stream(2, 0, 0, Purpose::ModelInit));
+    (spec, init)
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn a_manual_loop_equals_train_local() {
+    let data = Data::new(6, 3);
+    let (spec, init) = mlp();
+    let anchor: Vec<f32> = init.iter().map(|p| p * 0.5).collect();
+    let prox = Proximal {
+        mu: 0.2,
+        anchor: &anchor,
+    };
+    let cos = CosinePull {
+        coef: -0.3,
+        target: &anchor,
+        divide_by_target_norm: true,
+    };
+    let extras: [&dyn ExtraLoss; 2] = [&prox, &cos];
+    let frozen = vec![3..50, 60..70];
+    let cfg = cfg();
+
+    let mut want = init.clone();
+    let mut want_state = SgdState::default();
+    let stats = train_local(
+        &spec,
+        &mut want,
+        &mut [],
+        &data.view(),
+        &cfg,
+        &extras,
+        &frozen,
+        Some(&mut want_state),
+        &mut rng_stream(4, 1, 0, Purpose::Batches),
+    );
+
+    let mut rng = rng_stream(4, 1, 0, Purpose::Batches);
+    let mut sampler = BatchSampler::new(N, cfg.batch_size, &mut rng);
+    let mut trainer = LocalTrainer::new(&spec, &Device::flex(), &init, &[], cfg.sgd(), None);
+    let mut loss = 0.0;
+    for _ in 0..cfg.iterations {
+        loss += trainer.loss_and_grad(&data.view(), sampler.next_batch(&mut rng), &extras);
+        trainer.step(&frozen, cfg.lr);
+    }
+    let mut got = vec![0.0; init.len()];
+    trainer.store(&mut got, &mut []);
+    let mut got_state = SgdState::default();
+    trainer.store_state(&mut got_state);
+    assert_eq!(bits(&got), bits(&want));
+    assert_eq!(bits(&got_state.momentum), bits(&want_state.momentum));
+    assert_eq!(
+        (loss / cfg.iterations as f64).to_bits(),
+        stats.mean_loss.to_bits()
+    );
+}
+
+#[test]
+fn step_leaves_frozen_ranges_and_their_momentum_untouched() {
+    let data = Data::new(6, 3);
+    let (spec, init) = mlp();
+    let layout = spec.layout();
+    // Part of fc1.weight, all of fc1.bias and part of fc2.weight, plus the
+    // whole head group; given unsorted and overlapping.
+    let b1 = layout.tensor("fc1.bias").unwrap().range();
+    let head = layout.head().unwrap().range.clone();
+    let frozen: Vec<Range<usize>> = vec![
+        head.clone(),
+        b1.start..b1.end + 7,
+        b1.start - 5..b1.start + 2,
+    ];
+    let is_frozen = |i: usize| frozen.iter().any(|r| r.contains(&i));
+    let mut rng = rng_stream(4, 1, 0, Purpose::Batches);
+    let mut sampler = BatchSampler::new(N, 8, &mut rng);
+    // Momentum comes in non-zero, so "untouched" is visible.
+    let state = SgdState {
+        momentum: (0..init.len()).map(|i| (i % 7) as f32 * 0.01).collect(),
+    };
+    let mut trainer = LocalTrainer::new(
+        &spec,
+        &Device::flex(),
+        &init,
+        &[],
+        cfg().sgd(),
+        Some(&state),
+    );
+    for _ in 0..3 {
+        trainer.loss_and_grad(&data.view(), sampler.next_batch(&mut rng), &[]);
+        trainer.step(&frozen, 0.1);
+    }
+    let mut p = vec![0.0; init.len()];
+    trainer.read_params(&mut p);
+    let mut after = SgdState::default();
+    trainer.store_state(&mut after);
+    for i in 0..init.len() {
+        if is_frozen(i) {
+            assert_eq!(p[i].to_bits(), init[i].to_bits(), "parameter {i} moved");
+            assert_eq!(
+                after.momentum[i].to_bits(),
+                state.momentum[i].to_bits(),
+                "momentum {i} moved"
+            );
+        }
+    }
+    let moved = (0..init.len())
+        .filter(|&i| !is_frozen(i) && p[i] != init[i])
+        .count();
+    let free = (0..init.len()).filter(|&i| !is_frozen(i)).count();
+    assert!(
+        moved > free * 9 / 10,
+        "{moved} of {free} free parameters moved"
+    );
+}
+
+#[test]
+fn sgd_state_persists_across_sessions() {
+    let data = Data::new(6, 3);
+    let (spec, init) = mlp();
+    let cfg = cfg();
+    let run = |sessions: usize, steps: usize, keep: bool| {
+        let mut rng = rng_stream(5, 1, 0, Purpose::Batches);
+        let mut sampler = BatchSampler::new(N, cfg.batch_size, &mut rng);
+        let mut p = init.clone();
+        let mut state = SgdState::default();
+        for _ in 0..sessions {
+            let mut t = LocalTrainer::new(
+                &spec,
+                &Device::flex(),
+                &p,
+                &[],
+                cfg.sgd(),
+                keep.then_some(&state),
+            );
+            for _ in 0..steps {
+                t.loss_and_grad(&data.view(), sampler.next_batch(&mut rng), &[]);
+                t.step(&[], cfg.lr);
+            }
+            t.store(&mut p, &mut []);
+            t.store_state(&mut state);
+        }
+        (bits(&p), bits(&state.momentum))
+    };
+    let one = run(1, 6, true);
+    assert_eq!(run(2, 3, true), one, "momentum carried over");
+    assert_eq!(run(3, 2, true), one);
+    assert_ne!(run(2, 3, false).0, one.0, "a fresh optimiser differs");
+    // train_local with a kept state continues the same way.
+    let mut p = init.clone();
+    let mut state = SgdState::default();
+    let mut rng = rng_stream(6, 1, 0, Purpose::Batches);
+    let half = TrainConfig {
+        iterations: 3,
+        ..cfg.clone()
+    };
+    for _ in 0..2 {
+        train_local(
+            &spec,
+            &mut p,
+            &mut [],
+            &data.view(),
+            &half,
+            &[],
+            &[],
+            Some(&mut state),
+            &mut rng,
+        );
+    }
+    assert_eq!(state.momentum.len(), init.len());
+    assert!(state.momentum.iter().any(|&m| m != 0.0));
+}
+
+#[test]
+fn the_sampler_walks_the_former_order() {
+    for (n, bs, steps) in [
+        (30, 8, 20),
+        (7, 3, 10),
+        (5, 5, 4),
+        (4, 10, 5),
+        (1, 1, 3),
+        (10, 0, 12),
+    ] {
+        // The former trainer's loop, verbatim.
+        let mut rng = rng_stream(7, 2, n as u64, Purpose::Batches);
+        let mut want: Vec<Vec<usize>> = Vec::new();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.shuffle(&mut rng);
+        let mut cursor = 0;
+        let b = bs.max(1);
+        for _ in 0..steps {
+            if cursor >= n {
+                order.shuffle(&mut rng);
+                cursor = 0;
+            }
+            let end = (cursor + b).min(n);
+            want.push(order[cursor..end].to_vec());
+            cursor = end;
+        }
+        let after_want: u64 = rng.random();
+
+        let mut rng = rng_stream(7, 2, n as u64, Purpose::Batches);
+        let mut sampler = BatchSampler::new(n, bs, &mut rng);
+        let got: Vec<Vec<usize>> = (0..steps)
+            .map(|_| sampler.next_batch(&mut rng).to_vec())
+            .collect();
+        assert_eq!(got, want, "n {n}, batch {bs}");
+        assert_eq!(rng.random::<u64>(), after_want, "same draws from the rng");
+    }
+}
+
+#[test]
+fn parameters_and_gradient_can_be_read_and_replaced() {
+    let data = Data::new(6, 3);
+    let (spec, init) = mlp();
+    let plain = fedweave_nn::SgdConfig::default();
+    let mut t = LocalTrainer::new(&spec, &Device::flex(), &init, &[], plain, None);
+    let batch: Vec<usize> = (0..10).collect();
+    t.loss_and_grad(&data.view(), &batch, &[]);
+    let mut g = vec![0.0; init.len()];
+    t.read_grad(&mut g);
+    assert!(g.iter().any(|&v| v != 0.0));
+    // Plain SGD with lr 1: θ − 1·g, exactly.
+    t.step(&[], 1.0);
+    let mut p = vec![0.0; init.len()];
+    t.read_params(&mut p);
+    let want: Vec<f32> = init.iter().zip(&g).map(|(a, b)| a - 1.0 * b).collect();
+    assert_eq!(bits(&p), bits(&want));
+    // Back to the start, same gradient: the same step again (Per-FedAvg's
+    // outer step from the pre-adaptation model).
+    t.load_params(&init);
+    t.step(&[], 1.0);
+    t.read_params(&mut p);
+    assert_eq!(bits(&p), bits(&want));
+    // An extra term sees the session's current parameters: a proximal
+    // term anchored at them adds nothing.
+    let prox = Proximal {
+        mu: 5.0,
+        anchor: &want,
+    };
+    let mut with = vec![0.0; init.len()];
+    let mut without = vec![0.0; init.len()];
+    t.loss_and_grad(&data.view(), &batch, &[&prox]);
+    t.read_grad(&mut with);
+    t.loss_and_grad(&data.view(), &batch, &[]);
+    t.read_grad(&mut without);
+    assert_eq!(bits(&with), bits(&without));
+}
+
+#[test]
+fn batch_norm_statistics_are_stored_with_the_parameters() {
+    let spec = ModelSpec::new(ModelKind::CnnBn, &[1, 28, 28], 2).unwrap();
+    let data = Data::new(784, 2);
+    let init = spec.init(&mut rng_stream(2, 0, 0, Purpose::ModelInit));
+    let fresh = spec.init_buffers();
+    let mut t = LocalTrainer::new(&spec, &Device::flex(), &init, &fresh, cfg().sgd(), None);
+    let batch: Vec<usize> = (0..6).collect();
+    t.loss_and_grad(&data.view(), &batch, &[]);
+    assert_ne!(t.buffers(), &fresh[..]);
+    let (mut p, mut b) = (vec![0.0; init.len()], vec![0.0; fresh.len()]);
+    t.store(&mut p, &mut b);
+    assert_eq!(b, t.buffers());
+    assert_eq!(p, init, "no step taken");
+}

@@ -1,0 +1,221 @@
+//! The evaluation protocol: every round each benign client's personalised
+//! model (the algorithm says which, and when) is scored on its validation
+//! and test data; per client the test figure at its best validation score
+//! is kept. The summary reads these trackers and the round records.
+
+use crate::setup::Setup;
+use fedweave_algos::Algorithm;
+use fedweave_core::vecmath::{mean, std_dev};
+use fedweave_nn::evaluate;
+use fedweave_records::{PROTOCOL, RoundRecord, Summary};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// What the test split says about one client's model.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct TestMetrics {
+    pub acc: f64,
+    pub mae: f64,
+    pub rmse: f64,
+    pub mape: f64,
+}
+
+/// One client's evaluation: the validation figure the protocol selects on
+/// (`val_score`, higher is better: accuracy, or −MAE for regression), the
+/// validation figure reported, and the test metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Score {
+    pub val_score: f64,
+    pub val_reported: f64,
+    pub test: TestMetrics,
+}
+
+/// Per-client best-validation bookkeeping.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct BestTracker {
+    pub best_val: Option<f64>,
+    pub test_at_best: TestMetrics,
+    pub round: usize,
+}
+
+/// The protocol's memory across rounds (checkpointed).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Trackers {
+    pub best: Vec<BestTracker>,
+    pub last_test: Vec<TestMetrics>,
+}
+
+impl Trackers {
+    pub fn new(clients: usize) -> Self {
+        Self {
+            best: vec![BestTracker::default(); clients],
+            last_test: vec![TestMetrics::default(); clients],
+        }
+    }
+
+    /// Records round `round`'s scores of the `benign` clients (strict
+    /// improvement: the earliest round wins ties).
+    pub fn update(&mut self, round: usize, benign: &[usize], scores: &[Score]) {
+        for (&i, score) in benign.iter().zip(scores) {
+            let b = &mut self.best[i];
+            if b.best_val.is_none_or(|v| score.val_score > v) {
+                *b = BestTracker {
+                    best_val: Some(score.val_score),
+                    test_at_best: score.test,
+                    round,
+                };
+            }
+            self.last_test[i] = score.test;
+        }
+    }
+}
+
+/// Scores every benign client's personalised model.
+pub(crate) fn evaluate_clients<A: Algorithm>(
+    algo: &A,
+    setup: &Setup,
+    clients: &[A::Client],
+    pool: &rayon::ThreadPool,
+) -> Vec<Score> {
+    pool.install(|| {
+        setup
+            .benign
+            .par_iter()
+            .map(|&i| {
+                let model = algo.personalized(&clients[i]);
+                let data = setup.client_data(i);
+                let spec = &setup.spec;
+                let val = evaluate(spec, &model.params, model.buffers, &data.val);
+                let t = evaluate(spec, &model.params, model.buffers, &setup.test_data(i));
+                let test = TestMetrics {
+                    acc: t.accuracy(),
+                    mae: t.mae(),
+                    rmse: t.rmse(),
+                    mape: t.mape(),
+                };
+                if data.val.is_regression() {
+                    Score {
+                        val_score: -val.mae(),
+                        val_reported: val.mae(),
+                        test,
+                    }
+                } else {
+                    Score {
+                        val_score: val.accuracy(),
+                        val_reported: val.accuracy(),
+                        test,
+                    }
+                }
+            })
+            .collect()
+    })
+}
+
+/// Fills the round record's mean metrics from the round's scores:
+/// accuracies, or the regression errors.
+pub(crate) fn fill_means(record: &mut RoundRecord, regression: bool, scores: &[Score]) {
+    let mean_of = |f: fn(&Score) -> f64| Some(mean(&scores.iter().map(f).collect::<Vec<_>>()));
+    if regression {
+        record.mean_val_mae = mean_of(|s| s.val_reported);
+        record.mean_test_mae = mean_of(|s| s.test.mae);
+        record.mean_test_rmse = mean_of(|s| s.test.rmse);
+        record.mean_test_mape = mean_of(|s| s.test.mape);
+    } else {
+        record.mean_val_acc = mean_of(|s| s.val_reported);
+        record.mean_test_acc = mean_of(|s| s.test.acc);
+    }
+}
+
+/// `summary.json` from the trackers and every round's record.
+pub(crate) fn summarize(
+    setup: &Setup,
+    algorithm: &str,
+    trackers: &Trackers,
+    records: &[RoundRecord],
+    wall_seconds: f64,
+) -> Summary {
+    let cfg = &setup.cfg;
+    let regression = setup.regression;
+    let benign = &setup.benign;
+    let best = &trackers.best;
+    // The headline per client: accuracy, or MAE for regression.
+    let headline = |m: &TestMetrics| if regression { m.mae } else { m.acc };
+    let per_client: Vec<Option<f64>> = (0..cfg.clients)
+        .map(|i| (!setup.is_malicious[i]).then_some(headline(&best[i].test_at_best)))
+        .collect();
+    let benign_best: Vec<f64> = benign
+        .iter()
+        .map(|&i| headline(&best[i].test_at_best))
+        .collect();
+    let benign_mean = |f: fn(&TestMetrics) -> f64| {
+        mean(
+            &benign
+                .iter()
+                .map(|&i| f(&best[i].test_at_best))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let last_mean = mean(
+        &benign
+            .iter()
+            .map(|&i| headline(&trackers.last_test[i]))
+            .collect::<Vec<_>>(),
+    );
+    let mut sorted = benign_best.clone();
+    // Worst first: lowest accuracy, or highest error.
+    sorted.sort_by(|a, b| {
+        if regression {
+            b.total_cmp(a)
+        } else {
+            a.total_cmp(b)
+        }
+    });
+    let bottom = (sorted.len() / 10).max(1).min(sorted.len());
+    let mut secs: Vec<f64> = records.iter().map(|r| r.seconds).collect();
+    secs.sort_by(f64::total_cmp);
+    let last = records.last();
+    let c = !regression;
+    Summary {
+        algorithm: algorithm.to_string(),
+        dataset: setup.dataset.name.clone(),
+        partition: cfg.partition.describe(),
+        model: format!("{:?}", cfg.model.kind).to_lowercase(),
+        model_parameters: setup.init.len(),
+        clients: cfg.clients,
+        rounds: records.len(),
+        seed: cfg.seed,
+        attack: cfg.attack.describe(),
+        mean_test_acc: c.then(|| mean(&benign_best)),
+        last_round_mean_test_acc: c.then_some(last_mean),
+        max_round_mean_test_acc: records
+            .iter()
+            .filter_map(|r| r.mean_test_acc)
+            .reduce(f64::max),
+        std_test_acc: c.then(|| std_dev(&benign_best)),
+        min_test_acc: sorted.first().copied().filter(|_| c),
+        bottom10_test_acc: (!sorted.is_empty() && c).then(|| mean(&sorted[..bottom])),
+        per_client_test_acc: if regression {
+            vec![None; cfg.clients]
+        } else {
+            per_client.clone()
+        },
+        last_round_mean_test_mae: regression.then_some(last_mean),
+        per_client_test_mae: regression.then_some(per_client),
+        worst10_test_mae: (!sorted.is_empty() && regression).then(|| mean(&sorted[..bottom])),
+        per_client_best_round: (0..cfg.clients)
+            .map(|i| (!setup.is_malicious[i]).then_some(best[i].round))
+            .collect(),
+        mean_test_mae: regression.then(|| benign_mean(|m| m.mae)),
+        mean_test_rmse: regression.then(|| benign_mean(|m| m.rmse)),
+        mean_test_mape: regression.then(|| benign_mean(|m| m.mape)),
+        malicious: setup.malicious.clone(),
+        final_graph: last.map(|r| r.graph.clone()).unwrap_or_default(),
+        final_graph_layers: last.map(|r| r.graph_layers.clone()).unwrap_or_default(),
+        bytes_up: records.iter().map(|r| r.bytes_up).sum(),
+        bytes_down: records.iter().map(|r| r.bytes_down).sum(),
+        wall_seconds,
+        seconds_per_round_median: secs.get(secs.len() / 2).copied().unwrap_or(0.0),
+        threads: setup.threads(),
+        protocol: PROTOCOL.to_string(),
+    }
+}

@@ -1,0 +1,319 @@
+//! One simulated round: local training in parallel, attacks on the
+//! uploads, the server's check of what arrived, graph inference (by the
+//! server, or by each peer), delivery, and evaluation at the algorithm's
+//! point.
+//!
+//! Partial participation, the same for every algorithm: a client that does
+//! not take part in round t does not train and uploads nothing; it still
+//! receives whatever the algorithm addresses to it (FedAvg's global model
+//! goes to everyone; graph methods answer only the participants, so an
+//! absent client keeps its model and gets an identity row); and it is
+//! scored every round on its current personalised model, like everyone.
+
+use crate::peer::{SharedMemoryNet, exchange};
+use crate::protocol::{Trackers, evaluate_clients, fill_means};
+use crate::setup::Setup;
+use fedweave_algos::attack::{AttackKind, poison};
+use fedweave_algos::{Algorithm, ClientCx, EvalPoint, Message, RoundOutcome, Topology};
+use fedweave_core::vecmath::mean;
+use fedweave_core::{Purpose, rng_stream};
+use fedweave_records::RoundRecord;
+use rand::seq::index::sample;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// Everything that changes from round to round: what a checkpoint holds.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct RunState<S, C> {
+    /// Rounds completed.
+    pub round: usize,
+    /// The algorithm's server state.
+    pub server: S,
+    /// Every client's state.
+    pub clients: Vec<C>,
+    /// The evaluation protocol's trackers.
+    pub trackers: Trackers,
+}
+
+/// One participant's result: its id, upload, training loss, and (under the
+/// `inv_grad` attack) the model its training started from.
+struct Upload<U> {
+    client: usize,
+    up: U,
+    loss: f64,
+    origin: Option<Vec<f32>>,
+}
+
+/// Runs round `state.round + 1` and returns its record.
+pub(crate) fn run_round<A: Algorithm>(
+    algo: &A,
+    setup: &Setup,
+    state: &mut RunState<A::Server, A::Client>,
+    pool: &rayon::ThreadPool,
+) -> RoundRecord {
+    let started = Instant::now();
+    let round = state.round + 1;
+    let cfg = &setup.cfg;
+    let env = setup.env();
+    let participants = choose_participants(cfg, round);
+    let mut taking_part = vec![false; cfg.clients];
+    participants.iter().for_each(|&i| taking_part[i] = true);
+    let attack = cfg.attack.kind;
+    let inv_grad = |i: usize| attack == AttackKind::InvGrad && setup.is_malicious[i];
+
+    // Local training, one task per participant.
+    let mut uploads: Vec<Upload<A::Up>> = pool.install(|| {
+        state
+            .clients
+            .par_iter_mut()
+            .enumerate()
+            .filter(|(i, _)| taking_part[*i])
+            .map(|(i, client)| {
+                let mut cx = ClientCx {
+                    client: i,
+                    round,
+                    data: setup.client_data(i),
+                    rng: rng_stream(cfg.seed, round as u64, i as u64, Purpose::Batches),
+                    origin: inv_grad(i).then_some(None),
+                };
+                let t = algo.local_round(&env, &mut cx, client);
+                Upload {
+                    client: i,
+                    up: t.up,
+                    loss: t.train_loss,
+                    origin: cx.origin.flatten(),
+                }
+            })
+            .collect()
+    });
+
+    // Model poisoning wraps the uploads (the model, their first vector);
+    // then the server checks what arrived.
+    if attack.poisons_models() {
+        for u in uploads.iter_mut().filter(|u| setup.is_malicious[u.client]) {
+            if let Some(model) = u.up.vectors_mut().into_iter().next()
+                && !model.is_empty()
+            {
+                let start = u.origin.as_deref().unwrap_or(&setup.init);
+                let (kind, uniform) = (attack, cfg.attack.uniform);
+                poison(kind, uniform, model, start, cfg.seed, round, u.client);
+            }
+        }
+    }
+    let mut rejected = Vec::new();
+    let mut sound = Vec::with_capacity(uploads.len());
+    let mut losses = Vec::with_capacity(uploads.len());
+    for Upload {
+        client: i,
+        up,
+        loss,
+        ..
+    } in uploads
+    {
+        match algo.check_upload(&env, &up) {
+            Ok(()) => {
+                sound.push((i, up));
+                losses.push(loss);
+            }
+            Err(why) => {
+                tracing::warn!(
+                    client = i,
+                    round,
+                    "upload rejected ({why}); client sits this round out"
+                );
+                rejected.push(i);
+            }
+        }
+    }
+    let mut bytes_up: u64 = sound.iter().map(|(_, u)| u.bytes()).sum();
+
+    let mut scores = Vec::new();
+    if algo.eval_point() == EvalPoint::AfterTraining {
+        scores = evaluate_clients(algo, setup, &state.clients, pool);
+    }
+
+    // Graph inference and mixing: by a server, or by the clients themselves
+    // through the peer message layer.
+    let mut selection = None;
+    let outcome = if algo.topology() == Topology::PeerToPeer {
+        let net = SharedMemoryNet::new(cfg.clients, &sound);
+        let selecting: Vec<bool> = (0..cfg.clients)
+            .map(|i| net.has_published(i) && (cfg.attack.run_selection || !setup.is_malicious[i]))
+            .collect();
+        let (graph, stats) =
+            pool.install(|| exchange(algo, setup, round, &mut state.clients, &selecting, &net));
+        // Every transfer leaves one peer and reaches another.
+        bytes_up = net.bytes();
+        selection = Some(stats);
+        RoundOutcome::new(graph, Vec::new())
+    } else if sound.is_empty() {
+        // With no sound upload there is nothing to infer a graph from:
+        // every client keeps its model this round.
+        RoundOutcome::keep_all(cfg.clients)
+    } else {
+        algo.aggregate(&env, &mut state.server, round, &sound)
+    };
+    let bytes_down = if algo.topology() == Topology::PeerToPeer {
+        bytes_up
+    } else {
+        outcome.downloads.iter().map(|(_, d)| d.bytes()).sum()
+    };
+    deliver(algo, setup, &mut state.clients, outcome.downloads, pool);
+    if algo.eval_point() == EvalPoint::AfterReceive {
+        scores = evaluate_clients(algo, setup, &state.clients, pool);
+    }
+    state.trackers.update(round, &setup.benign, &scores);
+    state.round = round;
+
+    let mut record = RoundRecord {
+        round,
+        mean_train_loss: mean(&losses),
+        seconds: started.elapsed().as_secs_f64(),
+        bytes_up,
+        bytes_down,
+        participants,
+        rejected,
+        graph: outcome.graph.to_rows(),
+        graph_layers: outcome
+            .layers
+            .iter()
+            .map(|(n, g)| (n.clone(), g.to_rows()))
+            .collect(),
+        graph_sparsity: outcome.graph.sparsity(),
+        graph_symmetry: outcome.graph.symmetry(),
+        selection,
+        ..Default::default()
+    };
+    fill_means(&mut record, setup.regression, &scores);
+    record
+}
+
+/// Applies each download to its client, in parallel.
+fn deliver<A: Algorithm>(
+    algo: &A,
+    setup: &Setup,
+    clients: &mut [A::Client],
+    downloads: Vec<(usize, A::Down)>,
+    pool: &rayon::ThreadPool,
+) {
+    let env = setup.env();
+    let mut inbox: Vec<Option<A::Down>> = (0..clients.len()).map(|_| None).collect();
+    for (i, d) in downloads {
+        inbox[i] = Some(d);
+    }
+    pool.install(|| {
+        clients
+            .par_iter_mut()
+            .zip(inbox.par_iter_mut())
+            .for_each(|(client, d)| {
+                if let Some(d) = d.take() {
+                    algo.receive(&env, client, d);
+                }
+            });
+    });
+}
+
+/// The round's participants: everyone, or a seeded subset of
+/// max(1, round(participation·N)) clients, sorted.
+fn choose_participants(cfg: &crate::ExperimentConfig, round: usize) -> Vec<usize> {
+    if cfg.participation >= 1.0 {
+        return (0..cfg.clients).collect();
+    }
+    let k = ((cfg.participation * cfg.clients as f64).round() as usize).clamp(1, cfg.clients);
+    let mut rng = rng_stream(cfg.seed, round as u64, u64::MAX, Purpose::Participation);
+    let mut chosen = sample(&mut rng, cfg.clients, k).into_vec();
+    chosen.sort_unstable();
+    chosen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ExperimentConfig;
+    use fedweave_algos::Visitor;
+
+    /// Runs three rounds at 50 % participation and checks the semantics in
+    /// this module's doc for one algorithm.
+    struct AbsentClients<'a> {
+        setup: &'a Setup,
+    }
+
+    impl Visitor for AbsentClients<'_> {
+        type Output = ();
+
+        fn visit<A: Algorithm>(self, algo: A, _: toml::Table) {
+            let setup = self.setup;
+            let env = setup.env();
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .build()
+                .unwrap();
+            let n = setup.cfg.clients;
+            let mut state = RunState {
+                round: 0,
+                server: algo.init_server(&env),
+                clients: (0..n).map(|i| algo.init_client(&env, i)).collect(),
+                trackers: Trackers::new(n),
+            };
+            let held = |s: &RunState<A::Server, A::Client>| -> Vec<Vec<f32>> {
+                s.clients
+                    .iter()
+                    .map(|c| algo.personalized(c).params.into_owned())
+                    .collect()
+            };
+            for _ in 0..3 {
+                let before = held(&state);
+                let record = run_round(&algo, setup, &mut state, &pool);
+                let after = held(&state);
+                assert_eq!(record.participants.len(), n / 2, "{}", algo.name());
+                let received = |i: usize| {
+                    let mut identity = vec![0.0; n];
+                    identity[i] = 1.0;
+                    record.graph[i] != identity
+                };
+                for i in (0..n).filter(|i| !record.participants.contains(i)) {
+                    // An absent client never trains: its model changes only
+                    // when the algorithm addresses it (FedAvg's broadcast),
+                    // which its graph row then shows.
+                    assert_eq!(
+                        before[i] != after[i],
+                        received(i),
+                        "{}: absent client {i} in round {}",
+                        algo.name(),
+                        record.round
+                    );
+                }
+                // Every benign client is scored every round, present or not.
+                assert!(state.trackers.best.iter().all(|b| b.round >= 1));
+            }
+        }
+    }
+
+    #[test]
+    fn absent_clients_hold_receive_and_are_scored_the_same_way_for_every_algorithm() {
+        for info in fedweave_algos::catalogue() {
+            let text = "seed = 4\nclients = 6\nparticipation = 0.5\n[data]\ndataset = \"digits\"\n[partition]\nkind = \"iid\"\n[model]\nkind = \"mlp\"\n[train]\nlocal_iterations = 2\n";
+            let cfg = ExperimentConfig::from_toml_str(
+                text,
+                &[
+                    format!("algorithm.name={}", info.name),
+                    "algorithm.init_epochs=1".to_string(),
+                ]
+                .into_iter()
+                .filter(|o| info.name == "dpfl" || !o.contains("init_epochs"))
+                .collect::<Vec<_>>(),
+            )
+            .unwrap();
+            let setup = Setup::load(&cfg).unwrap();
+            let env = setup.env();
+            fedweave_algos::dispatch(
+                info.name,
+                &cfg.algorithm_params(),
+                &env,
+                AbsentClients { setup: &setup },
+            )
+            .unwrap();
+        }
+    }
+}

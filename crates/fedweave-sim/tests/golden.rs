@@ -1,0 +1,236 @@
+//! Golden numbers: every algorithm on small fixed configs must reproduce,
+//! bit for bit, the per-client accuracies, per-round metrics, byte counts
+//! and collaboration graphs recorded in `tests/golden/`. A refactor changes
+//! no result; a fix that must change one re-records the file
+//! (`FEDWEAVE_BLESS=1 cargo test -p fedweave-sim --test golden`) and says
+//! which number changed and why in `docs/results.md`.
+//!
+//! Floats are compared through their shortest round-trip decimal text (ryu),
+//! which is unique per `f64`, so text equality is bit equality.
+
+mod common;
+
+use serde_json::{Map, Value};
+use std::path::PathBuf;
+
+const DIGITS: &str = "seed = 5\nclients = 8\nrounds = 4\nthreads = 2\n[data]\ndataset = \"digits\"\n[partition]\nkind = \"dirichlet\"\nbeta = 0.3\n[model]\nkind = \"mlp\"\n[train]\nlocal_iterations = 6\nbatch_size = 16\nlr = 0.05\nmomentum = 0.9\nweight_decay = 1e-5\n";
+
+/// Real Fashion-MNIST (installed by `.ci/run`) with the batch-norm CNN:
+/// BN running statistics are client state that must survive refactors.
+const FMNIST: &str = "seed = 2\nclients = 4\nrounds = 2\nthreads = 2\n[data]\ndataset = \"fashion-mnist\"\nmax_train_samples = 1200\n[partition]\nkind = \"groups\"\ngroups = 2\n[model]\nkind = \"cnn-bn\"\n[train]\nlocal_iterations = 4\nbatch_size = 32\nlr = 0.01\nmomentum = 0.5\n";
+
+/// (case name, base config, overrides).
+fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
+    let d = |name, o: &[&'static str]| (name, DIGITS, o.to_vec());
+    vec![
+        d("local", &["algorithm.name=local"]),
+        d("fedavg", &["algorithm.name=fedavg", "participation=0.5"]),
+        d("fedavg-ft", &["algorithm.name=fedavg-ft"]),
+        d("fedprox", &["algorithm.name=fedprox", "algorithm.mu=0.1"]),
+        d(
+            "fedprox-ft",
+            &["algorithm.name=fedprox-ft", "participation=0.75"],
+        ),
+        d(
+            "pfedgraph",
+            &["algorithm.name=pfedgraph", "participation=0.75"],
+        ),
+        d(
+            "pfedgraph-code",
+            &[
+                "algorithm.name=pfedgraph",
+                "algorithm.reg_sign=code",
+                "algorithm.reg_target=normalized",
+                "algorithm.similarity=fc",
+            ],
+        ),
+        d(
+            "pfedgraph-sign-flip",
+            &[
+                "algorithm.name=pfedgraph",
+                "attack.kind=sign_flip",
+                "attack.ratio=0.25",
+            ],
+        ),
+        d(
+            "fedavg-inv-grad",
+            &[
+                "algorithm.name=fedavg-ft",
+                "attack.kind=inv_grad",
+                "attack.ratio=0.25",
+            ],
+        ),
+        d(
+            "feddwa",
+            &[
+                "algorithm.name=feddwa",
+                "algorithm.top_k=3",
+                "participation=0.75",
+            ],
+        ),
+        d(
+            "feddwa-full-batch",
+            &["algorithm.name=feddwa", "algorithm.guidance=full_batch"],
+        ),
+        d("fedaghn", &["algorithm.name=fedaghn", "participation=0.75"]),
+        d(
+            "fedaghn-pfedhn",
+            &[
+                "algorithm.name=fedaghn",
+                "algorithm.hn_sign=pfedhn",
+                "algorithm.hn_lr=0.05",
+            ],
+        ),
+        d("sfl", &["algorithm.name=sfl"]),
+        d(
+            "sfl-learned",
+            &[
+                "algorithm.name=sfl",
+                "algorithm.graph=learned",
+                "algorithm.top_k=3",
+                "participation=0.75",
+            ],
+        ),
+        d(
+            "sfl-code-compat",
+            &["algorithm.name=sfl", "algorithm.code_compat=true"],
+        ),
+        d(
+            "dpfl",
+            &[
+                "algorithm.name=dpfl",
+                "algorithm.init_epochs=2",
+                "algorithm.budget=2",
+            ],
+        ),
+        d(
+            "dpfl-random-label-flip",
+            &[
+                "algorithm.name=dpfl",
+                "algorithm.init_epochs=1",
+                "algorithm.graph=random",
+                "attack.kind=label_flip",
+                "attack.ratio=0.25",
+            ],
+        ),
+        (
+            "fedaghn-cnn-bn",
+            FMNIST,
+            vec!["algorithm.name=fedaghn", "participation=0.75"],
+        ),
+        ("feddwa-cnn-bn", FMNIST, vec!["algorithm.name=feddwa"]),
+        (
+            "sfl-weather",
+            include_str!("../../../examples/us_weather_sfl.toml"),
+            vec!["rounds=2", "train.local_epochs=1", "threads=2"],
+        ),
+    ]
+}
+
+/// What must not change: the summary and every round record, less the
+/// wall-clock fields. Graphs larger than 12×12 are reduced to a hash of
+/// their bits (the text would be megabytes).
+fn fingerprint(summary: &fedweave_sim::Summary, rounds: &[Value]) -> Value {
+    let mut s = serde_json::to_value(summary).unwrap();
+    let strip = |v: &mut Value, keys: &[&str]| {
+        if let Value::Object(m) = v {
+            for k in keys {
+                m.remove(*k);
+            }
+        }
+    };
+    strip(
+        &mut s,
+        &[
+            "wall_seconds",
+            "seconds_per_round_median",
+            "threads",
+            "protocol",
+        ],
+    );
+    let mut out = Map::new();
+    out.insert("summary".into(), compact_graphs(s));
+    out.insert(
+        "rounds".into(),
+        Value::Array(
+            rounds
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    strip(&mut r, &["seconds"]);
+                    compact_graphs(r)
+                })
+                .collect(),
+        ),
+    );
+    Value::Object(out)
+}
+
+fn compact_graphs(mut v: Value) -> Value {
+    if let Value::Object(m) = &mut v {
+        for key in ["graph", "final_graph"] {
+            if let Some(g) = m.get_mut(key) {
+                *g = compact(g);
+            }
+        }
+        for key in ["graph_layers", "final_graph_layers"] {
+            if let Some(Value::Object(layers)) = m.get_mut(key) {
+                for g in layers.values_mut() {
+                    *g = compact(g);
+                }
+            }
+        }
+    }
+    v
+}
+
+/// A matrix as it is when small, else an FNV-1a hash of its f64 bits.
+fn compact(g: &Value) -> Value {
+    let rows: Vec<Vec<f64>> = serde_json::from_value(g.clone()).unwrap_or_default();
+    if rows.len() <= 12 {
+        return g.clone();
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for x in rows.iter().flatten() {
+        for b in x.to_bits().to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    Value::String(format!("{}x{} fnv1a {h:016x}", rows.len(), rows.len()))
+}
+
+fn golden_path(case: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/{case}.json"))
+}
+
+#[test]
+fn every_algorithm_reproduces_its_golden_numbers() {
+    let bless = std::env::var_os("FEDWEAVE_BLESS").is_some();
+    let mut failures = Vec::new();
+    for (case, base, overrides) in cases() {
+        let run = common::run_config(base, &overrides);
+        let got = serde_json::to_string_pretty(&fingerprint(&run.summary, &run.rounds)).unwrap();
+        let path = golden_path(case);
+        if bless {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, format!("{got}\n")).unwrap();
+            continue;
+        }
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (record with FEDWEAVE_BLESS=1)", path.display()));
+        if want.trim_end() != got {
+            let first = want
+                .lines()
+                .zip(got.lines())
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+            failures.push(format!(
+                "{case}: first difference at line {}: want `{}`, got `{}`",
+                first + 1,
+                want.lines().nth(first).unwrap_or("").trim(),
+                got.lines().nth(first).unwrap_or("").trim()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

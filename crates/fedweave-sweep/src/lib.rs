@@ -1,0 +1,162 @@
+//! fedweave-sweep: experiments as a job.
+//!
+//! A grid file names a base configuration, seeds, and the keys to vary
+//! (Cartesian `[grid]`, explicit `[[case]]`s, fixed `[set]` overrides).
+//! [`sweep`] checks every configuration first, runs what has not finished
+//! yet (`--jobs` at a time, the cores divided between them), and writes
+//! `results.csv`, `table.md`, `table.tex` and `index.html` next to the run
+//! directories. [`compare`] builds the same outputs from existing runs.
+//!
+//! A run is finished when its directory holds `summary.json` and a
+//! `sweep-run.json` whose fingerprint equals that of the run's resolved
+//! configuration; anything else is run again (see
+//! `exec::start_or_resume`, the single place where checkpoint resume will
+//! go).
+#![warn(missing_docs)]
+
+mod error;
+pub mod exec;
+pub mod grid;
+mod page;
+pub mod results;
+
+use std::path::{Path, PathBuf};
+
+pub use error::SweepError;
+pub use exec::{ExecOptions, ExecOutcome, RunState, execute, run_state};
+pub use grid::{Grid, Plan, PlannedRun, fingerprint};
+pub use results::{Collection, Table, mean_std, write_outputs};
+
+/// `fedweave sweep GRID.toml [--out DIR] [--jobs J]`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SweepArgs {
+    /// The grid file (base config, seeds, [grid], [set], [[case]]).
+    pub grid: PathBuf,
+    /// Output directory (default: runs/<grid file stem>). Starting the same
+    /// sweep again skips the runs that finished.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Experiments to run at once; the cores are divided between them.
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
+    /// Check the grid and list the runs (and which would be skipped)
+    /// without running anything.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// `fedweave compare RUN_DIR... [--out DIR]`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CompareArgs {
+    /// Finished run directories (each with summary.json and config.toml).
+    #[arg(required = true)]
+    pub dirs: Vec<PathBuf>,
+    /// Where to write results.csv, table.md, table.tex and index.html.
+    #[arg(long, default_value = "compare")]
+    pub out: PathBuf,
+}
+
+/// What a sweep did.
+#[derive(Debug, Clone)]
+pub struct SweepReport {
+    /// The output directory.
+    pub out: PathBuf,
+    /// The plan.
+    pub plan: Plan,
+    /// What ran and what was skipped.
+    pub outcome: ExecOutcome,
+    /// Files written (tables and page).
+    pub written: Vec<PathBuf>,
+}
+
+/// The default output directory of a grid file: `runs/<stem>`.
+pub fn default_out(grid: &Path) -> PathBuf {
+    let stem = grid
+        .file_stem()
+        .map_or_else(|| "sweep".into(), |s| s.to_string_lossy().into_owned());
+    PathBuf::from("runs").join(stem)
+}
+
+/// Reads the grid, checks every run, runs the unfinished ones and writes the
+/// tables and the page (also when some runs failed; the error then lists
+/// them).
+///
+/// # Errors
+/// A malformed grid or configuration (before anything runs), I/O errors, or
+/// [`SweepError::RunsFailed`].
+pub fn sweep(grid_path: &Path, out: &Path, opts: &ExecOptions) -> Result<SweepReport, SweepError> {
+    let grid = Grid::read(grid_path)?;
+    let plan = grid.plan()?;
+    let outcome = execute(&plan, out, opts)?;
+    let collection = Collection::from_plan(&plan, out)?;
+    let written = write_outputs(&collection, out)?;
+    if !outcome.failed.is_empty() {
+        return Err(SweepError::RunsFailed {
+            total: plan.runs.len(),
+            failed: outcome.failed.clone(),
+        });
+    }
+    Ok(SweepReport {
+        out: out.to_path_buf(),
+        plan,
+        outcome,
+        written,
+    })
+}
+
+/// Builds the tables and the page from existing run directories.
+///
+/// # Errors
+/// A directory without `summary.json` or `config.toml`, or I/O errors.
+pub fn compare(dirs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>, SweepError> {
+    let c = Collection::from_dirs(dirs)?;
+    write_outputs(&c, out)
+}
+
+/// The `sweep` subcommand.
+///
+/// # Errors
+/// See [`sweep`].
+pub fn run_sweep_command(args: &SweepArgs) -> Result<(), SweepError> {
+    let out = args.out.clone().unwrap_or_else(|| default_out(&args.grid));
+    if args.dry_run {
+        let plan = Grid::read(&args.grid)?.plan()?;
+        for r in &plan.runs {
+            let state = match run_state(&out, r) {
+                RunState::Done => "finished (skip)",
+                RunState::Stale => "stale (rerun)",
+                RunState::New => "new",
+            };
+            println!("{:<16} {}", state, r.name);
+        }
+        println!("{} runs, all configurations valid", plan.runs.len());
+        return Ok(());
+    }
+    let opts = ExecOptions {
+        jobs: args.jobs.max(1),
+        ..ExecOptions::default()
+    };
+    let rep = sweep(&args.grid, &out, &opts)?;
+    println!(
+        "{} runs: {} run now, {} skipped (finished before), {:.1}s",
+        rep.plan.runs.len(),
+        rep.outcome.ran.len(),
+        rep.outcome.skipped.len(),
+        rep.outcome.seconds
+    );
+    for p in &rep.written {
+        println!("{}", p.display());
+    }
+    Ok(())
+}
+
+/// The `compare` subcommand.
+///
+/// # Errors
+/// See [`compare`].
+pub fn run_compare_command(args: &CompareArgs) -> Result<(), SweepError> {
+    for p in compare(&args.dirs, &args.out)? {
+        println!("{}", p.display());
+    }
+    Ok(())
+}
