@@ -8,7 +8,7 @@
 //! global model is within a point of the personalised ones, and the
 //! comparison would test noise rather than personalisation.
 
-mod common;
+use crate::common;
 
 use common::graph;
 use fedweave_sim::Summary;

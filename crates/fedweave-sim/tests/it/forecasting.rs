@@ -3,8 +3,8 @@
 //! SFL propagates along the dataset's own station graph, and the errors are
 //! reported in °C under the best-validation protocol.
 
+use crate::common;
 use fedweave_data::{DataConfig, load_dataset};
-mod common;
 
 use fedweave_sim::{ExperimentConfig, Summary, run_experiment};
 

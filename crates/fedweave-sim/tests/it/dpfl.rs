@@ -4,7 +4,7 @@
 //! clients end up isolated, and the peer-to-peer round is deterministic
 //! whatever the thread count.
 
-mod common;
+use crate::common;
 
 use common::graph;
 use fedweave_sim::Summary;

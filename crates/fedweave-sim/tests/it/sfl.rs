@@ -3,7 +3,7 @@
 //! the label-overlap oracle), SFL* finds a known relation structure from the
 //! models alone, and SFL's personalised models beat FedAvg's global one.
 
-mod common;
+use crate::common;
 
 use common::graph;
 use fedweave_sim::{ExperimentConfig, Summary, run_experiment};

@@ -1,7 +1,7 @@
 //! End-to-end behaviour on the bundled real digits data: accuracy against
 //! baselines, the graphs the methods infer, attacks, determinism.
 
-mod common;
+use crate::common;
 
 use fedweave_sim::Summary;
 

@@ -8,7 +8,7 @@
 //! Floats are compared through their shortest round-trip decimal text (ryu),
 //! which is unique per `f64`, so text equality is bit equality.
 
-mod common;
+use crate::common;
 
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -121,7 +121,7 @@ fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
         ("feddwa-cnn-bn", FMNIST, vec!["algorithm.name=feddwa"]),
         (
             "sfl-weather",
-            include_str!("../../../examples/us_weather_sfl.toml"),
+            include_str!("../../../../examples/us_weather_sfl.toml"),
             vec!["rounds=2", "train.local_epochs=1", "threads=2"],
         ),
     ]

@@ -1,0 +1,10 @@
+//! All of this crate's integration tests in one binary: each test binary is a
+//! separate link step, and linking dominates CI time and disk.
+mod common;
+mod digits;
+mod dpfl;
+mod forecasting;
+mod golden;
+mod graph_methods;
+mod resume;
+mod sfl;
