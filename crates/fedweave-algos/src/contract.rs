@@ -21,7 +21,10 @@
 use crate::AlgoError;
 use crate::params::Validate;
 use fedweave_core::{CollaborationGraph, RelationGraph, RngStream};
-use fedweave_nn::{ExtraLoss, LocalData, ModelSpec, SgdState, TrainConfig, TrainStats};
+use fedweave_nn::{
+    BatchSampler, Device, EvalStats, ExtraLoss, LocalData, LocalTrainer, ModelSpec, Objective,
+    SgdState, TrainConfig, TrainStats,
+};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -142,10 +145,24 @@ impl ClientCx<'_> {
         frozen: &[Range<usize>],
         sgd: Option<&mut SgdState>,
     ) -> TrainStats {
-        if let Some(origin @ None) = &mut self.origin {
-            *origin = Some(model.params.clone());
-        }
-        fedweave_nn::train_local(
+        self.train_with(env, model, cfg, extras, frozen, sgd, None)
+    }
+
+    /// [`ClientCx::train`] with `objective` in place of the task loss when
+    /// given (feature-level methods: FedProto, FedRoD, FedPAC).
+    #[allow(clippy::too_many_arguments)]
+    pub fn train_with(
+        &mut self,
+        env: &Env,
+        model: &mut Model,
+        cfg: &TrainConfig,
+        extras: &[&dyn ExtraLoss],
+        frozen: &[Range<usize>],
+        sgd: Option<&mut SgdState>,
+        objective: Option<&dyn Objective>,
+    ) -> TrainStats {
+        self.mark_origin(&model.params);
+        fedweave_nn::train_local_with(
             env.spec,
             &mut model.params,
             &mut model.buffers,
@@ -155,7 +172,37 @@ impl ClientCx<'_> {
             frozen,
             sgd,
             &mut self.rng,
+            objective,
         )
+    }
+
+    /// A step-level training session on `model` (Ditto, APFL, FedALA:
+    /// methods that need control inside the round), with a mini-batch
+    /// sampler over the client's training data drawn from its stream.
+    pub fn session<'s>(
+        &mut self,
+        env: &Env<'s>,
+        model: &Model,
+    ) -> (LocalTrainer<'s>, BatchSampler) {
+        self.mark_origin(&model.params);
+        let trainer = LocalTrainer::new(
+            env.spec,
+            &Device::flex(),
+            &model.params,
+            &model.buffers,
+            env.train.sgd(),
+            None,
+        );
+        let sampler = BatchSampler::new(self.data.train.len(), env.train.batch_size, &mut self.rng);
+        (trainer, sampler)
+    }
+
+    /// Records the parameters the round's first training started from (the
+    /// `inv_grad` attack needs them).
+    fn mark_origin(&mut self, params: &[f32]) {
+        if let Some(origin @ None) = &mut self.origin {
+            *origin = Some(params.to_vec());
+        }
     }
 
     /// Plain local training with `env.train` and optional extra terms;
@@ -371,6 +418,22 @@ pub trait Algorithm: Sized + Send + Sync + 'static {
 
     /// The client's personalised model: what the protocol scores.
     fn personalized<'c>(&self, state: &'c Self::Client) -> ModelRef<'c>;
+
+    /// Scores client `state`'s personalised model on `on` (its validation or
+    /// test data). The default evaluates [`Algorithm::personalized`];
+    /// methods whose prediction is more than one model's output (kNN-Per
+    /// interpolates with a datastore built from the client's `train` data)
+    /// override it.
+    fn evaluate(
+        &self,
+        env: &Env,
+        state: &Self::Client,
+        _train: &LocalData,
+        on: &LocalData,
+    ) -> EvalStats {
+        let model = self.personalized(state);
+        fedweave_nn::evaluate(env.spec, &model.params, model.buffers, on)
+    }
 
     /// When the protocol scores it.
     fn eval_point(&self) -> EvalPoint {

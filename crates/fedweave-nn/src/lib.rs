@@ -16,6 +16,7 @@
 mod batch;
 pub mod extra;
 pub mod model;
+pub mod objective;
 pub mod train;
 pub mod trainer;
 
@@ -25,9 +26,11 @@ pub use batch::LocalData;
 /// dependency.
 pub use burn::tensor::Device;
 pub use extra::{CosinePull, ExtraLoss, Proximal};
-pub use model::{ModelKind, ModelSpec};
+pub use model::{ModelKind, ModelSpec, ModelSplit};
+pub use objective::{BalancedSoftmax, CrossEntropy, Objective, Outputs, PrototypePull};
 pub use train::{
-    EvalStats, MAPE_MIN_ABS, SgdState, TrainConfig, TrainStats, evaluate, train_local,
+    EvalStats, MAPE_MIN_ABS, Predictions, SgdState, TrainConfig, TrainStats, evaluate, predict,
+    train_local, train_local_with,
 };
 pub use trainer::{BatchSampler, LocalTrainer, SgdConfig};
 

@@ -58,6 +58,19 @@ impl ModelKind {
     }
 }
 
+/// Where a model's parts lie in its flat parameter vector: what split
+/// methods (FedRep, FedPer, LG-FedAvg, FedBABU, FedRoD) share or keep, and
+/// the batch-norm layers FedBN keeps local.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelSplit {
+    /// The body (feature extractor): every layer before the head.
+    pub base: std::ops::Range<usize>,
+    /// The head: the last linear layer (classifier, or forecast layer).
+    pub head: std::ops::Range<usize>,
+    /// The batch-norm layers' scales and shifts (empty without BN).
+    pub batch_norm: Vec<std::ops::Range<usize>>,
+}
+
 /// A concrete model: architecture plus input and output sizes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelSpec {
@@ -305,11 +318,18 @@ impl ModelSpec {
     /// the batch's statistics (training; they are recorded for the running
     /// averages) or the running ones (evaluation).
     pub(crate) fn forward(&self, p: &[ParamTensor], x: Tensor<2>, norm: &mut Norm) -> Tensor<2> {
+        let features = self.features(p, x, norm);
+        self.head(p, features)
+    }
+
+    /// The body: inputs to the features the head reads (`[batch,
+    /// feature_len]`). Feature-level methods (FedRoD, FedProto, FedPAC,
+    /// kNN-Per) work on this representation.
+    pub(crate) fn features(&self, p: &[ParamTensor], x: Tensor<2>, norm: &mut Norm) -> Tensor<2> {
         match self.kind {
             ModelKind::Mlp => {
                 let h = relu(linear(x, p[0].t2(), Some(p[1].t1())));
-                let h = relu(linear(h, p[2].t2(), Some(p[3].t1())));
-                linear(h, p[4].t2(), Some(p[5].t1()))
+                relu(linear(h, p[2].t2(), Some(p[3].t1())))
             }
             ModelKind::Cnn => {
                 let x = self.image_batch(x);
@@ -317,8 +337,7 @@ impl ModelSpec {
                 let y = max_pool2d(relu(conv2d(y, p[2].t4(), Some(p[3].t1()), conv())), pool());
                 let y = flatten(y);
                 let y = relu(linear(y, p[4].t2(), Some(p[5].t1())));
-                let y = relu(linear(y, p[6].t2(), Some(p[7].t1())));
-                linear(y, p[8].t2(), Some(p[9].t1()))
+                relu(linear(y, p[6].t2(), Some(p[7].t1())))
             }
             ModelKind::CnnBn => {
                 let x = self.image_batch(x);
@@ -332,8 +351,7 @@ impl ModelSpec {
                     relu(norm.apply(1, self.batch_norms[1], y, &p[6], &p[7])),
                     pool(),
                 );
-                let y = relu(linear(flatten(y), p[8].t2(), Some(p[9].t1())));
-                linear(y, p[10].t2(), Some(p[11].t1()))
+                relu(linear(flatten(y), p[8].t2(), Some(p[9].t1())))
             }
             ModelKind::CnnDwa => {
                 let x = self.image_batch(x);
@@ -341,10 +359,39 @@ impl ModelSpec {
                 let y = norm.apply(0, self.batch_norms[0], y, &p[2], &p[3]);
                 let y = max_pool2d(relu(conv2d(y, p[4].t4(), Some(p[5].t1()), conv())), pool());
                 let y = norm.apply(1, self.batch_norms[1], y, &p[6], &p[7]);
-                let y = relu(linear(flatten(y), p[8].t2(), Some(p[9].t1())));
-                linear(y, p[10].t2(), Some(p[11].t1()))
+                relu(linear(flatten(y), p[8].t2(), Some(p[9].t1())))
             }
-            ModelKind::Gru => self.gru_forward(p, x),
+            ModelKind::Gru => self.gru_hidden(p, x),
+        }
+    }
+
+    /// The head: the last linear layer, features to outputs. Every model
+    /// ends in one, so its weight and bias are the layout's last two
+    /// tensors.
+    pub(crate) fn head(&self, p: &[ParamTensor], features: Tensor<2>) -> Tensor<2> {
+        let k = p.len();
+        linear(features, p[k - 2].t2(), Some(p[k - 1].t1()))
+    }
+
+    /// Width of the [`features`](Self::features) the head reads.
+    pub fn feature_len(&self) -> usize {
+        self.layout.tensors()[self.layout.tensors().len() - 2].shape[0]
+    }
+
+    /// The named parts split methods work on. Every model is a body
+    /// followed by one linear head (the last layer group); batch-norm
+    /// groups are the `bn*` groups of the body.
+    pub fn split(&self) -> ModelSplit {
+        let head = self
+            .layout
+            .head()
+            .expect("every model has layers")
+            .range
+            .clone();
+        ModelSplit {
+            base: 0..head.start,
+            head,
+            batch_norm: self.layout.ranges_with_prefix("bn"),
         }
     }
 
@@ -358,10 +405,10 @@ impl ModelSpec {
         x.reshape([batch, c, h, w])
     }
 
-    /// PyTorch's GRU cell (gates ordered r, z, n) unrolled over the steps,
-    /// then the head on the last hidden state. The input projections of all
-    /// steps are one matrix product.
-    fn gru_forward(&self, p: &[ParamTensor], x: Tensor<2>) -> Tensor<2> {
+    /// PyTorch's GRU cell (gates ordered r, z, n) unrolled over the steps;
+    /// the last hidden state is the feature vector. The input projections of
+    /// all steps are one matrix product.
+    fn gru_hidden(&self, p: &[ParamTensor], x: Tensor<2>) -> Tensor<2> {
         let [batch, _] = x.dims();
         let [steps, features] = [self.input_shape[0], self.input_shape[1]];
         let (hd, g) = (GRU_HIDDEN, 3 * GRU_HIDDEN);
@@ -381,7 +428,7 @@ impl ModelSpec {
             // h' = (1 − z)·n + z·h = n + z·(h − n)
             h = n.clone() + z * (h - n);
         }
-        linear(h, p[4].t2(), Some(p[5].t1()))
+        h
     }
 
     /// Builds the parameter tensors from a flat vector, without gradients

@@ -4,6 +4,7 @@
 use crate::batch::{Batch, LocalData};
 use crate::extra::ExtraLoss;
 use crate::model::{ModelSpec, Norm};
+use crate::objective::Objective;
 use crate::trainer::{BatchSampler, LocalTrainer, SgdConfig};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -151,6 +152,26 @@ pub fn train_local(
     state: Option<&mut SgdState>,
     rng: &mut impl Rng,
 ) -> TrainStats {
+    train_local_with(
+        spec, params, buffers, data, cfg, extras, frozen, state, rng, None,
+    )
+}
+
+/// [`train_local`] with `objective` in place of the task loss when given
+/// (FedProto's prototype pull, FedRoD's balanced softmax).
+#[allow(clippy::too_many_arguments)]
+pub fn train_local_with(
+    spec: &ModelSpec,
+    params: &mut [f32],
+    buffers: &mut [f32],
+    data: &LocalData,
+    cfg: &TrainConfig,
+    extras: &[&dyn ExtraLoss],
+    frozen: &[Range<usize>],
+    state: Option<&mut SgdState>,
+    rng: &mut impl Rng,
+    objective: Option<&dyn Objective>,
+) -> TrainStats {
     let n = data.len();
     if n == 0 {
         return TrainStats::default();
@@ -170,7 +191,10 @@ pub fn train_local(
     for _ in 0..steps {
         let batch = sampler.next_batch(rng);
         samples += batch.len();
-        loss_total += trainer.loss_and_grad(data, batch, extras);
+        loss_total += match objective {
+            Some(objective) => trainer.loss_and_grad_with(data, batch, extras, objective),
+            None => trainer.loss_and_grad(data, batch, extras),
+        };
         trainer.step(frozen, cfg.lr);
     }
     trainer.store(params, buffers);
@@ -193,26 +217,16 @@ const EVAL_BATCH: usize = 500;
 /// unit.
 pub fn evaluate(spec: &ModelSpec, params: &[f32], buffers: &[f32], data: &LocalData) -> EvalStats {
     let mut stats = EvalStats::default();
-    if data.is_empty() {
-        return stats;
-    }
-    let device = Device::flex();
-    let tensors = spec.tensors(params, &device);
-    let input_len = spec.input_len();
-    let positions: Vec<usize> = (0..data.len()).collect();
-    let (mut x, mut y) = (Vec::new(), Batch::default());
     let c = spec.num_classes();
-    for chunk in positions.chunks(EVAL_BATCH) {
-        data.gather(chunk, input_len, &mut x, &mut y);
-        let b = chunk.len();
-        let xt: Tensor<2> = Tensor::from_data(TensorData::new(x.clone(), [b, input_len]), &device);
-        let out = spec.forward(&tensors, xt, &mut Norm::Running(buffers));
-        stats.total += b;
+    let tensors = spec.tensors(params, &Device::flex());
+    for_each_eval_batch(spec, buffers, data, &tensors, |features, y| {
+        let out = spec.head(&tensors, features);
+        stats.total += out.dims()[0];
         if data.is_regression() {
             let pred = out.into_data();
             let pred = pred.as_slice::<f32>().expect("f32 outputs");
-            add_regression_errors(&mut stats, pred, &y, data.target_scale);
-            continue;
+            add_regression_errors(&mut stats, pred, y, data.target_scale);
+            return;
         }
         let logp = log_softmax(out, 1).into_data();
         let logp = logp.as_slice::<f32>().expect("f32 logits");
@@ -229,8 +243,97 @@ pub fn evaluate(spec: &ModelSpec, params: &[f32], buffers: &[f32], data: &LocalD
             }
             stats.correct += usize::from(best == label as usize);
         }
-    }
+    });
     stats
+}
+
+/// Runs the body over `data` in evaluation mode (running batch-norm
+/// statistics), batch by batch, handing `f` each batch's features and
+/// supervision.
+fn for_each_eval_batch(
+    spec: &ModelSpec,
+    buffers: &[f32],
+    data: &LocalData,
+    tensors: &[crate::model::ParamTensor],
+    mut f: impl FnMut(Tensor<2>, &Batch),
+) {
+    let device = Device::flex();
+    let input_len = spec.input_len();
+    let positions: Vec<usize> = (0..data.len()).collect();
+    let (mut x, mut y) = (Vec::new(), Batch::default());
+    for chunk in positions.chunks(EVAL_BATCH) {
+        data.gather(chunk, input_len, &mut x, &mut y);
+        let xt: Tensor<2> = Tensor::from_data(
+            TensorData::new(x.clone(), [chunk.len(), input_len]),
+            &device,
+        );
+        let features = spec.features(tensors, xt, &mut Norm::Running(buffers));
+        f(features, &y);
+    }
+}
+
+/// A model's features and outputs on every sample of a client's data, in
+/// evaluation mode: what kNN-Per's datastore, FedProto's prototypes and
+/// FedRoD's personal head are computed from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Predictions {
+    /// `samples × feature_len`, row-major.
+    pub features: Vec<f32>,
+    /// `samples × outputs` (logits), row-major.
+    pub logits: Vec<f32>,
+    /// Width of a feature row.
+    pub feature_len: usize,
+    /// Width of an output row.
+    pub outputs: usize,
+}
+
+impl Predictions {
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        if self.outputs == 0 {
+            0
+        } else {
+            self.logits.len() / self.outputs
+        }
+    }
+
+    /// Whether there are no samples.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sample `k`'s features.
+    pub fn feature(&self, k: usize) -> &[f32] {
+        &self.features[k * self.feature_len..(k + 1) * self.feature_len]
+    }
+
+    /// Sample `k`'s outputs.
+    pub fn output(&self, k: usize) -> &[f32] {
+        &self.logits[k * self.outputs..(k + 1) * self.outputs]
+    }
+}
+
+/// Features and outputs of `params` (with the client's batch-norm
+/// `buffers`) on every sample of `data`, in order, without gradients.
+pub fn predict(spec: &ModelSpec, params: &[f32], buffers: &[f32], data: &LocalData) -> Predictions {
+    let tensors = spec.tensors(params, &Device::flex());
+    let mut out = Predictions {
+        feature_len: spec.feature_len(),
+        outputs: spec.num_classes(),
+        ..Predictions::default()
+    };
+    for_each_eval_batch(spec, buffers, data, &tensors, |features, _| {
+        let logits = spec.head(&tensors, features.clone());
+        out.features.extend_from_slice(
+            features
+                .into_data()
+                .as_slice::<f32>()
+                .expect("f32 features"),
+        );
+        out.logits
+            .extend_from_slice(logits.into_data().as_slice::<f32>().expect("f32 outputs"));
+    });
+    out
 }
 
 /// Accumulates the errors of a batch's predictions over observed targets.

@@ -57,9 +57,9 @@
 use crate::batch::{Batch, LocalData};
 use crate::extra::ExtraLoss;
 use crate::model::{ModelSpec, Norm, ParamTensor};
+use crate::objective::{Objective, Outputs, cross_entropy};
 use crate::train::SgdState;
-use burn::tensor::activation::log_softmax;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Tensor, TensorData};
 use rand::Rng;
 use rand::seq::SliceRandom;
 use std::ops::Range;
@@ -207,6 +207,34 @@ impl<'a> LocalTrainer<'a> {
         batch: &[usize],
         extras: &[&dyn ExtraLoss],
     ) -> f64 {
+        self.backward(data, batch, extras, None)
+    }
+
+    /// As [`loss_and_grad`](Self::loss_and_grad), with `objective` in place
+    /// of the task loss: it sees the batch's features and logits (FedRoD's
+    /// balanced softmax, FedProto's prototype pull). Returns the objective's
+    /// value. Classification only.
+    ///
+    /// # Panics
+    ///
+    /// If `batch` is empty.
+    pub fn loss_and_grad_with(
+        &mut self,
+        data: &LocalData,
+        batch: &[usize],
+        extras: &[&dyn ExtraLoss],
+        objective: &dyn Objective,
+    ) -> f64 {
+        self.backward(data, batch, extras, Some(objective))
+    }
+
+    fn backward(
+        &mut self,
+        data: &LocalData,
+        batch: &[usize],
+        extras: &[&dyn ExtraLoss],
+        objective: Option<&dyn Objective>,
+    ) -> f64 {
         assert!(!batch.is_empty(), "a mini-batch needs samples");
         let spec = self.spec;
         let input_len = spec.input_len();
@@ -221,11 +249,17 @@ impl<'a> LocalTrainer<'a> {
         let xt: Tensor<2> =
             Tensor::from_data(TensorData::new(x, [batch.len(), input_len]), &self.device);
         let mut norm = Norm::Batch(Vec::new());
-        let out = spec.forward(&leaves, xt, &mut norm);
-        let loss = if data.is_regression() {
-            masked_mae(out, &self.y, &self.device)
+        let loss = if let Some(objective) = objective {
+            let features = spec.features(&leaves, xt, &mut norm);
+            let logits = spec.head(&leaves, features.clone());
+            objective.loss(Outputs { features, logits }, batch, &self.y.labels)
         } else {
-            cross_entropy(out, &self.y.labels, spec.num_classes(), &self.device)
+            let out = spec.forward(&leaves, xt, &mut norm);
+            if data.is_regression() {
+                masked_mae(out, &self.y, &self.device)
+            } else {
+                cross_entropy(out, &self.y.labels)
+            }
         };
         let grads = loss.backward();
         let value = scalar(&loss);
@@ -410,17 +444,6 @@ fn frozen_within(frozen: &[Range<usize>], range: &Range<usize>) -> Vec<Range<usi
         }
     }
     merged
-}
-
-fn cross_entropy(logits: Tensor<2>, y: &[i64], classes: usize, device: &Device) -> Tensor<1> {
-    let yt: Tensor<1, Int> = Tensor::from_data(TensorData::new(y.to_vec(), [y.len()]), device);
-    let onehot: Tensor<2> = yt.one_hot::<2>(classes).float();
-    log_softmax(logits, 1)
-        .mul(onehot)
-        .sum_dim(1)
-        .mean()
-        .neg()
-        .reshape([1])
 }
 
 /// Mean absolute error over the observed targets of a batch (the standard

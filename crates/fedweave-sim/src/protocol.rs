@@ -6,7 +6,6 @@
 use crate::setup::Setup;
 use fedweave_algos::Algorithm;
 use fedweave_core::vecmath::{mean, std_dev};
-use fedweave_nn::evaluate;
 use fedweave_records::{PROTOCOL, RoundRecord, Summary};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -82,11 +81,11 @@ pub(crate) fn evaluate_clients<A: Algorithm>(
             .benign
             .par_iter()
             .map(|&i| {
-                let model = algo.personalized(&clients[i]);
                 let data = setup.client_data(i);
-                let spec = &setup.spec;
-                let val = evaluate(spec, &model.params, model.buffers, &data.val);
-                let t = evaluate(spec, &model.params, model.buffers, &setup.test_data(i));
+                let env = setup.env();
+                let state = &clients[i];
+                let val = algo.evaluate(&env, state, &data.train, &data.val);
+                let t = algo.evaluate(&env, state, &data.train, &setup.test_data(i));
                 let test = TestMetrics {
                     acc: t.accuracy(),
                     mae: t.mae(),

@@ -2,3 +2,4 @@
 //! separate link step, and linking dominates CI time and disk.
 mod golden_train;
 mod trainer;
+mod objective;
