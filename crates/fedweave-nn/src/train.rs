@@ -290,11 +290,7 @@ pub struct Predictions {
 impl Predictions {
     /// Number of samples.
     pub fn len(&self) -> usize {
-        if self.outputs == 0 {
-            0
-        } else {
-            self.logits.len() / self.outputs
-        }
+        self.logits.len().checked_div(self.outputs).unwrap_or(0)
     }
 
     /// Whether there are no samples.
