@@ -1,5 +1,6 @@
 //! The feature-level API: the model split, `predict`, and the objectives
 //! against hand computations on the same features.
+#![allow(clippy::needless_range_loop)] // index loops mirror the formulas
 
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_nn::{
