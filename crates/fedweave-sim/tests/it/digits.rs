@@ -5,14 +5,14 @@ use crate::common;
 
 use fedweave_sim::Summary;
 
-const BASE: &str = "seed = 3\nclients = 10\nrounds = 10\n[data]\ndataset = \"digits\"\n[partition]\nkind = \"pathological\"\nclasses_per_client = 2\n[model]\nkind = \"mlp\"\n[train]\nlocal_iterations = 20\nbatch_size = 32\nlr = 0.05\n";
+pub(crate) const BASE: &str = "seed = 3\nclients = 10\nrounds = 10\n[data]\ndataset = \"digits\"\n[partition]\nkind = \"pathological\"\nclasses_per_client = 2\n[model]\nkind = \"mlp\"\n[train]\nlocal_iterations = 20\nbatch_size = 32\nlr = 0.05\n";
 
-fn run(overrides: &[&str]) -> (Summary, Vec<serde_json::Value>) {
+pub(crate) fn run(overrides: &[&str]) -> (Summary, Vec<serde_json::Value>) {
     let r = common::run_config(BASE, overrides);
     (r.summary, r.rounds)
 }
 
-fn acc(s: &Summary) -> f64 {
+pub(crate) fn acc(s: &Summary) -> f64 {
     s.mean_test_acc.unwrap()
 }
 
