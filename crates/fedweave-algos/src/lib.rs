@@ -23,6 +23,8 @@ mod params;
 pub mod pfedgraph;
 pub mod registry;
 pub mod sfl;
+#[cfg(test)]
+mod testkit;
 
 use fedweave_core::CollaborationGraph;
 

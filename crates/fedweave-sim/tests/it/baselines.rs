@@ -46,7 +46,11 @@ fn shared_body_baselines_match_fedavg_ft_on_iid_data() {
     for name in IID_LIKE_FEDAVG_FT {
         let (s, _) = run(&[&format!("algorithm.name={name}"), "partition.kind=iid"]);
         if (acc(&s) - acc(&ft)).abs() > 0.03 {
-            failures.push(format!("{name}: {:.4} vs FedAvg-FT {:.4}", acc(&s), acc(&ft)));
+            failures.push(format!(
+                "{name}: {:.4} vs FedAvg-FT {:.4}",
+                acc(&s),
+                acc(&ft)
+            ));
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
