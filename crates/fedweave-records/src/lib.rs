@@ -27,6 +27,18 @@ pub struct RoundRecord {
     pub mean_val_acc: Option<f64>,
     /// Mean test accuracy over benign clients (null when forecasting).
     pub mean_test_acc: Option<f64>,
+    /// Test accuracy over the round's benign participants, weighted by
+    /// their test sizes (FedDWA's per-round figure under partial
+    /// participation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub participant_test_acc: Option<f64>,
+    /// `[eval] when = "before_and_after"`: mean validation accuracy of the
+    /// models clients held before local training (pFedGraph's θ̃_i).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_val_acc_before: Option<f64>,
+    /// `[eval] when = "before_and_after"`: their mean test accuracy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_test_acc_before: Option<f64>,
     /// Forecasting: mean validation MAE over benign clients.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean_val_mae: Option<f64>,
@@ -115,6 +127,18 @@ pub struct Summary {
     pub last_round_mean_test_acc: Option<f64>,
     /// Max over rounds of the per-round mean test accuracy.
     pub max_round_mean_test_acc: Option<f64>,
+    /// Max over rounds of the test-size-weighted accuracy over each round's
+    /// participants (FedDWA's protocol).
+    pub max_round_participant_test_acc: Option<f64>,
+    /// Mean test accuracy of the one round with the best mean validation
+    /// accuracy (FedAGHN's protocol).
+    pub best_round_mean_val_test_acc: Option<f64>,
+    /// That round.
+    pub best_round_mean_val_round: Option<usize>,
+    /// The selection rule of `[eval] select`.
+    pub selection_rule: String,
+    /// The figure that rule selects (one of the above).
+    pub selected_test_acc: Option<f64>,
     /// Std of the per-client best-validation test accuracy (benign clients).
     pub std_test_acc: Option<f64>,
     /// Lowest per-client figure.

@@ -67,6 +67,8 @@ pub struct ExperimentConfig {
     /// Rounds between checkpoints in `DIR/checkpoint/` (0: none; the last
     /// round is always checkpointed otherwise).
     pub checkpoint_every: usize,
+    /// When clients are scored and which figure the run reports.
+    pub eval: EvalSection,
 }
 
 impl Default for ExperimentConfig {
@@ -89,8 +91,53 @@ impl Default for ExperimentConfig {
             algorithm,
             attack: AttackSection::default(),
             checkpoint_every: 1,
+            eval: EvalSection::default(),
         }
     }
+}
+
+/// `[eval]`: the papers' evaluation protocols as options of every run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalSection {
+    /// When clients are scored each round.
+    pub when: EvalWhen,
+    /// Which figure `summary.json`'s `selected_test_acc` reports (every
+    /// figure is reported; `mean_test_acc` stays the per-client
+    /// best-validation headline).
+    pub select: SelectionRule,
+}
+
+/// When clients are scored each round.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvalWhen {
+    /// At the algorithm's own point (after local training for personalised
+    /// methods, after receiving the global model for FedAvg).
+    #[default]
+    #[serde(alias = "after_training")]
+    Algorithm,
+    /// Also before local training, on the model the client holds then (the
+    /// received mix): each client's best validation is taken over both
+    /// points, as pFedGraph's code does.
+    BeforeAndAfter,
+}
+
+/// How a run's reported figure is selected across rounds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SelectionRule {
+    /// Per client, the test accuracy at its best validation round
+    /// (pFedGraph, DPFL), averaged.
+    #[default]
+    PerClientBestVal,
+    /// The one round with the best mean validation accuracy (FedAGHN).
+    BestRoundMeanVal,
+    /// The max over rounds of the round's test accuracy over its
+    /// participants, weighted by test size (FedDWA, PFLlib).
+    MaxRoundMean,
+    /// The last round's mean test accuracy.
+    Last,
 }
 
 /// `[model]`.

@@ -3,6 +3,7 @@
 //! and test data; per client the test figure at its best validation score
 //! is kept. The summary reads these trackers and the round records.
 
+use crate::config::SelectionRule;
 use crate::setup::Setup;
 use fedweave_algos::Algorithm;
 use fedweave_core::vecmath::{mean, std_dev};
@@ -125,6 +126,39 @@ pub(crate) fn fill_means(record: &mut RoundRecord, regression: bool, scores: &[S
     }
 }
 
+/// Test accuracy over the round's benign `participants`, weighted by their
+/// test sizes (`scores` are in `setup.benign` order); `None` when no benign
+/// client took part.
+pub(crate) fn participant_accuracy(
+    setup: &Setup,
+    participants: &[usize],
+    scores: &[Score],
+) -> Option<f64> {
+    let (mut correct, mut total) = (0.0, 0usize);
+    for (&i, score) in setup.benign.iter().zip(scores) {
+        if participants.binary_search(&i).is_ok() {
+            let n = setup.test_data(i).len();
+            correct += score.test.acc * n as f64;
+            total += n;
+        }
+    }
+    (total > 0).then(|| correct / total as f64)
+}
+
+/// The round whose mean validation accuracy is highest (the earliest on
+/// ties) and its mean test accuracy.
+fn best_round_by_mean_val(records: &[RoundRecord]) -> Option<(usize, f64)> {
+    let mut best: Option<(f64, usize, f64)> = None;
+    for r in records {
+        if let (Some(val), Some(test)) = (r.mean_val_acc, r.mean_test_acc)
+            && best.is_none_or(|(v, _, _)| val > v)
+        {
+            best = Some((val, r.round, test));
+        }
+    }
+    best.map(|(_, round, test)| (round, test))
+}
+
 /// `summary.json` from the trackers and every round's record.
 pub(crate) fn summarize(
     setup: &Setup,
@@ -174,6 +208,21 @@ pub(crate) fn summarize(
     secs.sort_by(f64::total_cmp);
     let last = records.last();
     let c = !regression;
+    let best_round = best_round_by_mean_val(records).filter(|_| c);
+    let max_participant = records
+        .iter()
+        .filter_map(|r| r.participant_test_acc)
+        .reduce(f64::max);
+    let selected = match cfg.eval.select {
+        SelectionRule::PerClientBestVal => c.then(|| mean(&benign_best)),
+        SelectionRule::BestRoundMeanVal => best_round.map(|b| b.1),
+        SelectionRule::MaxRoundMean => max_participant,
+        SelectionRule::Last => c.then_some(last_mean),
+    };
+    let rule = toml::Value::try_from(cfg.eval.select)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
     Summary {
         algorithm: algorithm.to_string(),
         dataset: setup.dataset.name.clone(),
@@ -190,6 +239,11 @@ pub(crate) fn summarize(
             .iter()
             .filter_map(|r| r.mean_test_acc)
             .reduce(f64::max),
+        max_round_participant_test_acc: max_participant,
+        best_round_mean_val_test_acc: best_round.map(|b| b.1),
+        best_round_mean_val_round: best_round.map(|b| b.0),
+        selection_rule: rule,
+        selected_test_acc: selected,
         std_test_acc: c.then(|| std_dev(&benign_best)),
         min_test_acc: sorted.first().copied().filter(|_| c),
         bottom10_test_acc: (!sorted.is_empty() && c).then(|| mean(&sorted[..bottom])),

@@ -10,8 +10,9 @@
 //! absent client keeps its model and gets an identity row); and it is
 //! scored every round on its current personalised model, like everyone.
 
+use crate::config::EvalWhen;
 use crate::peer::{SharedMemoryNet, exchange};
-use crate::protocol::{Trackers, evaluate_clients, fill_means};
+use crate::protocol::{Trackers, evaluate_clients, fill_means, participant_accuracy};
 use crate::setup::Setup;
 use fedweave_algos::attack::{AttackKind, poison};
 use fedweave_algos::{Algorithm, ClientCx, EvalPoint, Message, RoundOutcome, Topology};
@@ -61,6 +62,14 @@ pub(crate) fn run_round<A: Algorithm>(
     participants.iter().for_each(|&i| taking_part[i] = true);
     let attack = cfg.attack.kind;
     let inv_grad = |i: usize| attack == AttackKind::InvGrad && setup.is_malicious[i];
+
+    // pFedGraph's protocol also scores the models held before training
+    // (the received mixes); the best validation is taken over both points.
+    let before = (cfg.eval.when == EvalWhen::BeforeAndAfter).then(|| {
+        let scores = evaluate_clients(algo, setup, &state.clients, pool);
+        state.trackers.update(round, &setup.benign, &scores);
+        scores
+    });
 
     // Local training, one task per participant.
     let mut uploads: Vec<Upload<A::Up>> = pool.install(|| {
@@ -186,6 +195,15 @@ pub(crate) fn run_round<A: Algorithm>(
         ..Default::default()
     };
     fill_means(&mut record, setup.regression, &scores);
+    if let Some(before) = before.filter(|_| !setup.regression) {
+        let mut b = RoundRecord::default();
+        fill_means(&mut b, false, &before);
+        record.mean_val_acc_before = b.mean_val_acc;
+        record.mean_test_acc_before = b.mean_test_acc;
+    }
+    if !setup.regression {
+        record.participant_test_acc = participant_accuracy(setup, &record.participants, &scores);
+    }
     record
 }
 

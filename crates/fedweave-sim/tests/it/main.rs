@@ -4,6 +4,7 @@ mod baselines;
 mod common;
 mod digits;
 mod dpfl;
+mod eval;
 mod forecasting;
 mod golden;
 mod graph_methods;
