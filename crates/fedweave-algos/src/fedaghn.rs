@@ -23,7 +23,11 @@
 //! derivatives saved when its θ̄_i was built, (2) stores θ_i ← θ_new and
 //! Δ_i ← θ̄_i − θ_new, and (3) builds the next θ̄_i of every participant from
 //! the new Δ's and (p, q). Attention runs over the round's participants;
-//! absent clients keep their model and get identity rows. Every element of
+//! absent clients keep their model (the last θ̄_i they received, untrained:
+//! a stale mix, not the server's stored θ_i) and get identity rows, and
+//! their (p, q) and saved derivatives wait for their next upload (so the
+//! hypernetwork step then uses the derivatives of the θ̄_i they actually
+//! trained from). Every element of
 //! the flat vector is trainable (batch-norm running statistics live in
 //! `ClientState::buffers` and stay with the client), so all of it is mixed.
 //!

@@ -11,6 +11,15 @@
 //! paper's pull toward the mixed model. `reg_sign = "code"` and
 //! `reg_target = "normalized"` reproduce the authors' code, which adds
 //! +λ·⟨c_i, θ⟩/‖θ‖ with c_i = Σ_j W_ij θ_j/‖θ_j‖ (METHODS.md §1.4).
+//!
+//! Partial participation: the graph is inferred over the round's
+//! participants only; an absent client gets an identity row and keeps the
+//! mix θ̃_i it last received (and its regulariser target), untrained since —
+//! the authors' code keeps `personalized_model_list[i]` the same way — so
+//! when it next takes part it starts from that stale mix, and between
+//! times it is scored on it. `fedweave-sim`'s partial-participation test
+//! checks this for every algorithm (absent: no training, identity row,
+//! model unchanged unless the method addresses it).
 
 use crate::params::{Validate, non_negative};
 use crate::{
