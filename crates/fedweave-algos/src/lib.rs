@@ -7,7 +7,8 @@
 //! algorithms. One file per algorithm holds both rules and the paper's
 //! defaults: [`local`], [`fedavg`] (FedAvg, FedAvg-FT, FedProx, FedProx-FT),
 //! [`pfedgraph`], [`feddwa`], [`fedaghn`], [`sfl`], [`dpfl`]. Model-poisoning
-//! and label-flip attacks are in [`attack`].
+//! and label-flip attacks are in [`attack`]; the defences against them
+//! (median, trimmed mean, Krum, norm clipping) in [`robust`].
 
 #![warn(missing_docs)]
 
@@ -22,6 +23,7 @@ pub mod local;
 mod params;
 pub mod pfedgraph;
 pub mod registry;
+pub mod robust;
 pub mod sfl;
 #[cfg(test)]
 mod testkit;

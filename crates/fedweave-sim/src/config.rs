@@ -2,6 +2,7 @@
 //! their dotted path, `--set key=value` overrides, defaults filled in.
 
 use fedweave_algos::attack::AttackKind;
+use fedweave_algos::robust::AggregatorConfig;
 use fedweave_data::{DataConfig, PartitionConfig, PartitionKind};
 use fedweave_nn::{ModelKind, TrainConfig};
 use serde::{Deserialize, Serialize};
@@ -30,7 +31,7 @@ pub enum ConfigError {
     },
 }
 
-fn key_err(key: &str, message: impl Into<String>) -> ConfigError {
+pub(crate) fn key_err(key: &str, message: impl Into<String>) -> ConfigError {
     ConfigError::Key {
         key: key.to_string(),
         message: message.into(),
@@ -69,6 +70,8 @@ pub struct ExperimentConfig {
     pub checkpoint_every: usize,
     /// When clients are scored and which figure the run reports.
     pub eval: EvalSection,
+    /// The defence applied to the uploads before the server aggregates.
+    pub aggregator: AggregatorConfig,
 }
 
 impl Default for ExperimentConfig {
@@ -92,6 +95,7 @@ impl Default for ExperimentConfig {
             attack: AttackSection::default(),
             checkpoint_every: 1,
             eval: EvalSection::default(),
+            aggregator: AggregatorConfig::default(),
         }
     }
 }
@@ -313,6 +317,9 @@ impl ExperimentConfig {
             Some(_) => return Err(key_err("algorithm.name", "must be a string")),
             None => return Err(key_err("algorithm.name", "missing")),
         }
+        self.aggregator
+            .validate()
+            .map_err(|e| key_err(&format!("aggregator.{}", e.key), e.message))?;
         let t = &self.train;
         if t.batch_size == 0 {
             return Err(key_err("train.batch_size", "must be at least 1"));

@@ -5,11 +5,11 @@
 //! uninterrupted one.
 
 use crate::checkpoint::{self, Identity};
-use crate::config::{ConfigError, ExperimentConfig};
+use crate::config::{ConfigError, ExperimentConfig, key_err};
 use crate::protocol::{Trackers, summarize};
 use crate::round::{RunState, run_round};
 use crate::setup::Setup;
-use fedweave_algos::{Algorithm, Visitor};
+use fedweave_algos::{Algorithm, Topology, Visitor};
 use fedweave_records::{RoundRecord, Summary};
 use std::io::Write;
 use std::path::Path;
@@ -131,6 +131,15 @@ impl Visitor for Runner<'_> {
             started,
         } = self;
         let mut cfg = setup.cfg.clone();
+        if algo.topology() == Topology::PeerToPeer && !cfg.aggregator.is_mean() {
+            return Err(RunError::Config(key_err(
+                "aggregator.kind",
+                format!(
+                    "`{}` has no server to aggregate; robust aggregators need a server method",
+                    algo.name()
+                ),
+            )));
+        }
         cfg.algorithm = resolved;
         cfg.algorithm
             .insert("name".into(), toml::Value::String(algo.name().to_string()));

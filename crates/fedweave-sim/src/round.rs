@@ -15,6 +15,7 @@ use crate::peer::{SharedMemoryNet, exchange};
 use crate::protocol::{Trackers, evaluate_clients, fill_means, participant_accuracy};
 use crate::setup::Setup;
 use fedweave_algos::attack::{AttackKind, poison};
+use fedweave_algos::robust::{AggregatorConfig, AggregatorKind};
 use fedweave_algos::{Algorithm, ClientCx, EvalPoint, Message, RoundOutcome, Topology};
 use fedweave_core::vecmath::mean;
 use fedweave_core::{Purpose, rng_stream};
@@ -62,6 +63,9 @@ pub(crate) fn run_round<A: Algorithm>(
     participants.iter().for_each(|&i| taking_part[i] = true);
     let attack = cfg.attack.kind;
     let inv_grad = |i: usize| attack == AttackKind::InvGrad && setup.is_malicious[i];
+    // Norm clipping measures updates from where each client's training began.
+    let clipping = cfg.aggregator.kind == AggregatorKind::NormClip;
+    let wants_origin = |i: usize| inv_grad(i) || clipping;
 
     // pFedGraph's protocol also scores the models held before training
     // (the received mixes); the best validation is taken over both points.
@@ -84,7 +88,7 @@ pub(crate) fn run_round<A: Algorithm>(
                     round,
                     data: setup.client_data(i),
                     rng: rng_stream(cfg.seed, round as u64, i as u64, Purpose::Batches),
-                    origin: inv_grad(i).then_some(None),
+                    origin: wants_origin(i).then_some(None),
                 };
                 let t = algo.local_round(&env, &mut cx, client);
                 Upload {
@@ -112,17 +116,19 @@ pub(crate) fn run_round<A: Algorithm>(
     }
     let mut rejected = Vec::new();
     let mut sound = Vec::with_capacity(uploads.len());
+    let mut starts = Vec::with_capacity(uploads.len());
     let mut losses = Vec::with_capacity(uploads.len());
     for Upload {
         client: i,
         up,
         loss,
-        ..
+        origin,
     } in uploads
     {
         match algo.check_upload(&env, &up) {
             Ok(()) => {
                 sound.push((i, up));
+                starts.push(origin);
                 losses.push(loss);
             }
             Err(why) => {
@@ -136,6 +142,9 @@ pub(crate) fn run_round<A: Algorithm>(
         }
     }
     let mut bytes_up: u64 = sound.iter().map(|(_, u)| u.bytes()).sum();
+    if algo.topology() == Topology::Server && !cfg.aggregator.is_mean() {
+        sound = defend(&cfg.aggregator, sound, &starts, &setup.init, &mut rejected);
+    }
 
     let mut scores = Vec::new();
     if algo.eval_point() == EvalPoint::AfterTraining {
@@ -205,6 +214,45 @@ pub(crate) fn run_round<A: Algorithm>(
         record.participant_test_acc = participant_accuracy(setup, &record.participants, &scores);
     }
     record
+}
+
+/// Runs the `[aggregator]` defence on the sound uploads' models; uploads
+/// Krum drops join `rejected` (sorted).
+fn defend<U: Message>(
+    aggregator: &AggregatorConfig,
+    mut sound: Vec<(usize, U)>,
+    starts: &[Option<Vec<f32>>],
+    init: &[f32],
+    rejected: &mut Vec<usize>,
+) -> Vec<(usize, U)> {
+    let starts: Vec<&[f32]> = starts
+        .iter()
+        .map(|s| s.as_deref().unwrap_or(init))
+        .collect();
+    let mut models: Vec<&mut [f32]> = sound
+        .iter_mut()
+        .filter_map(|(_, u)| u.vectors_mut().into_iter().next())
+        .collect();
+    if models.len() != starts.len() || models.iter().any(|m| m.len() != models[0].len()) {
+        // Uploads without one common model vector (prototype-only methods):
+        // nothing a model-space defence can act on.
+        return sound;
+    }
+    let keep = aggregator.apply(&mut models, &starts);
+    if keep.len() == sound.len() {
+        return sound;
+    }
+    let mut kept = Vec::with_capacity(keep.len());
+    for (k, upload) in sound.into_iter().enumerate() {
+        if keep.binary_search(&k).is_ok() {
+            kept.push(upload);
+        } else {
+            tracing::debug!(client = upload.0, "upload dropped by the robust aggregator");
+            rejected.push(upload.0);
+        }
+    }
+    rejected.sort_unstable();
+    kept
 }
 
 /// Applies each download to its client, in parallel.

@@ -9,4 +9,5 @@ mod forecasting;
 mod golden;
 mod graph_methods;
 mod resume;
+mod robust;
 mod sfl;
