@@ -8,6 +8,8 @@
 //! defaults: [`local`], [`fedavg`] (FedAvg, FedAvg-FT, FedProx, FedProx-FT),
 //! [`pfedgraph`], [`feddwa`], [`fedaghn`], [`sfl`], [`dpfl`]. Model-poisoning
 //! and label-flip attacks are in [`attack`].
+//! Split-model baselines: [`fedrep`], [`fedper`], [`lgfedavg`], [`fedbabu`],
+//! [`fedbn`], sharing one part of the model through [`split`].
 
 #![warn(missing_docs)]
 
@@ -16,13 +18,19 @@ pub mod contract;
 pub mod dpfl;
 pub mod fedaghn;
 pub mod fedavg;
+pub mod fedbabu;
+pub mod fedbn;
 pub mod feddwa;
+pub mod fedper;
+pub mod fedrep;
 pub mod ggc;
+pub mod lgfedavg;
 pub mod local;
 mod params;
 pub mod pfedgraph;
 pub mod registry;
 pub mod sfl;
+pub mod split;
 
 use fedweave_core::CollaborationGraph;
 
