@@ -9,3 +9,4 @@ mod golden;
 mod graph_methods;
 mod resume;
 mod sfl;
+mod split;
