@@ -136,7 +136,7 @@ impl Algorithm for FedBabu {
         let train_loss = cx.train(env, model, env.train, &[], head, None).mean_loss;
         state.tuned = Some(self.fine_tune(env, cx, &state.model));
         Trained {
-            up: self.fed.upload(&state.model.params),
+            up: self.fed.send(cx, &state.model.params),
             train_loss,
         }
     }

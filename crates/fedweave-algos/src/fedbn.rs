@@ -71,7 +71,7 @@ impl Algorithm for FedBn {
     fn local_round(&self, env: &Env, cx: &mut ClientCx, model: &mut Model) -> Trained<Shared> {
         let train_loss = cx.train_plain(env, model, &[]);
         Trained {
-            up: self.fed.upload(&model.params),
+            up: self.fed.send(cx, &model.params),
             train_loss,
         }
     }

@@ -63,7 +63,7 @@ impl Algorithm for FedPer {
     fn local_round(&self, env: &Env, cx: &mut ClientCx, model: &mut Model) -> Trained<Shared> {
         let train_loss = cx.train_plain(env, model, &[]);
         Trained {
-            up: self.fed.upload(&model.params),
+            up: self.fed.send(cx, &model.params),
             train_loss,
         }
     }
@@ -88,5 +88,35 @@ impl Algorithm for FedPer {
 
     fn check_upload(&self, _: &Env, up: &Shared) -> Result<(), String> {
         self.fed.check(up)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Message;
+    use crate::split::tiny::{Tiny, changed};
+
+    /// The whole model trains, the body alone is uploaded, and the start
+    /// the `inv_grad` attack reflects about is cut to the body too.
+    #[test]
+    fn whole_model_trains_and_the_body_is_uploaded() {
+        let t = Tiny::new();
+        let env = t.env();
+        let split = t.spec.split();
+        let algo = FedPer::new("fedper", FedPerParams {}, &env).unwrap();
+        let mut model = env.initial_model();
+        let mut cx = t.cx(1, 1);
+        cx.origin = Some(None);
+        let up = algo.local_round(&env, &mut cx, &mut model).up;
+        assert!(changed(&t.init, &model.params, split.base.clone()) > 0);
+        assert!(changed(&t.init, &model.params, split.head.clone()) > 0);
+        assert_eq!(up.bytes(), 4 * split.base.len() as u64);
+        assert_eq!(up.values, model.params[split.base.clone()]);
+        assert_eq!(cx.origin, Some(Some(t.init[split.base.clone()].to_vec())));
+        let mut short = up.clone();
+        short.values.pop();
+        assert!(algo.check_upload(&env, &short).is_err());
+        assert_eq!(algo.check_upload(&env, &up), Ok(()));
     }
 }

@@ -107,7 +107,7 @@ impl Algorithm for FedRep {
         let train_loss =
             (head.mean_loss * head.steps as f64 + base.mean_loss * base.steps as f64) / steps;
         Trained {
-            up: self.fed.upload(&model.params),
+            up: self.fed.send(cx, &model.params),
             train_loss,
         }
     }

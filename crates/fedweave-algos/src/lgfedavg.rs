@@ -63,7 +63,7 @@ impl Algorithm for LgFedAvg {
     fn local_round(&self, env: &Env, cx: &mut ClientCx, model: &mut Model) -> Trained<Shared> {
         let train_loss = cx.train_plain(env, model, &[]);
         Trained {
-            up: self.fed.upload(&model.params),
+            up: self.fed.send(cx, &model.params),
             train_loss,
         }
     }
@@ -88,5 +88,49 @@ impl Algorithm for LgFedAvg {
 
     fn check_upload(&self, _: &Env, up: &Shared) -> Result<(), String> {
         self.fed.check(up)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Message;
+    use crate::split::tiny::{Tiny, changed};
+
+    /// Only the head travels: the upload is the trained head (with the
+    /// attack's start cut to the head), the average is the size-weighted
+    /// mean of the heads, and receiving it leaves the body alone.
+    #[test]
+    fn the_head_is_shared_and_the_body_kept() {
+        let t = Tiny::new();
+        let env = t.env();
+        let split = t.spec.split();
+        let algo = LgFedAvg::new("lg-fedavg", LgFedAvgParams {}, &env).unwrap();
+        let mut models = vec![env.initial_model(), env.initial_model()];
+        let mut uploads = Vec::new();
+        for (i, model) in [0, 2].into_iter().zip(models.iter_mut()) {
+            let mut cx = t.cx(i, 1);
+            cx.origin = Some(None);
+            let up = algo.local_round(&env, &mut cx, model).up;
+            assert_eq!(up.bytes(), 4 * split.head.len() as u64);
+            assert_eq!(up.values, model.params[split.head.clone()]);
+            assert_eq!(cx.origin, Some(Some(t.init[split.head.clone()].to_vec())));
+            uploads.push((i, up));
+        }
+        let out = algo.aggregate(&env, &mut (), 1, &uploads);
+        assert_eq!(out.layers[0].0, "base");
+        assert_eq!(out.layers[1].0, "head");
+        assert_eq!(out.layers[0].1.row(0), &[1.0, 0.0, 0.0]);
+        assert_eq!(out.layers[1].1.row(0), &[1.0 / 3.0, 0.0, 2.0 / 3.0]);
+        let head = &out.downloads[0].1.values;
+        for (k, e) in split.head.clone().enumerate() {
+            let want = (models[0].params[e] + 2.0 * models[1].params[e]) / 3.0;
+            assert!((head[k] - want).abs() < 1e-6);
+        }
+        let body = models[0].params[split.base.clone()].to_vec();
+        assert!(changed(&t.init, &body, 0..body.len()) > 0);
+        algo.receive(&env, &mut models[0], out.downloads[0].1.clone());
+        assert_eq!(models[0].params[split.base.clone()], body[..]);
+        assert_eq!(models[0].params[split.head.clone()], head[..]);
     }
 }

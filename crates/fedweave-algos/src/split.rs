@@ -15,7 +15,7 @@
 //! norm) there is one group, the whole model: no per-group graphs, and the
 //! graph is FedAvg's.
 
-use crate::{Env, Message, Model, RoundOutcome, ids_of};
+use crate::{ClientCx, Env, Message, Model, RoundOutcome, ids_of};
 use fedweave_core::CollaborationGraph;
 use fedweave_core::vecmath::{all_finite, weighted_sum};
 use fedweave_nn::ModelSpec;
@@ -31,8 +31,8 @@ pub struct Part {
 
 impl Part {
     /// The union of `ranges` (in any order, possibly overlapping or empty).
-    pub fn new(mut ranges: Vec<Range<usize>>) -> Self {
-        ranges.retain(|r| !r.is_empty());
+    pub fn new(ranges: impl IntoIterator<Item = Range<usize>>) -> Self {
+        let mut ranges: Vec<Range<usize>> = ranges.into_iter().filter(|r| !r.is_empty()).collect();
         ranges.sort_by_key(|r| r.start);
         let mut merged: Vec<Range<usize>> = Vec::with_capacity(ranges.len());
         for r in ranges {
@@ -44,14 +44,19 @@ impl Part {
         Self { ranges: merged }
     }
 
+    /// One range.
+    pub fn range(range: Range<usize>) -> Self {
+        Self::new(std::iter::once(range))
+    }
+
     /// The body: every layer before the head.
     pub fn base(spec: &ModelSpec) -> Self {
-        Self::new(vec![spec.split().base])
+        Self::range(spec.split().base)
     }
 
     /// The head: the last linear layer.
     pub fn head(spec: &ModelSpec) -> Self {
-        Self::new(vec![spec.split().head])
+        Self::range(spec.split().head)
     }
 
     /// The batch-norm layers' scales and shifts (empty without BN).
@@ -180,6 +185,18 @@ impl Federation {
         Shared {
             values: self.shared.gather(params),
         }
+    }
+
+    /// A participant's upload at the end of its local round: the shared
+    /// part of `params`. When the runtime recorded the model the round's
+    /// training started from (`cx.origin`, for the `inv_grad` attack, which
+    /// reflects the upload about it element by element), that record is cut
+    /// to the same part, so each uploaded element meets its own start.
+    pub fn send(&self, cx: &mut ClientCx, params: &[f32]) -> Shared {
+        if let Some(Some(origin)) = &mut cx.origin {
+            *origin = self.shared.gather(origin);
+        }
+        self.upload(params)
     }
 
     /// Exactly the shared part's length, every value finite.
@@ -343,13 +360,13 @@ mod tests {
 
     #[test]
     fn parts_merge_complement_gather_and_scatter() {
-        let p = Part::new(vec![5..7, 0..2, 1..3, 9..9]);
+        let p = Part::new([5..7, 0..2, 1..3, 9..9]);
         assert_eq!(p.ranges(), &[0..3, 5..7]);
         assert_eq!(p.len(), 5);
         let c = p.complement(10);
         assert_eq!(c.ranges(), &[3..5, 7..10]);
-        assert_eq!(Part::new(vec![0..10]).complement(10), Part::new(vec![]));
-        assert!(Part::new(vec![0..10]).complement(10).is_empty());
+        assert_eq!(Part::range(0..10).complement(10), Part::new([]));
+        assert!(Part::range(0..10).complement(10).is_empty());
         let v: Vec<f32> = (0..10).map(|x| x as f32).collect();
         assert_eq!(p.gather(&v), vec![0.0, 1.0, 2.0, 5.0, 6.0]);
         let mut w = vec![-1.0f32; 10];
@@ -389,7 +406,7 @@ mod tests {
             relation: None,
             label_counts: &[],
         };
-        let fed = Federation::new(Part::new(vec![1..3]), 5, "base", "head");
+        let fed = Federation::new(Part::range(1..3), 5, "base", "head");
         assert_eq!(fed.kept().ranges(), &[0..1, 3..5]);
         let ups = vec![
             (
@@ -428,17 +445,17 @@ mod tests {
             let mut id = [0.0; 3];
             id[i] = 1.0;
             assert_eq!(out.layers[1].1.row(i), &id);
-            for j in 0..3 {
-                let mean = (out.layers[0].1.get(i, j) + id[j]) / 2.0;
+            for (j, id) in id.iter().enumerate() {
+                let mean = (out.layers[0].1.get(i, j) + id) / 2.0;
                 assert!((out.graph.get(i, j) - mean).abs() < 1e-15);
             }
         }
-        let first = Federation::new(Part::new(vec![1..3]), 5, "rest", "bn").kept_first();
+        let first = Federation::new(Part::range(1..3), 5, "rest", "bn").kept_first();
         let out = first.average(&env, &ups);
         assert_eq!(out.layers[0].0, "bn");
         assert_eq!(out.layers[1].0, "rest");
         // With nothing kept, one group: FedAvg's graph and no layers.
-        let all = Federation::new(Part::new(vec![0..5]), 5, "rest", "bn");
+        let all = Federation::new(Part::range(0..5), 5, "rest", "bn");
         let out = all.average(
             &env,
             &[(
@@ -454,7 +471,7 @@ mod tests {
 
     #[test]
     fn check_wants_exact_length_and_finite_values() {
-        let fed = Federation::new(Part::new(vec![1..3]), 5, "base", "head");
+        let fed = Federation::new(Part::range(1..3), 5, "base", "head");
         let ok = Shared {
             values: vec![0.5, -0.5],
         };
