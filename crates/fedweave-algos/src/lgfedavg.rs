@@ -106,7 +106,7 @@ mod tests {
         let env = t.env();
         let split = t.spec.split();
         let algo = LgFedAvg::new("lg-fedavg", LgFedAvgParams {}, &env).unwrap();
-        let mut models = vec![env.initial_model(), env.initial_model()];
+        let mut models = [env.initial_model(), env.initial_model()];
         let mut uploads = Vec::new();
         for (i, model) in [0, 2].into_iter().zip(models.iter_mut()) {
             let mut cx = t.cx(i, 1);
