@@ -9,6 +9,8 @@
 //! [`pfedgraph`], [`feddwa`], [`fedaghn`], [`sfl`], [`dpfl`]. Model-poisoning
 //! and label-flip attacks are in [`attack`]; the defences against them
 //! (median, trimmed mean, Krum, norm clipping) in [`robust`].
+//! Split-model baselines: [`fedrep`], [`fedper`], [`lgfedavg`], [`fedbabu`],
+//! [`fedbn`], sharing one part of the model through [`split`].
 
 #![warn(missing_docs)]
 
@@ -17,14 +19,20 @@ pub mod contract;
 pub mod dpfl;
 pub mod fedaghn;
 pub mod fedavg;
+pub mod fedbabu;
+pub mod fedbn;
 pub mod feddwa;
+pub mod fedper;
+pub mod fedrep;
 pub mod ggc;
+pub mod lgfedavg;
 pub mod local;
 mod params;
 pub mod pfedgraph;
 pub mod registry;
 pub mod robust;
 pub mod sfl;
+pub mod split;
 #[cfg(test)]
 mod testkit;
 

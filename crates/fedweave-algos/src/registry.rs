@@ -69,6 +69,11 @@ registry!(
     fedaghn::FedAghn,
     sfl::Sfl,
     dpfl::Dpfl,
+    crate::fedrep::FedRep,
+    crate::fedper::FedPer,
+    crate::lgfedavg::LgFedAvg,
+    crate::fedbabu::FedBabu,
+    crate::fedbn::FedBn,
 );
 
 fn unknown(name: &str) -> AlgoError {

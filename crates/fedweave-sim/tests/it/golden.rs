@@ -119,6 +119,18 @@ fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
             vec!["algorithm.name=fedaghn", "participation=0.75"],
         ),
         ("feddwa-cnn-bn", FMNIST, vec!["algorithm.name=feddwa"]),
+        d("fedrep", &["algorithm.name=fedrep", "participation=0.75"]),
+        d("fedper", &["algorithm.name=fedper"]),
+        d(
+            "lg-fedavg",
+            &["algorithm.name=lg-fedavg", "participation=0.75"],
+        ),
+        d("fedbabu", &["algorithm.name=fedbabu", "participation=0.75"]),
+        (
+            "fedbn-cnn-bn",
+            FMNIST,
+            vec!["algorithm.name=fedbn", "participation=0.75"],
+        ),
         (
             "sfl-weather",
             include_str!("../../../../examples/us_weather_sfl.toml"),

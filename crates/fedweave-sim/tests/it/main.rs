@@ -11,3 +11,4 @@ mod graph_methods;
 mod resume;
 mod robust;
 mod sfl;
+mod split;
