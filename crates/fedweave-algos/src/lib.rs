@@ -8,6 +8,7 @@
 //! defaults: [`local`], [`fedavg`] (FedAvg, FedAvg-FT, FedProx, FedProx-FT),
 //! [`pfedgraph`], [`feddwa`], [`fedaghn`], [`sfl`], [`dpfl`]. Model-poisoning
 //! and label-flip attacks are in [`attack`].
+//! Feature-level personalised baselines: [`fedpac`] (FedPAC).
 
 #![warn(missing_docs)]
 
@@ -17,6 +18,7 @@ pub mod dpfl;
 pub mod fedaghn;
 pub mod fedavg;
 pub mod feddwa;
+pub mod fedpac;
 pub mod ggc;
 pub mod local;
 mod params;

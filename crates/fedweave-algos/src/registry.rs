@@ -3,6 +3,7 @@
 //! its own file plus one line in [`registry!`].
 
 use crate::contract::{Algorithm, Env, Info};
+use crate::fedpac;
 use crate::params::{AlgoError, parse};
 use crate::{dpfl, fedaghn, fedavg, feddwa, local, pfedgraph, sfl};
 
@@ -69,6 +70,7 @@ registry!(
     fedaghn::FedAghn,
     sfl::Sfl,
     dpfl::Dpfl,
+    fedpac::FedPac,
 );
 
 fn unknown(name: &str) -> AlgoError {
