@@ -9,6 +9,7 @@
 //! [`pfedgraph`], [`feddwa`], [`fedaghn`], [`sfl`], [`dpfl`]. Model-poisoning
 //! and label-flip attacks are in [`attack`].
 //! Feature-level personalised baselines: [`fedpac`] (FedPAC).
+//! [`fedcp`] (FedCP).
 
 #![warn(missing_docs)]
 
@@ -17,6 +18,7 @@ pub mod contract;
 pub mod dpfl;
 pub mod fedaghn;
 pub mod fedavg;
+pub mod fedcp;
 pub mod feddwa;
 pub mod fedpac;
 pub mod ggc;

@@ -3,6 +3,7 @@
 //! its own file plus one line in [`registry!`].
 
 use crate::contract::{Algorithm, Env, Info};
+use crate::fedcp;
 use crate::fedpac;
 use crate::params::{AlgoError, parse};
 use crate::{dpfl, fedaghn, fedavg, feddwa, local, pfedgraph, sfl};
@@ -71,6 +72,7 @@ registry!(
     sfl::Sfl,
     dpfl::Dpfl,
     fedpac::FedPac,
+    fedcp::FedCp,
 );
 
 fn unknown(name: &str) -> AlgoError {

@@ -13,18 +13,22 @@
 
 #![warn(missing_docs)]
 
+pub mod auxiliary;
 mod batch;
+pub mod conditional;
 pub mod extra;
 pub mod model;
 pub mod objective;
 pub mod train;
 pub mod trainer;
 
+pub use auxiliary::{AuxObjective, Body};
 pub use batch::LocalData;
 /// The backend device a [`LocalTrainer`] runs on (`Device::flex()`: the CPU
 /// backend, the only one enabled), re-exported so callers need no burn
 /// dependency.
 pub use burn::tensor::Device;
+pub use conditional::{ConditionalPolicy, PolicyObjective};
 pub use extra::{CosinePull, ExtraLoss, Proximal};
 pub use model::{ModelKind, ModelSpec, ModelSplit};
 pub use objective::{BalancedSoftmax, CrossEntropy, Objective, Outputs, PrototypePull};
