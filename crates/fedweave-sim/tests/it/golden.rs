@@ -114,6 +114,7 @@ fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
             ],
         ),
         d("fedpac", &["algorithm.name=fedpac", "participation=0.75"]),
+        d("fedcp", &["algorithm.name=fedcp", "participation=0.75"]),
         (
             "fedaghn-cnn-bn",
             FMNIST,
