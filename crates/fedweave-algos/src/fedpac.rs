@@ -52,6 +52,8 @@
 //! - The body is weighted by `env.sizes` (train + validation share), as every
 //!   fedweave method; the code weights by training-set size.
 
+#![allow(clippy::needless_range_loop)] // index loops mirror the matrix formulas
+
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,

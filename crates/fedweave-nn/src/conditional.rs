@@ -96,15 +96,13 @@ impl ConditionalPolicy<'_> {
             .map(|&x| (f64::from(x) / norm) as f32)
             .collect();
         let v: Tensor<2> = Tensor::from_data(TensorData::new(v, [1, d]), &device);
-        let w = cpn.clone().slice([0..2 * d * d]).reshape([d, 2 * d]);
-        let b = cpn.clone().slice([2 * d * d..2 * d * d + 2 * d]);
+        let w = cpn.clone().narrow(0, 0, 2 * d * d).reshape([d, 2 * d]);
+        let b = cpn.clone().narrow(0, 2 * d * d, 2 * d);
         let gamma = cpn
             .clone()
-            .slice([2 * d * d + 2 * d..2 * d * d + 4 * d])
+            .narrow(0, 2 * d * d + 2 * d, 2 * d)
             .reshape([1, 2 * d]);
-        let beta = cpn
-            .slice([2 * d * d + 4 * d..2 * d * d + 6 * d])
-            .reshape([1, 2 * d]);
+        let beta = cpn.narrow(0, 2 * d * d + 4 * d, 2 * d).reshape([1, 2 * d]);
         let z = linear(h.clone() * v, w, Some(b));
         let mean = z.clone().mean_dim(1);
         let centred = z - mean;

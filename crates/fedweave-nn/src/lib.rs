@@ -10,6 +10,9 @@
 //! written on flat vectors. [`train_local`] is the whole round in one call;
 //! algorithms that need step-level control drive a [`LocalTrainer`] and a
 //! [`BatchSampler`] themselves.
+//! Objectives with trainable parameters beyond the model ([`AuxObjective`],
+//! e.g. FedCP's policy network in [`conditional`]) go through
+//! [`LocalTrainer::loss_and_grad_aux`].
 
 #![warn(missing_docs)]
 
