@@ -11,6 +11,8 @@
 //! (median, trimmed mean, Krum, norm clipping) in [`robust`].
 //! Split-model baselines: [`fedrep`], [`fedper`], [`lgfedavg`], [`fedbabu`],
 //! [`fedbn`], sharing one part of the model through [`split`].
+//! Feature-level personalised baselines: [`fedpac`] (FedPAC), [`fedcp`]
+//! (FedCP).
 
 #![warn(missing_docs)]
 
@@ -24,6 +26,8 @@ pub mod fedbn;
 pub mod feddwa;
 pub mod fedper;
 pub mod fedrep;
+pub mod fedcp;
+pub mod fedpac;
 pub mod ggc;
 pub mod lgfedavg;
 pub mod local;

@@ -3,6 +3,8 @@
 //! its own file plus one line in [`registry!`].
 
 use crate::contract::{Algorithm, Env, Info};
+use crate::fedcp;
+use crate::fedpac;
 use crate::params::{AlgoError, parse};
 use crate::{dpfl, fedaghn, fedavg, feddwa, local, pfedgraph, sfl};
 
@@ -74,6 +76,8 @@ registry!(
     crate::lgfedavg::LgFedAvg,
     crate::fedbabu::FedBabu,
     crate::fedbn::FedBn,
+    fedpac::FedPac,
+    fedcp::FedCp,
 );
 
 fn unknown(name: &str) -> AlgoError {

@@ -10,21 +10,28 @@
 //! written on flat vectors. [`train_local`] is the whole round in one call;
 //! algorithms that need step-level control drive a [`LocalTrainer`] and a
 //! [`BatchSampler`] themselves.
+//! Objectives with trainable parameters beyond the model ([`AuxObjective`],
+//! e.g. FedCP's policy network in [`conditional`]) go through
+//! [`LocalTrainer::loss_and_grad_aux`].
 
 #![warn(missing_docs)]
 
+pub mod auxiliary;
 mod batch;
+pub mod conditional;
 pub mod extra;
 pub mod model;
 pub mod objective;
 pub mod train;
 pub mod trainer;
 
+pub use auxiliary::{AuxObjective, Body};
 pub use batch::LocalData;
 /// The backend device a [`LocalTrainer`] runs on (`Device::flex()`: the CPU
 /// backend, the only one enabled), re-exported so callers need no burn
 /// dependency.
 pub use burn::tensor::Device;
+pub use conditional::{ConditionalPolicy, PolicyObjective};
 pub use extra::{CosinePull, ExtraLoss, Proximal};
 pub use model::{ModelKind, ModelSpec, ModelSplit};
 pub use objective::{BalancedSoftmax, CrossEntropy, Objective, Outputs, PrototypePull};

@@ -228,29 +228,35 @@ pub fn evaluate(spec: &ModelSpec, params: &[f32], buffers: &[f32], data: &LocalD
             add_regression_errors(&mut stats, pred, y, data.target_scale);
             return;
         }
-        let logp = log_softmax(out, 1).into_data();
-        let logp = logp.as_slice::<f32>().expect("f32 logits");
-        for (k, &label) in y.labels.iter().enumerate() {
-            let row = &logp[k * c..(k + 1) * c];
-            let lp = row[label as usize];
-            stats.loss_sum += if lp.is_finite() { -lp as f64 } else { 1e4 };
-            stats.loss_terms += 1;
-            let mut best = 0;
-            for j in 1..c {
-                if row[j] > row[best] {
-                    best = j;
-                }
-            }
-            stats.correct += usize::from(best == label as usize);
-        }
+        add_classification(&mut stats, out, y, c);
     });
     stats
+}
+
+/// Adds a batch's cross-entropy and correct predictions to `stats`
+/// (`out`: the batch's logits over `c` classes).
+pub(crate) fn add_classification(stats: &mut EvalStats, out: Tensor<2>, y: &Batch, c: usize) {
+    let logp = log_softmax(out, 1).into_data();
+    let logp = logp.as_slice::<f32>().expect("f32 logits");
+    for (k, &label) in y.labels.iter().enumerate() {
+        let row = &logp[k * c..(k + 1) * c];
+        let lp = row[label as usize];
+        stats.loss_sum += if lp.is_finite() { -lp as f64 } else { 1e4 };
+        stats.loss_terms += 1;
+        let mut best = 0;
+        for j in 1..c {
+            if row[j] > row[best] {
+                best = j;
+            }
+        }
+        stats.correct += usize::from(best == label as usize);
+    }
 }
 
 /// Runs the body over `data` in evaluation mode (running batch-norm
 /// statistics), batch by batch, handing `f` each batch's features and
 /// supervision.
-fn for_each_eval_batch(
+pub(crate) fn for_each_eval_batch(
     spec: &ModelSpec,
     buffers: &[f32],
     data: &LocalData,

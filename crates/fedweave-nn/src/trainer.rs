@@ -54,6 +54,7 @@
 //! forward pass). The layout pays off on a GPU, where the copies would be
 //! transfers.
 
+use crate::auxiliary::{AuxObjective, Body};
 use crate::batch::{Batch, LocalData};
 use crate::extra::ExtraLoss;
 use crate::model::{ModelSpec, Norm, ParamTensor};
@@ -228,12 +229,51 @@ impl<'a> LocalTrainer<'a> {
         self.backward(data, batch, extras, Some(objective))
     }
 
+    /// As [`loss_and_grad_with`](Self::loss_and_grad_with) for an objective
+    /// with trainable parameters of its own (FedCP's conditional policy
+    /// network): `aux` becomes an autodiff leaf the objective reads, and the
+    /// gradient of the loss with respect to it is written to `aux_grad`
+    /// (zeros where the loss does not depend on it). The model's gradient is
+    /// kept for [`step`](Self::step) as usual; updating `aux` is the
+    /// caller's business. Returns the objective's value. Classification
+    /// only.
+    ///
+    /// # Panics
+    ///
+    /// If `batch` is empty or `aux_grad` is not as long as `aux`.
+    pub fn loss_and_grad_aux(
+        &mut self,
+        data: &LocalData,
+        batch: &[usize],
+        extras: &[&dyn ExtraLoss],
+        objective: &dyn AuxObjective,
+        aux: &[f32],
+        aux_grad: &mut [f32],
+    ) -> f64 {
+        assert_eq!(aux.len(), aux_grad.len(), "auxiliary gradient length");
+        self.backward_with(data, batch, extras, Loss::Aux(objective, aux, aux_grad))
+    }
+
     fn backward(
         &mut self,
         data: &LocalData,
         batch: &[usize],
         extras: &[&dyn ExtraLoss],
         objective: Option<&dyn Objective>,
+    ) -> f64 {
+        let loss = match objective {
+            Some(objective) => Loss::Objective(objective),
+            None => Loss::Task,
+        };
+        self.backward_with(data, batch, extras, loss)
+    }
+
+    fn backward_with(
+        &mut self,
+        data: &LocalData,
+        batch: &[usize],
+        extras: &[&dyn ExtraLoss],
+        objective: Loss,
     ) -> f64 {
         assert!(!batch.is_empty(), "a mini-batch needs samples");
         let spec = self.spec;
@@ -249,20 +289,43 @@ impl<'a> LocalTrainer<'a> {
         let xt: Tensor<2> =
             Tensor::from_data(TensorData::new(x, [batch.len(), input_len]), &self.device);
         let mut norm = Norm::Batch(Vec::new());
-        let loss = if let Some(objective) = objective {
-            let features = spec.features(&leaves, xt, &mut norm);
-            let logits = spec.head(&leaves, features.clone());
-            objective.loss(Outputs { features, logits }, batch, &self.y.labels)
-        } else {
-            let out = spec.forward(&leaves, xt, &mut norm);
-            if data.is_regression() {
-                masked_mae(out, &self.y, &self.device)
-            } else {
-                cross_entropy(out, &self.y.labels)
+        let mut aux_leaf = None;
+        let loss = match &objective {
+            Loss::Objective(objective) => {
+                let features = spec.features(&leaves, xt, &mut norm);
+                let logits = spec.head(&leaves, features.clone());
+                objective.loss(Outputs { features, logits }, batch, &self.y.labels)
+            }
+            Loss::Aux(objective, aux, _) => {
+                let leaf = flat_tensor(aux, &self.device.clone().inner())
+                    .autodiff()
+                    .require_grad();
+                aux_leaf = Some(leaf.clone());
+                let features = spec.features(&leaves, xt, &mut norm);
+                let head = |f: Tensor<2>| spec.head(&leaves, f);
+                objective.loss(Body::new(features, &head), leaf, batch, &self.y.labels)
+            }
+            Loss::Task => {
+                let out = spec.forward(&leaves, xt, &mut norm);
+                if data.is_regression() {
+                    masked_mae(out, &self.y, &self.device)
+                } else {
+                    cross_entropy(out, &self.y.labels)
+                }
             }
         };
         let grads = loss.backward();
         let value = scalar(&loss);
+        if let (Loss::Aux(_, _, aux_grad), Some(leaf)) = (objective, aux_leaf) {
+            match leaf.grad(&grads) {
+                Some(g) => aux_grad.copy_from_slice(
+                    g.to_data()
+                        .as_slice::<f32>()
+                        .expect("f32 auxiliary gradient"),
+                ),
+                None => aux_grad.fill(0.0),
+            }
+        }
         let mut grad: Vec<Tensor<1>> = leaves
             .iter()
             .zip(&self.params)
@@ -420,6 +483,16 @@ impl<'a> LocalTrainer<'a> {
             out[spec_t.range()].copy_from_slice(data.as_slice::<f32>().expect("f32 tensors"));
         }
     }
+}
+
+/// What a backward pass differentiates.
+enum Loss<'o> {
+    /// The task loss on the outputs.
+    Task,
+    /// A feature-level objective.
+    Objective(&'o dyn Objective),
+    /// An objective with its own parameters, and where their gradient goes.
+    Aux(&'o dyn AuxObjective, &'o [f32], &'o mut [f32]),
 }
 
 fn flat_tensor(values: &[f32], device: &Device) -> Tensor<1> {

@@ -1,8 +1,8 @@
 //! The baselines the seed papers compare against, end to end on the bundled
 //! digits (ten clients, two classes each, MLP, ten rounds): personalised
 //! methods must beat FedAvg clearly on the pathological split (last round)
-//! and not lose to Local (best-validation headline); on IID data the shared-body methods must keep FedAvg-FT's
-//! accuracy; every method's results must not depend on the thread count.
+//! and not lose to Local (best-validation headline); on IID data the
+//! shared-body methods must keep FedAvg-FT's accuracy; every method's results must not depend on the thread count.
 //! Checkpoint/resume equality and partial participation are checked for
 //! every catalogue name in `resume.rs` and `fedweave-sim`'s unit tests.
 
@@ -11,14 +11,14 @@ use fedweave_sim::Summary;
 
 /// Personalised baselines (issue 11), each held to "FedAvg + 10 points and
 /// at least Local − 3 points" on pathological digits.
-const PERSONALIZED: &[&str] = &["fedrep", "fedper", "lg-fedavg", "fedbabu"];
+const PERSONALIZED: &[&str] = &["fedrep", "fedper", "lg-fedavg", "fedbabu", "fedpac", "fedcp"];
 
 /// Methods that share a body or a global model and must stay within 3
 /// points of FedAvg-FT on IID digits.
 const IID_LIKE_FEDAVG_FT: &[&str] = &["fedrep", "fedper"];
 
 /// Every baseline of issue 11 (determinism across thread counts).
-const ALL: &[&str] = &["fedrep", "fedper", "lg-fedavg", "fedbabu", "fedbn"];
+const ALL: &[&str] = &["fedrep", "fedper", "lg-fedavg", "fedbabu", "fedbn", "fedpac", "fedcp"];
 
 /// The last round's mean test accuracy. The per-client best-validation
 /// headline flatters FedAvg on two-class clients: its global model swings

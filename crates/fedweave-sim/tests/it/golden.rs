@@ -113,6 +113,8 @@ fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
                 "attack.ratio=0.25",
             ],
         ),
+        d("fedpac", &["algorithm.name=fedpac", "participation=0.75"]),
+        d("fedcp", &["algorithm.name=fedcp", "participation=0.75"]),
         (
             "fedaghn-cnn-bn",
             FMNIST,
