@@ -5,6 +5,7 @@
 use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};
 use crate::{dpfl, fedaghn, fedavg, feddwa, local, pfedgraph, sfl};
+use crate::{fedphp, fedproto, fedrod, knnper};
 
 /// What the engine does with a concrete algorithm type: the registry hands
 /// it the built algorithm, so the engine runs monomorphised code with the
@@ -69,6 +70,10 @@ registry!(
     fedaghn::FedAghn,
     sfl::Sfl,
     dpfl::Dpfl,
+    fedrod::FedRod,
+    fedproto::FedProto,
+    knnper::KnnPer,
+    fedphp::FedPhp,
 );
 
 fn unknown(name: &str) -> AlgoError {
