@@ -168,7 +168,12 @@ impl Algorithm for FedPhp {
         }
     }
 
-    fn local_round(&self, env: &Env, cx: &mut ClientCx, state: &mut PhpClient) -> Trained<Vec<f32>> {
+    fn local_round(
+        &self,
+        env: &Env,
+        cx: &mut ClientCx,
+        state: &mut PhpClient,
+    ) -> Trained<Vec<f32>> {
         let train = cx.data.train;
         let inherited = predict(env.spec, &state.hpm.params, &state.hpm.buffers, &train);
         let objective = InheritedMmd {
@@ -303,7 +308,10 @@ mod tests {
                 "algorithm.mu_rounds",
             ),
         ] {
-            assert!(bad.validate().unwrap_err().to_string().contains(key), "{key}");
+            assert!(
+                bad.validate().unwrap_err().to_string().contains(key),
+                "{key}"
+            );
         }
         let _ = algo(FedPhpParams::default());
     }

@@ -49,8 +49,8 @@
 
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError,
-    RoundOutcome, Trained, embed_rows, ids_of,
+    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
+    Trained, embed_rows, ids_of,
 };
 use fedweave_nn::{LocalData, PrototypePull, predict};
 use serde::{Deserialize, Serialize};
@@ -152,7 +152,12 @@ impl Message for GlobalPrototypes {
 
 /// Per-class mean of `features` (`labels.len() × dim`) over the classes
 /// present, ascending, with their counts.
-pub fn class_means(features: &[f32], labels: &[u32], dim: usize, classes: usize) -> LocalPrototypes {
+pub fn class_means(
+    features: &[f32],
+    labels: &[u32],
+    dim: usize,
+    classes: usize,
+) -> LocalPrototypes {
     let mut sums = vec![0.0f64; classes * dim];
     let mut counts = vec![0u64; classes];
     for (k, &y) in labels.iter().enumerate() {

@@ -201,7 +201,12 @@ impl Algorithm for FedRod {
         }
     }
 
-    fn local_round(&self, env: &Env, cx: &mut ClientCx, state: &mut RodClient) -> Trained<Vec<f32>> {
+    fn local_round(
+        &self,
+        env: &Env,
+        cx: &mut ClientCx,
+        state: &mut RodClient,
+    ) -> Trained<Vec<f32>> {
         let train = cx.data.train;
         let labels = labels_of(&train);
         let mut counts = vec![0usize; env.spec.num_classes()];
@@ -309,7 +314,11 @@ mod tests {
             let fd = (personal_head_grad(pred, labels, &[1], &up, &mut scratch)
                 - personal_head_grad(pred, labels, &[1], &down, &mut scratch))
                 / (2.0 * h as f64);
-            assert!((g[e] as f64 - fd).abs() < 1e-4, "element {e}: {} vs {fd}", g[e]);
+            assert!(
+                (g[e] as f64 - fd).abs() < 1e-4,
+                "element {e}: {} vs {fd}",
+                g[e]
+            );
         }
     }
 

@@ -380,7 +380,10 @@ mod tests {
                 "algorithm.scale",
             ),
         ] {
-            assert!(bad.validate().unwrap_err().to_string().contains(key), "{key}");
+            assert!(
+                bad.validate().unwrap_err().to_string().contains(key),
+                "{key}"
+            );
         }
         assert!(KnnPerParams::default().validate().is_ok());
     }

@@ -221,7 +221,9 @@ mod inherited_mmd_tests {
     /// The kernel sum of the five Gaussians at squared distance `d` for base
     /// bandwidth σ (before the division by 4).
     fn k(d: f64, sigma: f64) -> f64 {
-        (0..5).map(|i| (-d / (sigma * 2f64.powi(i - 2))).exp()).sum()
+        (0..5)
+            .map(|i| (-d / (sigma * 2f64.powi(i - 2))).exp())
+            .sum()
     }
 
     /// X = [[0, 0], [1, 0]], Y = [[0, 1], [0, 0]] by hand: squared distances
@@ -307,7 +309,11 @@ mod inherited_mmd_tests {
             up[e] += h as f32;
             down[e] -= h as f32;
             let fd = 0.3 * (mmd_fixed(&up) - mmd_fixed(&down)) / (2.0 * h);
-            assert!((g[e] as f64 - fd).abs() < 1e-3, "element {e}: {} vs {fd}", g[e]);
+            assert!(
+                (g[e] as f64 - fd).abs() < 1e-3,
+                "element {e}: {} vs {fd}",
+                g[e]
+            );
         }
         assert!(g.iter().any(|v| v.abs() > 1e-2), "{g:?}");
     }

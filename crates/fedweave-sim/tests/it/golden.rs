@@ -130,7 +130,10 @@ fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
             ],
         ),
         d("knn-per", &["algorithm.name=knn-per", "participation=0.75"]),
-        d("fedphp", &["algorithm.name=fedphp", "algorithm.mu_rounds=2"]),
+        d(
+            "fedphp",
+            &["algorithm.name=fedphp", "algorithm.mu_rounds=2"],
+        ),
         (
             "fedphp-cnn-bn",
             FMNIST,
