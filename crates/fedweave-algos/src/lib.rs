@@ -11,8 +11,8 @@
 //! (median, trimmed mean, Krum, norm clipping) in [`robust`].
 //! Split-model baselines: [`fedrep`], [`fedper`], [`lgfedavg`], [`fedbabu`],
 //! [`fedbn`], sharing one part of the model through [`split`].
-//! Feature-level personalised baselines: [`fedpac`] (FedPAC), [`fedcp`]
-//! (FedCP).
+//! Feature-level personalised baselines: [`fedrod`], [`fedproto`],
+//! [`knnper`], [`fedphp`], [`fedpac`], [`fedcp`].
 
 #![warn(missing_docs)]
 
@@ -30,6 +30,10 @@ pub mod fedcp;
 pub mod fedpac;
 pub mod ggc;
 pub mod lgfedavg;
+pub mod fedphp;
+pub mod fedproto;
+pub mod fedrod;
+pub mod knnper;
 pub mod local;
 mod params;
 pub mod pfedgraph;

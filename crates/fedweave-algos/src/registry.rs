@@ -7,6 +7,7 @@ use crate::fedcp;
 use crate::fedpac;
 use crate::params::{AlgoError, parse};
 use crate::{dpfl, fedaghn, fedavg, feddwa, local, pfedgraph, sfl};
+use crate::{fedphp, fedproto, fedrod, knnper};
 
 /// What the engine does with a concrete algorithm type: the registry hands
 /// it the built algorithm, so the engine runs monomorphised code with the
@@ -78,6 +79,10 @@ registry!(
     crate::fedbn::FedBn,
     fedpac::FedPac,
     fedcp::FedCp,
+    fedrod::FedRod,
+    fedproto::FedProto,
+    knnper::KnnPer,
+    fedphp::FedPhp,
 );
 
 fn unknown(name: &str) -> AlgoError {

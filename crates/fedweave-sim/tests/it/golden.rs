@@ -133,6 +133,26 @@ fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
             FMNIST,
             vec!["algorithm.name=fedbn", "participation=0.75"],
         ),
+        d("fedrod", &["algorithm.name=fedrod", "participation=0.75"]),
+        d("fedproto", &["algorithm.name=fedproto"]),
+        d(
+            "fedproto-clients",
+            &[
+                "algorithm.name=fedproto",
+                "algorithm.weighting=clients",
+                "participation=0.75",
+            ],
+        ),
+        d("knn-per", &["algorithm.name=knn-per", "participation=0.75"]),
+        d(
+            "fedphp",
+            &["algorithm.name=fedphp", "algorithm.mu_rounds=2"],
+        ),
+        (
+            "fedphp-cnn-bn",
+            FMNIST,
+            vec!["algorithm.name=fedphp", "algorithm.mu_rounds=1"],
+        ),
         (
             "sfl-weather",
             include_str!("../../../../examples/us_weather_sfl.toml"),
