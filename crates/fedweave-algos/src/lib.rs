@@ -6,15 +6,19 @@
 //! and message types, the round protocol); [`registry`] is the one list of
 //! algorithms. One file per algorithm holds both rules and the paper's
 //! defaults: [`local`], [`fedavg`] (FedAvg, FedAvg-FT, FedProx, FedProx-FT),
-//! [`pfedgraph`], [`feddwa`], [`fedaghn`], [`sfl`], [`dpfl`]. Model-poisoning
+//! [`pfedgraph`], [`feddwa`], [`fedaghn`], [`sfl`], [`dpfl`], and the
+//! personalised baselines [`ditto`], [`apfl`], [`fedala`]. Model-poisoning
 //! and label-flip attacks are in [`attack`].
 
 #![warn(missing_docs)]
 
+pub mod apfl;
 pub mod attack;
 pub mod contract;
+pub mod ditto;
 pub mod dpfl;
 pub mod fedaghn;
+pub mod fedala;
 pub mod fedavg;
 pub mod feddwa;
 pub mod ggc;

@@ -4,7 +4,7 @@
 
 use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};
-use crate::{dpfl, fedaghn, fedavg, feddwa, local, pfedgraph, sfl};
+use crate::{apfl, ditto, dpfl, fedaghn, fedala, fedavg, feddwa, local, pfedgraph, sfl};
 
 /// What the engine does with a concrete algorithm type: the registry hands
 /// it the built algorithm, so the engine runs monomorphised code with the
@@ -69,6 +69,9 @@ registry!(
     fedaghn::FedAghn,
     sfl::Sfl,
     dpfl::Dpfl,
+    ditto::Ditto,
+    apfl::Apfl,
+    fedala::FedAla,
 );
 
 fn unknown(name: &str) -> AlgoError {

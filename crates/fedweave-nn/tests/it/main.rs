@@ -1,5 +1,5 @@
 //! All of this crate's integration tests in one binary: each test binary is a
 //! separate link step, and linking dominates CI time and disk.
 mod golden_train;
-mod trainer;
 mod objective;
+mod trainer;

@@ -52,7 +52,10 @@ fn grad_of(
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -138,7 +141,11 @@ fn balanced_softmax_adds_the_log_prior_to_the_logits() {
         hand += lse - z[y[k] as usize];
     }
     let (v, _) = grad_of(&spec, &params, &d, Some(&skewed));
-    assert!((v - hand / N as f64).abs() < 1e-4, "{v} vs {}", hand / N as f64);
+    assert!(
+        (v - hand / N as f64).abs() < 1e-4,
+        "{v} vs {}",
+        hand / N as f64
+    );
     // An absent class cannot be predicted: its log prior is very negative.
     let absent = BalancedSoftmax::from_counts(&[5, 0, 5]);
     assert!(absent.log_prior()[1] < -1e3);

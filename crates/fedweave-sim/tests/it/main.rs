@@ -1,7 +1,7 @@
 //! All of this crate's integration tests in one binary: each test binary is a
 //! separate link step, and linking dominates CI time and disk.
-mod common;
 mod baselines;
+mod common;
 mod digits;
 mod dpfl;
 mod forecasting;
