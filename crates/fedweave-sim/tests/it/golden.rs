@@ -113,6 +113,10 @@ fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
                 "attack.ratio=0.25",
             ],
         ),
+        d("ditto", &["algorithm.name=ditto", "participation=0.75"]),
+        d("apfl", &["algorithm.name=apfl", "participation=0.75"]),
+        d("fedala", &["algorithm.name=fedala", "participation=0.75"]),
+        ("apfl-cnn-bn", FMNIST, vec!["algorithm.name=apfl"]),
         (
             "fedaghn-cnn-bn",
             FMNIST,
