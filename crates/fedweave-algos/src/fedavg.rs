@@ -124,21 +124,7 @@ impl Algorithm for FedAvg {
         _: usize,
         uploads: &[(usize, Vec<f32>)],
     ) -> RoundOutcome<Vec<f32>> {
-        let participants = ids_of(uploads);
-        let models = models_of(uploads);
-        let p = env.size_weights(&participants);
-        let mut global = vec![0.0f32; env.init.len()];
-        weighted_sum(&p, &models, &mut global);
-        // The global model goes to every client, absent ones included, so
-        // every row of W is p over this round's participants.
-        let mut row = vec![0.0; env.clients()];
-        for (w, &j) in p.iter().zip(&participants) {
-            row[j] = *w;
-        }
-        RoundOutcome::new(
-            CollaborationGraph::broadcast_row(&row),
-            (0..env.clients()).map(|i| (i, global.clone())).collect(),
-        )
+        average_to_all(env, uploads)
     }
 
     fn receive(&self, _: &Env, model: &mut Model, global: Vec<f32>) {
@@ -156,4 +142,24 @@ impl Algorithm for FedAvg {
             EvalPoint::AfterReceive
         }
     }
+}
+
+/// FedAvg's server rule, shared by the methods that keep a FedAvg global
+/// model (Ditto, APFL, FedALA): the data-size weighted mean of the uploaded
+/// models goes to every client, absent ones included, so every row of W is
+/// p over the round's participants.
+pub(crate) fn average_to_all(env: &Env, uploads: &[(usize, Vec<f32>)]) -> RoundOutcome<Vec<f32>> {
+    let participants = ids_of(uploads);
+    let models = models_of(uploads);
+    let p = env.size_weights(&participants);
+    let mut global = vec![0.0f32; env.init.len()];
+    weighted_sum(&p, &models, &mut global);
+    let mut row = vec![0.0; env.clients()];
+    for (w, &j) in p.iter().zip(&participants) {
+        row[j] = *w;
+    }
+    RoundOutcome::new(
+        CollaborationGraph::broadcast_row(&row),
+        (0..env.clients()).map(|i| (i, global.clone())).collect(),
+    )
 }

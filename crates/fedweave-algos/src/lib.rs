@@ -6,7 +6,8 @@
 //! and message types, the round protocol); [`registry`] is the one list of
 //! algorithms. One file per algorithm holds both rules and the paper's
 //! defaults: [`local`], [`fedavg`] (FedAvg, FedAvg-FT, FedProx, FedProx-FT),
-//! [`pfedgraph`], [`feddwa`], [`fedaghn`], [`sfl`], [`dpfl`]. Model-poisoning
+//! [`pfedgraph`], [`feddwa`], [`fedaghn`], [`sfl`], [`dpfl`], and the
+//! personalised baselines [`ditto`], [`apfl`], [`fedala`]. Model-poisoning
 //! and label-flip attacks are in [`attack`]; the defences against them
 //! (median, trimmed mean, Krum, norm clipping) in [`robust`].
 //! Split-model baselines: [`fedrep`], [`fedper`], [`lgfedavg`], [`fedbabu`],
@@ -16,24 +17,27 @@
 
 #![warn(missing_docs)]
 
+pub mod apfl;
 pub mod attack;
 pub mod contract;
+pub mod ditto;
 pub mod dpfl;
 pub mod fedaghn;
+pub mod fedala;
 pub mod fedavg;
 pub mod fedbabu;
 pub mod fedbn;
-pub mod feddwa;
-pub mod fedper;
-pub mod fedrep;
 pub mod fedcp;
+pub mod feddwa;
 pub mod fedpac;
-pub mod ggc;
-pub mod lgfedavg;
+pub mod fedper;
 pub mod fedphp;
 pub mod fedproto;
+pub mod fedrep;
 pub mod fedrod;
+pub mod ggc;
 pub mod knnper;
+pub mod lgfedavg;
 pub mod local;
 mod params;
 pub mod pfedgraph;

@@ -3,11 +3,11 @@
 //! its own file plus one line in [`registry!`].
 
 use crate::contract::{Algorithm, Env, Info};
-use crate::fedcp;
-use crate::fedpac;
 use crate::params::{AlgoError, parse};
-use crate::{dpfl, fedaghn, fedavg, feddwa, local, pfedgraph, sfl};
-use crate::{fedphp, fedproto, fedrod, knnper};
+use crate::{
+    apfl, ditto, dpfl, fedaghn, fedala, fedavg, fedbabu, fedbn, fedcp, feddwa, fedpac, fedper,
+    fedphp, fedproto, fedrep, fedrod, knnper, lgfedavg, local, pfedgraph, sfl,
+};
 
 /// What the engine does with a concrete algorithm type: the registry hands
 /// it the built algorithm, so the engine runs monomorphised code with the
@@ -72,11 +72,14 @@ registry!(
     fedaghn::FedAghn,
     sfl::Sfl,
     dpfl::Dpfl,
-    crate::fedrep::FedRep,
-    crate::fedper::FedPer,
-    crate::lgfedavg::LgFedAvg,
-    crate::fedbabu::FedBabu,
-    crate::fedbn::FedBn,
+    ditto::Ditto,
+    apfl::Apfl,
+    fedala::FedAla,
+    fedrep::FedRep,
+    fedper::FedPer,
+    lgfedavg::LgFedAvg,
+    fedbabu::FedBabu,
+    fedbn::FedBn,
     fedpac::FedPac,
     fedcp::FedCp,
     fedrod::FedRod,

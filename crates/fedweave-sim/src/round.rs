@@ -322,10 +322,13 @@ mod tests {
                 clients: (0..n).map(|i| algo.init_client(&env, i)).collect(),
                 trackers: Trackers::new(n),
             };
-            let held = |s: &RunState<A::Server, A::Client>| -> Vec<Vec<f32>> {
+            // A client's whole state, not only its scored model: Ditto's
+            // or FedALA's download replaces the global copy they keep
+            // beside the model they are scored on.
+            let held = |s: &RunState<A::Server, A::Client>| -> Vec<String> {
                 s.clients
                     .iter()
-                    .map(|c| algo.personalized(c).params.into_owned())
+                    .map(|c| serde_json::to_string(c).unwrap())
                     .collect()
             };
             for _ in 0..3 {
@@ -339,7 +342,7 @@ mod tests {
                     record.graph[i] != identity
                 };
                 for i in (0..n).filter(|i| !record.participants.contains(i)) {
-                    // An absent client never trains: its model changes only
+                    // An absent client never trains: its state changes only
                     // when the algorithm addresses it (FedAvg's broadcast),
                     // which its graph row then shows.
                     assert_eq!(

@@ -12,18 +12,41 @@ use fedweave_sim::Summary;
 /// Personalised baselines (issue 11), each held to "FedAvg + 10 points and
 /// at least Local − 3 points" on pathological digits.
 const PERSONALIZED: &[&str] = &[
-    "fedrep", "fedper", "lg-fedavg", "fedbabu", "fedpac", "fedcp", "fedrod", "fedproto", "knn-per",
+    "ditto",
+    "apfl",
+    "fedala",
+    "fedrep",
+    "fedper",
+    "lg-fedavg",
+    "fedbabu",
+    "fedpac",
+    "fedcp",
+    "fedrod",
+    "fedproto",
+    "knn-per",
     "fedphp",
 ];
 
 /// Methods that share a body or a global model and must stay within 3
 /// points of FedAvg-FT on IID digits.
-const IID_LIKE_FEDAVG_FT: &[&str] = &["fedrep", "fedper"];
+const IID_LIKE_FEDAVG_FT: &[&str] = &["ditto", "apfl", "fedala", "fedrep", "fedper"];
 
 /// Every baseline of issue 11 (determinism across thread counts).
 const ALL: &[&str] = &[
-    "fedrep", "fedper", "lg-fedavg", "fedbabu", "fedbn", "fedpac", "fedcp", "fedrod", "fedproto",
-    "knn-per", "fedphp",
+    "ditto",
+    "apfl",
+    "fedala",
+    "fedrep",
+    "fedper",
+    "lg-fedavg",
+    "fedbabu",
+    "fedbn",
+    "fedpac",
+    "fedcp",
+    "fedrod",
+    "fedproto",
+    "knn-per",
+    "fedphp",
 ];
 
 /// The last round's mean test accuracy. The per-client best-validation

@@ -153,6 +153,10 @@ fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
             FMNIST,
             vec!["algorithm.name=fedphp", "algorithm.mu_rounds=1"],
         ),
+        d("ditto", &["algorithm.name=ditto", "participation=0.75"]),
+        d("apfl", &["algorithm.name=apfl", "participation=0.75"]),
+        d("fedala", &["algorithm.name=fedala", "participation=0.75"]),
+        ("apfl-cnn-bn", FMNIST, vec!["algorithm.name=apfl"]),
         (
             "sfl-weather",
             include_str!("../../../../examples/us_weather_sfl.toml"),
