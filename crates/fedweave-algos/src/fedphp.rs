@@ -18,10 +18,10 @@
 //!    `mu_rounds`;
 //! 4. it uploads the local model; hpm never leaves the client.
 //!
-//! Server: FedAvg of the local models, sent to every client. Graph: the
-//! participants' rows are the data-size vector p (their next local model is
-//! the global one, and their private models inherit from it); absent clients'
-//! rows are the identity — their scored model, hpm, does not change.
+//! Server: FedAvg of the local models, sent to every client. Graph: every
+//! row is the data-size vector p over the participants, as FedAvg logs it:
+//! every client's next local model is the global one, absent clients
+//! included (their scored model, hpm, changes only when they next train).
 //!
 //! Scored model: hpm, after the round's local training and update.
 //!
@@ -53,7 +53,6 @@ use crate::fedavg::{FedAvg, FedAvgParams};
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-    ids_of,
 };
 use fedweave_nn::{InheritedMmd, predict};
 use serde::{Deserialize, Serialize};
@@ -207,15 +206,7 @@ impl Algorithm for FedPhp {
         round: usize,
         uploads: &[(usize, Vec<f32>)],
     ) -> RoundOutcome<Vec<f32>> {
-        let mut out = self.fedavg.aggregate(env, server, round, uploads);
-        let participants = ids_of(uploads);
-        let n = env.clients();
-        for i in (0..n).filter(|i| !participants.contains(i)) {
-            let mut identity = vec![0.0; n];
-            identity[i] = 1.0;
-            out.graph.set_row(i, &identity);
-        }
-        out
+        self.fedavg.aggregate(env, server, round, uploads)
     }
 
     fn receive(&self, _: &Env, state: &mut PhpClient, global: Vec<f32>) {
@@ -254,11 +245,11 @@ mod tests {
             label_counts: &counts,
         };
         let a = FedPhp::new("fedphp", params, &env).unwrap();
-        // The server's graph: p over participants 0 and 2, identity for 1.
+        // The server's graph: p over participants 0 and 2, for everyone.
         let up = |v: f32| vec![v; init.len()];
         let out = a.aggregate(&env, &mut (), 1, &[(0, up(1.0)), (2, up(4.0))]);
         assert_eq!(out.graph.row(0), &[1.0 / 3.0, 0.0, 2.0 / 3.0]);
-        assert_eq!(out.graph.row(1), &[0.0, 1.0, 0.0]);
+        assert_eq!(out.graph.row(1), &[1.0 / 3.0, 0.0, 2.0 / 3.0]);
         assert_eq!(out.graph.row(2), &[1.0 / 3.0, 0.0, 2.0 / 3.0]);
         assert_eq!(out.downloads.len(), 3, "the global model goes to everyone");
         assert!(out.downloads.iter().all(|(_, g)| (g[0] - 3.0).abs() < 1e-6));

@@ -27,8 +27,8 @@
 //! prototype it contributed to). This weighs each of i's classes by how much
 //! of i's loss it carries; "j's share of all samples in i's classes" would
 //! instead weigh classes by their federation-wide size, which i's objective
-//! does not. Absent clients' rows are the identity (their model does not
-//! change; they still receive the prototypes).
+//! does not. Absent clients keep their prototypes and an identity row: the
+//! global prototypes go to the round's participants only.
 //!
 //! Bytes: up = (classes held) × feature_len floats; down = (classes with a
 //! global prototype) × feature_len floats per client. Class ids and counts are
@@ -340,9 +340,12 @@ impl Algorithm for FedProto {
         let ups: Vec<&LocalPrototypes> = uploads.iter().map(|(_, u)| u).collect();
         let (global, rows) =
             aggregate_prototypes(&ups, self.dim, self.classes, self.params.weighting);
+        // The global prototypes go to the round's participants: an absent
+        // client's row (its own classes' shares) is unknown this round, so it
+        // keeps its prototypes and an identity row until it next uploads.
         RoundOutcome::new(
             embed_rows(env.clients(), &participants, &rows),
-            (0..env.clients()).map(|i| (i, global.clone())).collect(),
+            participants.iter().map(|&i| (i, global.clone())).collect(),
         )
     }
 
