@@ -10,8 +10,8 @@
 //! personalised baselines [`ditto`], [`apfl`], [`fedala`]. Model-poisoning
 //! and label-flip attacks are in [`attack`]; the defences against them
 //! (median, trimmed mean, Krum, norm clipping) in [`robust`].
-//! Split-model baselines: [`fedrep`], [`fedper`], [`lgfedavg`], [`fedbabu`],
-//! [`fedbn`], sharing one part of the model through [`split`].
+//! Split-model baselines: [`fedrep`], [`fedbabu`] and [`partial`] (FedPer,
+//! LG-FedAvg, FedBN), sharing one part of the model through [`split`].
 //! Feature-level personalised baselines: [`fedrod`], [`fedproto`],
 //! [`knnper`], [`fedphp`], [`fedpac`], [`fedcp`].
 
@@ -26,20 +26,18 @@ pub mod fedaghn;
 pub mod fedala;
 pub mod fedavg;
 pub mod fedbabu;
-pub mod fedbn;
 pub mod fedcp;
 pub mod feddwa;
 pub mod fedpac;
-pub mod fedper;
 pub mod fedphp;
 pub mod fedproto;
 pub mod fedrep;
 pub mod fedrod;
 pub mod ggc;
 pub mod knnper;
-pub mod lgfedavg;
 pub mod local;
 mod params;
+pub mod partial;
 pub mod pfedgraph;
 pub mod registry;
 pub mod robust;

@@ -5,8 +5,8 @@
 use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};
 use crate::{
-    apfl, ditto, dpfl, fedaghn, fedala, fedavg, fedbabu, fedbn, fedcp, feddwa, fedpac, fedper,
-    fedphp, fedproto, fedrep, fedrod, knnper, lgfedavg, local, pfedgraph, sfl,
+    apfl, ditto, dpfl, fedaghn, fedala, fedavg, fedbabu, fedcp, feddwa, fedpac, fedphp, fedproto,
+    fedrep, fedrod, knnper, local, partial, pfedgraph, sfl,
 };
 
 /// What the engine does with a concrete algorithm type: the registry hands
@@ -76,10 +76,8 @@ registry!(
     apfl::Apfl,
     fedala::FedAla,
     fedrep::FedRep,
-    fedper::FedPer,
-    lgfedavg::LgFedAvg,
+    partial::PartialAvg,
     fedbabu::FedBabu,
-    fedbn::FedBn,
     fedpac::FedPac,
     fedcp::FedCp,
     fedrod::FedRod,
