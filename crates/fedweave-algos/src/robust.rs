@@ -75,6 +75,29 @@ pub enum AggregatorKind {
     NormClip,
 }
 
+impl AggregatorKind {
+    /// Names and descriptions for `fedweave list`.
+    pub fn catalogue() -> &'static [(&'static str, &'static str)] {
+        &[
+            ("mean", "no defence: the algorithm's own aggregation"),
+            ("median", "coordinate-wise median of the uploaded models"),
+            (
+                "trimmed_mean",
+                "coordinate-wise mean without the `trim` fraction at each end",
+            ),
+            (
+                "krum",
+                "the one upload nearest its n − f − 2 neighbours (`f`)",
+            ),
+            (
+                "multi_krum",
+                "the `m` uploads nearest their neighbours (`f`, `m`)",
+            ),
+            ("norm_clip", "updates scaled to norm ≤ `clip`"),
+        ]
+    }
+}
+
 impl AggregatorConfig {
     /// `Err` naming the key when a value is impossible.
     pub fn validate(&self) -> Result<(), ParamError> {
@@ -303,6 +326,16 @@ mod tests {
         let mut short = [1.3f32, 1.4];
         clip_update(&mut short, &start, 2.5);
         assert_eq!(short, [1.3, 1.4]);
+    }
+
+    #[test]
+    fn the_catalogue_names_every_kind_as_configs_spell_it() {
+        let names: Vec<&str> = AggregatorKind::catalogue().iter().map(|c| c.0).collect();
+        assert_eq!(names.len(), 6);
+        for name in names {
+            let kind: AggregatorKind = toml::Value::String(name.into()).try_into().unwrap();
+            assert_eq!(toml::Value::try_from(kind).unwrap().as_str(), Some(name));
+        }
     }
 
     #[test]

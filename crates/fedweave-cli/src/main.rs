@@ -41,7 +41,7 @@ enum Command {
         #[arg(long)]
         rounds: Option<usize>,
     },
-    /// List algorithms, datasets, partitions, models and attacks.
+    /// List algorithms, datasets, partitions, models, attacks and aggregators.
     List,
     /// Rebuild DIR/report.html from a run directory.
     Report {
@@ -217,6 +217,10 @@ fn list() {
     }
     println!("attacks:");
     for (name, what) in fedweave_algos::attack::AttackKind::catalogue() {
+        println!("  {name:<12} {what}");
+    }
+    println!("aggregators ([aggregator] kind, for server methods):");
+    for (name, what) in fedweave_algos::robust::AggregatorKind::catalogue() {
         println!("  {name:<12} {what}");
     }
 }

@@ -118,6 +118,9 @@ fn list_names_everything() {
         "cnn",
         "sign_flip",
         "label_flip",
+        "trimmed_mean",
+        "multi_krum",
+        "knn-per",
     ] {
         assert!(text.contains(name), "list lacks {name}");
     }
