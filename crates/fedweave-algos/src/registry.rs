@@ -1,6 +1,6 @@
 //! The one list of algorithms. `fedweave list`, config validation, the
 //! README table and the engine's dispatch all read it; adding a method is
-//! its own file plus one line in [`registry!`].
+//! its own file plus one line in the `registry!` invocation below.
 
 use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};

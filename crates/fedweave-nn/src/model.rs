@@ -373,7 +373,7 @@ impl ModelSpec {
         linear(features, p[k - 2].t2(), Some(p[k - 1].t1()))
     }
 
-    /// Width of the [`features`](Self::features) the head reads.
+    /// Width of the features (the body's output) the head reads.
     pub fn feature_len(&self) -> usize {
         self.layout.tensors()[self.layout.tensors().len() - 2].shape[0]
     }
