@@ -178,7 +178,7 @@ impl Algorithm for FedBabu {
 mod tests {
     use super::*;
     use crate::Message;
-    use crate::split::tiny::{Tiny, changed};
+    use crate::testkit::{Tiny, changed};
 
     fn fedbabu(t: &Tiny, ft_epochs: usize) -> FedBabu {
         FedBabu::new("fedbabu", FedBabuParams { ft_epochs }, &t.env()).unwrap()

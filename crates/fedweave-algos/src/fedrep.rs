@@ -139,7 +139,7 @@ impl Algorithm for FedRep {
 mod tests {
     use super::*;
     use crate::Message;
-    use crate::split::tiny::{Tiny, changed};
+    use crate::testkit::{Tiny, changed};
 
     fn fedrep(t: &Tiny, head_epochs: usize) -> FedRep {
         FedRep::new("fedrep", FedRepParams { head_epochs }, &t.env()).unwrap()

@@ -149,7 +149,7 @@ impl Algorithm for PartialAvg {
 mod tests {
     use super::*;
     use crate::Message;
-    use crate::split::tiny::{Tiny, changed};
+    use crate::testkit::{Tiny, changed};
     use fedweave_core::{Purpose, rng_stream};
     use fedweave_nn::{ModelKind, ModelSpec, TrainConfig};
 
@@ -278,7 +278,7 @@ mod tests {
     /// the graph FedAvg's, no per-group graphs.
     #[test]
     fn without_batch_norm_it_is_fedavg() {
-        let t = crate::split::tiny::Tiny::new();
+        let t = crate::testkit::Tiny::new();
         let env = t.env();
         let algo = PartialAvg::new("fedbn", PartialAvgParams {}, &env).unwrap();
         let up = algo.fed.upload(&t.init);

@@ -616,10 +616,10 @@ mod tests {
 
     #[test]
     fn training_starts_where_start_says() {
-        use crate::testkit::Fixture;
         // lr = 0: training leaves the model where it started, so the
         // upload shows the starting point.
-        let fx = Fixture::new(2, 0.0);
+        let mut fx = crate::testkit::Tiny::new();
+        fx.train.lr = 0.0;
         let env = fx.env();
         let d = env.init.len();
         let (u, w, v) = (vec![0.1f32; d], vec![0.2f32; d], vec![0.3f32; d]);

@@ -1,56 +1,56 @@
-//! A tiny federation for the algorithms' unit tests: an MLP on random
-//! 4-feature, 2-class data, an `Env` over it and per-client contexts.
+//! A tiny federation for the algorithms' unit tests: an MLP on 4 inputs and
+//! 3 separable classes, three clients with 12, 12 and 24 samples, an `Env`
+//! over it and per-client contexts.
 
 use crate::{ClientCx, ClientData, Env};
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_nn::{LocalData, ModelKind, ModelSpec, TrainConfig};
-use rand::Rng;
 
-/// Samples per client.
-pub(crate) const SAMPLES: usize = 16;
-
-/// Model, training settings and every client's data.
-pub(crate) struct Fixture {
+/// Everything an [`Env`] and a [`ClientCx`] borrow.
+pub(crate) struct Tiny {
     pub spec: ModelSpec,
+    pub init: Vec<f32>,
     pub train: TrainConfig,
     pub sizes: Vec<usize>,
-    pub init: Vec<f32>,
-    x: Vec<f32>,
-    y: Vec<u32>,
-    idx: Vec<Vec<usize>>,
+    features: Vec<f32>,
+    labels: Vec<u32>,
+    indices: Vec<Vec<usize>>,
 }
 
-impl Fixture {
-    /// `clients` clients of [`SAMPLES`] samples each, trained with `lr`
-    /// (0 leaves every model where it started), plain SGD, batch 8, one
-    /// step per round.
-    pub fn new(clients: usize, lr: f32) -> Self {
-        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 2).expect("valid model");
+impl Tiny {
+    pub(crate) fn new() -> Self {
+        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 3).unwrap();
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
-        let mut rng = rng_stream(7, 0, 0, Purpose::Dataset);
-        let n = clients * SAMPLES;
+        let n = 48;
+        // Separable: the class sets which feature is large.
+        let labels: Vec<u32> = (0..n).map(|k| (k % 3) as u32).collect();
+        let features = (0..n * 4)
+            .map(|e| {
+                let (k, f) = (e / 4, e % 4);
+                let jitter = ((e * 7919) % 13) as f32 / 13.0 - 0.5;
+                if f == k % 3 { 2.0 + jitter } else { jitter }
+            })
+            .collect();
+        let indices = vec![(0..12).collect(), (12..24).collect(), (24..48).collect()];
         Self {
             spec,
-            train: TrainConfig {
-                lr,
-                momentum: 0.0,
-                weight_decay: 0.0,
-                batch_size: 8,
-                iterations: 1,
-                epochs: 0,
-            },
-            sizes: vec![SAMPLES; clients],
             init,
-            x: (0..n * 4).map(|_| rng.random_range(-1.0..1.0)).collect(),
-            y: (0..n).map(|k| (k % 2) as u32).collect(),
-            idx: (0..clients)
-                .map(|i| (i * SAMPLES..(i + 1) * SAMPLES).collect())
-                .collect(),
+            train: TrainConfig {
+                lr: 0.1,
+                momentum: 0.9,
+                weight_decay: 1e-3,
+                batch_size: 4,
+                iterations: 3,
+                epochs: 1,
+            },
+            sizes: vec![12, 12, 24],
+            features,
+            labels,
+            indices,
         }
     }
 
-    /// The federation as algorithms see it.
-    pub fn env(&self) -> Env<'_> {
+    pub(crate) fn env(&self) -> Env<'_> {
         Env {
             spec: &self.spec,
             train: &self.train,
@@ -61,22 +61,26 @@ impl Fixture {
         }
     }
 
-    /// Client `client`'s data (validation = training samples).
-    pub fn data(&self, client: usize) -> LocalData<'_> {
-        LocalData::new(&self.x, &self.y, &self.idx[client])
-    }
-
-    /// Client `client`'s context in `round`.
-    pub fn cx(&self, client: usize, round: usize) -> ClientCx<'_> {
+    pub(crate) fn cx(&self, client: usize, round: usize) -> ClientCx<'_> {
+        let data = LocalData::new(&self.features, &self.labels, &self.indices[client]);
         ClientCx {
             client,
             round,
             data: ClientData {
-                train: self.data(client),
-                val: self.data(client),
+                train: data,
+                val: data,
             },
-            rng: rng_stream(3, round as u64, client as u64, Purpose::Batches),
+            rng: rng_stream(9, round as u64, client as u64, Purpose::Batches),
             origin: None,
         }
     }
+}
+
+/// Elements of `a` and `b` that differ inside `r`.
+pub(crate) fn changed(a: &[f32], b: &[f32], r: std::ops::Range<usize>) -> usize {
+    a[r.clone()]
+        .iter()
+        .zip(&b[r])
+        .filter(|(x, y)| x != y)
+        .count()
 }
