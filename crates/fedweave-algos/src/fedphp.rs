@@ -49,7 +49,7 @@
 //! - No gradient-norm clipping (the authors clip at `max_grad_norm`); no
 //!   fedweave method clips.
 
-use crate::fedavg::{FedAvg, FedAvgParams};
+use crate::fedavg::average_to_all;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
@@ -97,7 +97,6 @@ impl Validate for FedPhpParams {
 /// The FedPHP algorithm.
 pub struct FedPhp {
     params: FedPhpParams,
-    fedavg: FedAvg,
 }
 
 /// What a FedPHP client keeps.
@@ -147,10 +146,7 @@ impl Algorithm for FedPhp {
                     .into(),
             });
         }
-        Ok(Self {
-            params,
-            fedavg: FedAvg::new("fedavg", FedAvgParams::default(), env)?,
-        })
+        Ok(Self { params })
     }
 
     fn name(&self) -> &'static str {
@@ -202,11 +198,11 @@ impl Algorithm for FedPhp {
     fn aggregate(
         &self,
         env: &Env,
-        server: &mut (),
-        round: usize,
+        _: &mut (),
+        _: usize,
         uploads: &[(usize, Vec<f32>)],
     ) -> RoundOutcome<Vec<f32>> {
-        self.fedavg.aggregate(env, server, round, uploads)
+        average_to_all(env, uploads)
     }
 
     fn receive(&self, _: &Env, state: &mut PhpClient, global: Vec<f32>) {

@@ -35,7 +35,7 @@
 //! is scored with, rather than a moving target; it also needs no second
 //! backward pass through the body.
 
-use crate::fedavg::{FedAvg, FedAvgParams};
+use crate::fedavg::average_to_all;
 use crate::params::Validate;
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
@@ -56,9 +56,7 @@ impl Validate for FedRodParams {
 }
 
 /// The FedRoD algorithm.
-pub struct FedRod {
-    fedavg: FedAvg,
-}
+pub struct FedRod {}
 
 /// What a FedRoD client keeps.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -182,9 +180,7 @@ impl Algorithm for FedRod {
                     .into(),
             });
         }
-        Ok(Self {
-            fedavg: FedAvg::new("fedavg", FedAvgParams::default(), env)?,
-        })
+        Ok(Self {})
     }
 
     fn name(&self) -> &'static str {
@@ -228,11 +224,11 @@ impl Algorithm for FedRod {
     fn aggregate(
         &self,
         env: &Env,
-        server: &mut (),
-        round: usize,
+        _: &mut (),
+        _: usize,
         uploads: &[(usize, Vec<f32>)],
     ) -> RoundOutcome<Vec<f32>> {
-        self.fedavg.aggregate(env, server, round, uploads)
+        average_to_all(env, uploads)
     }
 
     fn receive(&self, _: &Env, state: &mut RodClient, global: Vec<f32>) {

@@ -42,7 +42,7 @@
 //! Evaluation point: after the global model is received (the model the
 //! kNN is built on), as FedAvg.
 
-use crate::fedavg::{FedAvg, FedAvgParams};
+use crate::fedavg::average_to_all;
 use crate::params::Validate;
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, ParamError,
@@ -98,7 +98,6 @@ impl Validate for KnnPerParams {
 /// The kNN-Per algorithm: FedAvg training, kNN-interpolated prediction.
 pub struct KnnPer {
     params: KnnPerParams,
-    fedavg: FedAvg,
 }
 
 /// A client's datastore: stored features (row-major) and their labels.
@@ -216,10 +215,7 @@ impl Algorithm for KnnPer {
                 message: "kNN-Per votes over class labels; this dataset has none".into(),
             });
         }
-        Ok(Self {
-            params,
-            fedavg: FedAvg::new("fedavg", FedAvgParams::default(), env)?,
-        })
+        Ok(Self { params })
     }
 
     fn name(&self) -> &'static str {
@@ -243,11 +239,11 @@ impl Algorithm for KnnPer {
     fn aggregate(
         &self,
         env: &Env,
-        server: &mut (),
-        round: usize,
+        _: &mut (),
+        _: usize,
         uploads: &[(usize, Vec<f32>)],
     ) -> RoundOutcome<Vec<f32>> {
-        self.fedavg.aggregate(env, server, round, uploads)
+        average_to_all(env, uploads)
     }
 
     fn receive(&self, _: &Env, model: &mut Model, global: Vec<f32>) {
