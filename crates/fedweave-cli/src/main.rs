@@ -52,6 +52,12 @@ enum Command {
     Sweep(fedweave_sweep::SweepArgs),
     /// Tables and a comparison page from existing run directories.
     Compare(fedweave_sweep::CompareArgs),
+    /// Write TensorBoard event files (DIR/tensorboard/) for finished runs;
+    /// a sweep directory exports every run under it.
+    Tensorboard {
+        /// Run directories, or folders holding them.
+        dirs: Vec<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -105,7 +111,58 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Sweep(args) => Ok(fedweave_sweep::run_sweep_command(&args)?),
         Command::Compare(args) => Ok(fedweave_sweep::run_compare_command(&args)?),
+        Command::Tensorboard { dirs } => {
+            let mut runs = Vec::new();
+            for d in &dirs {
+                find_runs(d, &mut runs)?;
+            }
+            anyhow::ensure!(
+                !runs.is_empty(),
+                "no run directory (one holding summary.json) under {}",
+                dirs.iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            for run in runs {
+                println!("{}", export_tensorboard(&run)?.display());
+            }
+            Ok(())
+        }
     }
+}
+
+/// Run directories at or under `dir`, in name order.
+fn find_runs(dir: &std::path::Path, runs: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    if dir.join("summary.json").is_file() {
+        runs.push(dir.to_path_buf());
+        return Ok(());
+    }
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    entries.sort();
+    for e in entries {
+        find_runs(&e, runs)?;
+    }
+    Ok(())
+}
+
+/// Writes one finished run's event file. The rounds carry durations but
+/// no clock times, so round r is stamped at the time `rounds.jsonl` was
+/// last written minus the seconds of the rounds after r.
+fn export_tensorboard(dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let run = fedweave_report::RunFiles::read(dir)?;
+    let written = std::fs::metadata(dir.join("rounds.jsonl"))
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0.0, |d| d.as_secs_f64());
+    let total: f64 = run.rounds.iter().map(|r| r.seconds).sum();
+    let path = fedweave_records::tensorboard::write_run(dir, &run.rounds, written - total)?;
+    Ok(path)
 }
 
 /// Runs `job` with a progress bar on a terminal (one line per round

@@ -4,6 +4,8 @@
 
 #![warn(missing_docs)]
 
+pub mod tensorboard;
+
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

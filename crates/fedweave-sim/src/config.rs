@@ -68,6 +68,9 @@ pub struct ExperimentConfig {
     /// Rounds between checkpoints in `DIR/checkpoint/` (0: none; the last
     /// round is always checkpointed otherwise).
     pub checkpoint_every: usize,
+    /// Also write each round's metrics as a TensorBoard event file
+    /// (`DIR/tensorboard/`), for people who watch runs there.
+    pub tensorboard: bool,
     /// When clients are scored and which figure the run reports.
     pub eval: EvalSection,
     /// The defence applied to the uploads before the server aggregates.
@@ -94,6 +97,7 @@ impl Default for ExperimentConfig {
             algorithm,
             attack: AttackSection::default(),
             checkpoint_every: 1,
+            tensorboard: false,
             eval: EvalSection::default(),
             aggregator: AggregatorConfig::default(),
         }
@@ -371,6 +375,7 @@ impl ExperimentConfig {
         c.rounds = 0;
         c.threads = None;
         c.checkpoint_every = 0;
+        c.tensorboard = false;
         c.to_toml()
     }
 

@@ -10,7 +10,7 @@ use crate::protocol::{Trackers, summarize};
 use crate::round::{RunState, run_round};
 use crate::setup::Setup;
 use fedweave_algos::{Algorithm, Topology, Visitor};
-use fedweave_records::{RoundRecord, Summary};
+use fedweave_records::{RoundRecord, Summary, tensorboard};
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
@@ -46,6 +46,9 @@ pub enum RunError {
         /// What is wrong.
         message: String,
     },
+    /// The TensorBoard event file could not be written.
+    #[error(transparent)]
+    Events(#[from] fedweave_records::tensorboard::EventFileError),
     /// The thread pool could not be built.
     #[error("cannot start worker threads: {0}")]
     Threads(String),
@@ -203,8 +206,25 @@ impl Visitor for Runner<'_> {
             .open(&rounds_path)
             .map_err(io(&rounds_path))?;
 
+        // The event file is rewritten from the kept records, so a resumed
+        // run has one file holding every round once.
+        let mut events = match cfg.tensorboard {
+            true => {
+                let path = out_dir.join(tensorboard::EVENT_FILE);
+                let mut w = tensorboard::EventWriter::create(&path, unix_now())?;
+                for r in &records {
+                    w.round(r, unix_now())?;
+                }
+                Some(w)
+            }
+            false => None,
+        };
+
         while state.round < cfg.rounds {
             let record = run_round(&algo, setup, &mut state, &pool);
+            if let Some(w) = events.as_mut() {
+                w.round(&record, unix_now())?;
+            }
             let line = serde_json::to_string(&record).unwrap_or_default();
             writeln!(rounds_file, "{line}").map_err(io(&rounds_path))?;
             rounds_file.flush().map_err(io(&rounds_path))?;
@@ -232,6 +252,13 @@ impl Visitor for Runner<'_> {
         }
         Ok(summary)
     }
+}
+
+/// Seconds since the Unix epoch, TensorBoard's time axis.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// The records of rounds 1..=`round` from `rounds.jsonl`; lines after them

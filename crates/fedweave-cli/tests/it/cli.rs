@@ -321,3 +321,64 @@ fn resume_after_kill_9_equals_an_uninterrupted_run() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(summary_numbers(&killed), summary_numbers(&whole));
 }
+
+/// `fedweave tensorboard` exports finished runs found under a folder (as a
+/// sweep leaves them); a folder without runs or a corrupt `rounds.jsonl`
+/// is a clear error.
+#[test]
+fn tensorboard_exports_runs_under_a_folder() {
+    use fedweave_records::tensorboard::{EVENT_FILE, read_events};
+    let dir = tempfile::tempdir().unwrap();
+    let quickstart = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/quickstart.toml"
+    );
+    let run = dir.path().join("sweep/a");
+    let o = fedweave(&[
+        "run",
+        quickstart,
+        "--out",
+        run.to_str().unwrap(),
+        "--set",
+        "rounds=2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = fedweave(&["tensorboard", dir.path().join("sweep").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let path = run.join(EVENT_FILE);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        path.display().to_string()
+    );
+    let events = read_events(&path).unwrap();
+    assert_eq!(events.iter().map(|e| e.step).collect::<Vec<_>>(), [0, 1, 2]);
+    assert!(events[1].wall_time < events[2].wall_time);
+    let first: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(run.join("rounds.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let acc = events[1]
+        .summary
+        .as_ref()
+        .unwrap()
+        .value
+        .iter()
+        .find(|v| v.tag == "accuracy/test_mean")
+        .and_then(|v| v.simple_value);
+    assert_eq!(acc, Some(first["mean_test_acc"].as_f64().unwrap() as f32));
+
+    let empty = tempfile::tempdir().unwrap();
+    assert_clean_failure(
+        &fedweave(&["tensorboard", empty.path().to_str().unwrap()]),
+        "no run directory",
+    );
+    std::fs::write(run.join("rounds.jsonl"), "{\"round\": 1}\nnot json\n").unwrap();
+    assert_clean_failure(
+        &fedweave(&["tensorboard", run.to_str().unwrap()]),
+        "rounds.jsonl",
+    );
+}

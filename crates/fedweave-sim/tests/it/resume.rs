@@ -144,3 +144,51 @@ fn corrupt_or_foreign_checkpoints_are_clear_errors() {
     let e = checkpoint_error(resume_experiment(d, Some(1), &mut |_| {}));
     assert!(e.contains("already has 2 rounds"), "{e}");
 }
+
+/// `tensorboard = true`: the event file holds every round once, with the
+/// figures of `rounds.jsonl`, also after a resume (the file is rewritten
+/// from the kept records, not appended to twice).
+#[test]
+fn tensorboard_events_follow_rounds_jsonl_across_a_resume() {
+    use fedweave_records::tensorboard::{EVENT_FILE, read_events, scalars};
+    let with_tb = |rounds| {
+        let mut c = config("pfedgraph", rounds);
+        c.tensorboard = true;
+        c
+    };
+    let dir = tempfile::tempdir().unwrap();
+    run_experiment(&with_tb(2), dir.path(), &mut |_| {}).unwrap();
+    resume_experiment(dir.path(), Some(4), &mut |_| {}).unwrap();
+    let events = read_events(&dir.path().join(EVENT_FILE)).unwrap();
+    let records: Vec<fedweave_records::RoundRecord> =
+        std::fs::read_to_string(dir.path().join("rounds.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+    assert_eq!(events[0].file_version.as_deref(), Some("brain.Event:2"));
+    let steps: Vec<i64> = events[1..].iter().map(|e| e.step).collect();
+    assert_eq!(steps, [1, 2, 3, 4]);
+    for (e, r) in events[1..].iter().zip(&records) {
+        let got: Vec<(String, f32)> = e
+            .summary
+            .as_ref()
+            .unwrap()
+            .value
+            .iter()
+            .map(|v| (v.tag.clone(), v.simple_value.unwrap()))
+            .collect();
+        let want: Vec<(String, f32)> = scalars(r)
+            .into_iter()
+            .map(|(t, v)| (t.to_string(), v as f32))
+            .collect();
+        assert_eq!(got, want, "round {}", r.round);
+        assert!(want.iter().any(|(t, _)| t == "accuracy/test_mean"));
+    }
+
+    // A folder that cannot be made is a clear error naming the file.
+    let blocked = tempfile::tempdir().unwrap();
+    std::fs::write(blocked.path().join("tensorboard"), b"a file").unwrap();
+    let e = run_experiment(&with_tb(1), blocked.path(), &mut |_| {}).unwrap_err();
+    assert!(e.to_string().contains("events.out.tfevents"), "{e}");
+}
