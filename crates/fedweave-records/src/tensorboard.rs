@@ -278,7 +278,7 @@ mod tests {
     #[test]
     fn masked_crc_matches_tensorflow() {
         // CRC-32C("123456789") = 0xE3069283 (the standard check value);
-        // rotated right by 15 it is 0x25074A0D, plus 0xA282EAD8 (mod 2³²).
+        // rotated right by 15 it is 0x2507C60D, plus 0xA282EAD8 (mod 2³²).
         assert_eq!(masked_crc(b"123456789"), 0xc78a_b0e5);
         // An empty slice: CRC-32C is 0, so the mask alone.
         assert_eq!(masked_crc(b""), 0xa282_ead8);
