@@ -293,6 +293,39 @@ impl Grid {
         })
     }
 
+    /// Applies command-line `key=value` overrides on top of `[set]` (a key
+    /// already there is replaced), e.g. the full-scale rounds of a grid
+    /// written at reduced scale. Values read as TOML, else as strings.
+    ///
+    /// # Errors
+    /// An assignment without `=`, or a key that a grid axis or a case
+    /// varies (the override would silently flatten the grid).
+    pub fn override_set(&mut self, assignments: &[String]) -> Result<(), SweepError> {
+        for a in assignments {
+            let err = |m: String| SweepError::Grid {
+                file: self.origin.clone(),
+                message: format!("--set {a}: {m}"),
+            };
+            let (key, raw) = a
+                .split_once('=')
+                .ok_or_else(|| err("an override must look like key=value".into()))?;
+            let (key, raw) = (key.trim(), raw.trim());
+            let varied = self.axes.iter().any(|(k, _)| k == key)
+                || self.cases.iter().flatten().any(|(k, _)| k == key);
+            if varied {
+                return Err(err(format!("`{key}` is varied by the grid or a case")));
+            }
+            let value = format!("v = {raw}")
+                .parse::<toml::Table>()
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+            self.set.retain(|(k, _)| k != key);
+            self.set.push((key.to_string(), value));
+        }
+        Ok(())
+    }
+
     /// The settings: the Cartesian product of the axes (last axis fastest),
     /// then the cases. With neither, one empty setting.
     pub fn settings(&self) -> Vec<Vec<Assignment>> {

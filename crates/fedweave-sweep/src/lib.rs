@@ -43,6 +43,11 @@ pub struct SweepArgs {
     /// without running anything.
     #[arg(long)]
     pub dry_run: bool,
+    /// Override a key for every run on top of the grid's `[set]`, e.g.
+    /// `--set rounds=50` for a grid written at reduced scale (use another
+    /// `--out`: changed runs are not skipped).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
 /// `fedweave compare RUN_DIR... [--out DIR]`.
@@ -85,7 +90,14 @@ pub fn default_out(grid: &Path) -> PathBuf {
 /// A malformed grid or configuration (before anything runs), I/O errors, or
 /// [`SweepError::RunsFailed`].
 pub fn sweep(grid_path: &Path, out: &Path, opts: &ExecOptions) -> Result<SweepReport, SweepError> {
-    let grid = Grid::read(grid_path)?;
+    sweep_grid(&Grid::read(grid_path)?, out, opts)
+}
+
+/// [`sweep`] of a grid already read (and possibly overridden).
+///
+/// # Errors
+/// As [`sweep`].
+pub fn sweep_grid(grid: &Grid, out: &Path, opts: &ExecOptions) -> Result<SweepReport, SweepError> {
     let plan = grid.plan()?;
     let outcome = execute(&plan, out, opts)?;
     let collection = Collection::from_plan(&plan, out)?;
@@ -119,8 +131,10 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>, SweepError>
 /// See [`sweep`].
 pub fn run_sweep_command(args: &SweepArgs) -> Result<(), SweepError> {
     let out = args.out.clone().unwrap_or_else(|| default_out(&args.grid));
+    let mut grid = Grid::read(&args.grid)?;
+    grid.override_set(&args.set)?;
     if args.dry_run {
-        let plan = Grid::read(&args.grid)?.plan()?;
+        let plan = grid.plan()?;
         for r in &plan.runs {
             let state = match run_state(&out, r) {
                 RunState::Done => "finished (skip)",
@@ -136,7 +150,7 @@ pub fn run_sweep_command(args: &SweepArgs) -> Result<(), SweepError> {
         jobs: args.jobs.max(1),
         ..ExecOptions::default()
     };
-    let rep = sweep(&args.grid, &out, &opts)?;
+    let rep = sweep_grid(&grid, &out, &opts)?;
     println!(
         "{} runs: {} run now, {} skipped (finished before), {:.1}s",
         rep.plan.runs.len(),

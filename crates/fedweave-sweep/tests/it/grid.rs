@@ -209,3 +209,45 @@ fn jobs_divide_the_cores() {
     assert_eq!(threads_per_run(2, 4), 1);
     assert_eq!(threads_per_run(8, 0), 8);
 }
+
+/// `fedweave sweep --set`: replaces a `[set]` key or adds one, for every
+/// run; a key the grid varies, or a malformed override, is refused.
+#[test]
+fn command_line_overrides_apply_on_top_of_set() {
+    let text = r#"
+base = "base.toml"
+[grid]
+"algorithm.name" = ["fedavg", "local"]
+[set]
+rounds = 3
+"#;
+    let mut g = parse(text).unwrap();
+    g.override_set(&[
+        "rounds=7".into(),
+        "train.lr = 0.5".into(),
+        "attack.kind=sign_flip".into(),
+        "attack.ratio=0.25".into(),
+    ])
+    .unwrap();
+    let plan = g.plan().unwrap();
+    assert_eq!(plan.runs.len(), 2);
+    for r in &plan.runs {
+        assert_eq!(r.config.rounds, 7);
+        assert_eq!(r.config.train.lr, 0.5);
+        assert_eq!(format!("{:?}", r.config.attack.kind), "SignFlip");
+        assert_eq!(r.config.attack.ratio, 0.25);
+    }
+    let refused = |a: &str| {
+        parse(text)
+            .unwrap()
+            .override_set(&[a.into()])
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(
+        refused("algorithm.name=ditto").contains("varied by the grid"),
+        "{}",
+        refused("algorithm.name=ditto")
+    );
+    assert!(refused("rounds").contains("key=value"));
+}
