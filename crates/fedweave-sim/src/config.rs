@@ -3,8 +3,8 @@
 
 use fedweave_algos::attack::AttackKind;
 use fedweave_algos::robust::AggregatorConfig;
-use fedweave_data::{DataConfig, PartitionConfig, PartitionKind};
 use fedweave_core::{Purpose, rng_stream};
+use fedweave_data::{DataConfig, PartitionConfig, PartitionKind};
 use fedweave_nn::{ModelKind, TrainConfig};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -209,7 +209,10 @@ impl<'de> Deserialize<'de> for LocalIterations {
                     .map_err(|_| E::custom(format!("must be ≥ 0, got {n}")))
                     .and_then(|n| self.visit_u64(n))
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<Self::Value, A::Error> {
                 let mut v: Vec<u64> = Vec::new();
                 while let Some(x) = a.next_element::<u64>()? {
                     v.push(x);
@@ -611,8 +614,8 @@ mod tests {
         // The range survives the resolved config, and the override form.
         let again = ExperimentConfig::from_toml_str(&cfg.to_toml(), &[]).unwrap();
         assert_eq!(again.train.local_iterations, cfg.train.local_iterations);
-        let o = ExperimentConfig::from_toml_str("", &["train.local_iterations=[2, 4]".into()])
-            .unwrap();
+        let o =
+            ExperimentConfig::from_toml_str("", &["train.local_iterations=[2, 4]".into()]).unwrap();
         assert_eq!(
             o.train.local_iterations,
             LocalIterations::Range { lo: 2, hi: 4 }
@@ -630,7 +633,10 @@ mod tests {
         assert_eq!(a, steps(1));
         assert_ne!(a, steps(2));
         assert!(a.iter().all(|s| (10..=30).contains(s)), "{a:?}");
-        assert!(a.iter().any(|&s| s < 15) && a.iter().any(|&s| s > 25), "{a:?}");
+        assert!(
+            a.iter().any(|&s| s < 15) && a.iter().any(|&s| s > 25),
+            "{a:?}"
+        );
         assert_eq!(cfg.train.to_train_config().iterations, 30);
         // A fixed count: every client the same.
         let fixed = parse("7").unwrap().train.client_configs(1, 3);
@@ -657,7 +663,10 @@ mod tests {
             "{e}"
         );
         let e = err("-3");
-        assert!(e.contains("train.local_iterations") && e.contains("≥ 0"), "{e}");
+        assert!(
+            e.contains("train.local_iterations") && e.contains("≥ 0"),
+            "{e}"
+        );
         let e = err("\"many\"");
         assert!(
             e.contains("train.local_iterations") && e.contains("[lo, hi]"),

@@ -92,7 +92,10 @@ pub(crate) fn exchange<A: Algorithm>(
                 rng: rng_stream(seed, round as u64, i as u64, Purpose::Selection),
                 origin: None,
             };
-            (i, algo.peer_step(&setup.client_env(i), &mut cx, client, net))
+            (
+                i,
+                algo.peer_step(&setup.client_env(i), &mut cx, client, net),
+            )
         })
         .collect();
     let mut graph = CollaborationGraph::identity(n);
