@@ -34,7 +34,10 @@ use std::ops::Range;
 pub struct Env<'a> {
     /// The model architecture.
     pub spec: &'a ModelSpec,
-    /// Local training settings.
+    /// Local training settings. In [`Algorithm::local_round`] and
+    /// [`Algorithm::peer_step`] they are the training client's own: they
+    /// differ between clients in the step count when `train.local_iterations`
+    /// is a range (unequal local work, FedNova's setting).
     pub train: &'a TrainConfig,
     /// n_i: each client's share of training data (train + validation), as
     /// the reference codes weight clients by it.
