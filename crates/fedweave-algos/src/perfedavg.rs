@@ -236,7 +236,7 @@ mod tests {
             theta = sgd(&theta, &grad_at(&temp, &b2), 0.2);
         }
         let b = sampler.next_batch(&mut cx.rng).to_vec();
-        let adapted = sgd(&env.init, &grad_at(&env.init, &b), 0.05);
+        let adapted = sgd(env.init, &grad_at(env.init, &b), 0.05);
 
         let up = algo.local_round(&env, &mut t.cx(2, 1), &mut state).up;
         for k in 0..d {
