@@ -23,7 +23,7 @@ PAPER = {  # pFedGraph Table 1, Fashion-MNIST: (Severe, Modest)
 ORDER = [
     "local", "fedavg", "fedavg-ft", "fedprox-ft", "pfedgraph", "ditto", "apfl", "fedala",
     "fedrep", "fedper", "lg-fedavg", "fedbabu", "fedrod", "fedproto", "knn-per", "fedphp",
-    "fedpac", "fedcp",
+    "fedpac", "fedcp", "per-fedavg", "pfedme", "scaffold", "feddyn", "fednova", "moon",
 ]
 SPLITS = [("pathological", "Severe (2 classes)"), ("dirichlet", "Dir(0.1)")]
 

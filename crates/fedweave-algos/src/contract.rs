@@ -23,7 +23,7 @@ use crate::params::Validate;
 use fedweave_core::{CollaborationGraph, RelationGraph, RngStream};
 use fedweave_nn::{
     BatchSampler, Device, EvalStats, ExtraLoss, LocalData, LocalTrainer, ModelSpec, Objective,
-    SgdState, TrainConfig, TrainStats,
+    SgdConfig, SgdState, TrainConfig, TrainStats,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -34,7 +34,10 @@ use std::ops::Range;
 pub struct Env<'a> {
     /// The model architecture.
     pub spec: &'a ModelSpec,
-    /// Local training settings.
+    /// Local training settings. In [`Algorithm::local_round`] and
+    /// [`Algorithm::peer_step`] they are the training client's own: they
+    /// differ between clients in the step count when `train.local_iterations`
+    /// is a range (unequal local work, FedNova's setting).
     pub train: &'a TrainConfig,
     /// n_i: each client's share of training data (train + validation), as
     /// the reference codes weight clients by it.
@@ -184,13 +187,25 @@ impl ClientCx<'_> {
         env: &Env<'s>,
         model: &Model,
     ) -> (LocalTrainer<'s>, BatchSampler) {
+        self.session_with(env, model, env.train.sgd())
+    }
+
+    /// [`ClientCx::session`] with optimiser settings `sgd` in place of the
+    /// `[train]` ones: for methods whose paper's update is plain gradient
+    /// descent (Per-FedAvg's two steps, pFedMe's inner solver).
+    pub fn session_with<'s>(
+        &mut self,
+        env: &Env<'s>,
+        model: &Model,
+        sgd: SgdConfig,
+    ) -> (LocalTrainer<'s>, BatchSampler) {
         self.mark_origin(&model.params);
         let trainer = LocalTrainer::new(
             env.spec,
             &Device::flex(),
             &model.params,
             &model.buffers,
-            env.train.sgd(),
+            sgd,
             None,
         );
         let sampler = BatchSampler::new(self.data.train.len(), env.train.batch_size, &mut self.rng);

@@ -5,8 +5,9 @@
 use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};
 use crate::{
-    apfl, ditto, dpfl, fedaghn, fedala, fedavg, fedbabu, fedcp, feddwa, fedpac, fedphp, fedproto,
-    fedrep, fedrod, knnper, local, partial, pfedgraph, sfl,
+    apfl, ditto, dpfl, fedaghn, fedala, fedavg, fedbabu, fedcp, feddwa, feddyn, fednova, fedpac,
+    fedphp, fedproto, fedrep, fedrod, knnper, local, moon, partial, perfedavg, pfedgraph, pfedme,
+    scaffold, sfl,
 };
 
 /// What the engine does with a concrete algorithm type: the registry hands
@@ -84,6 +85,12 @@ registry!(
     fedproto::FedProto,
     knnper::KnnPer,
     fedphp::FedPhp,
+    perfedavg::PerFedAvg,
+    pfedme::PFedMe,
+    scaffold::Scaffold,
+    feddyn::FedDyn,
+    fednova::FedNova,
+    moon::Moon,
 );
 
 fn unknown(name: &str) -> AlgoError {

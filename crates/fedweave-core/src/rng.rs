@@ -32,6 +32,9 @@ pub enum Purpose {
     Dataset = 8,
     /// Anything an algorithm draws for itself (fine-tuning, dropout, …).
     Algorithm = 9,
+    /// Each client's number of local steps when `train.local_iterations`
+    /// is a range.
+    LocalWork = 10,
 }
 
 /// SplitMix64 finaliser: a bijective mixer with full avalanche.

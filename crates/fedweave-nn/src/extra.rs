@@ -34,6 +34,26 @@ impl ExtraLoss for Proximal<'_> {
     }
 }
 
+/// The linear term `⟨v, θ⟩`, whose gradient is the constant `v`: the
+/// smallest hook that shifts every local gradient by a fixed vector.
+/// SCAFFOLD's drift correction (v = c − c_i) and FedDyn's dynamic
+/// regulariser (v = −h_i, the client's running gradient state) are this
+/// term.
+#[derive(Clone, Debug)]
+pub struct Linear<'a> {
+    /// v.
+    pub coef: &'a [f32],
+}
+
+impl ExtraLoss for Linear<'_> {
+    fn add_value_and_grad(&self, theta: &[f32], grad: &mut [f32]) -> f64 {
+        for (g, v) in grad.iter_mut().zip(self.coef) {
+            *g += v;
+        }
+        dot(self.coef, theta)
+    }
+}
+
 /// `coef · ⟨t, θ⟩ / (‖θ‖ · ‖t‖)` when `divide_by_target_norm`, else
 /// `coef · ⟨t, θ⟩ / ‖θ‖`.
 ///
@@ -123,6 +143,21 @@ mod tests {
             for (g, f) in grad.iter().zip(&fd) {
                 prop_assert!((*g as f64 - f).abs() < 1e-3);
             }
+        }
+    }
+
+    #[test]
+    fn linear_term_adds_its_vector() {
+        let v = [0.5f32, -2.0, 1.0];
+        let term = Linear { coef: &v };
+        let mut g = [1.0f32, 1.0, 1.0];
+        let value = term.add_value_and_grad(&[2.0, 1.0, -1.0], &mut g);
+        // ⟨v, θ⟩ = 1 − 2 − 1 = −2; the gradient gains v.
+        assert_eq!(value, -2.0);
+        assert_eq!(g, [1.5, -1.0, 2.0]);
+        let fd = finite_diff(&term, &[2.0, 1.0, -1.0]);
+        for (f, v) in fd.iter().zip(&v) {
+            assert!((f - *v as f64).abs() < 1e-4, "{fd:?}");
         }
     }
 

@@ -32,10 +32,10 @@ pub use batch::LocalData;
 /// dependency.
 pub use burn::tensor::Device;
 pub use conditional::{ConditionalPolicy, PolicyObjective};
-pub use extra::{CosinePull, ExtraLoss, Proximal};
+pub use extra::{CosinePull, ExtraLoss, Linear, Proximal};
 pub use model::{ModelKind, ModelSpec, ModelSplit};
 pub use objective::{BalancedSoftmax, CrossEntropy, Objective, Outputs, PrototypePull};
-pub use objective::{InheritedMmd, mmd_rbf};
+pub use objective::{InheritedMmd, ModelContrastive, mmd_rbf};
 pub use train::{
     EvalStats, MAPE_MIN_ABS, Predictions, SgdState, TrainConfig, TrainStats, evaluate, predict,
     train_local, train_local_with,

@@ -3,8 +3,10 @@
 
 use fedweave_algos::attack::AttackKind;
 use fedweave_algos::robust::AggregatorConfig;
+use fedweave_core::{Purpose, rng_stream};
 use fedweave_data::{DataConfig, PartitionConfig, PartitionKind};
 use fedweave_nn::{ModelKind, TrainConfig};
+use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 /// Errors reading or checking a configuration.
@@ -164,12 +166,84 @@ impl Default for ModelSection {
     }
 }
 
+/// `train.local_iterations`: one number of mini-batch steps per round for
+/// every client, or a range from which each client draws its own.
+///
+/// In TOML: `local_iterations = 20`, or `local_iterations = [10, 30]`
+/// (each client takes a fixed count in 10..=30 every round, drawn once from
+/// the seed: clients that do unequal amounts of local work, the setting
+/// FedNova corrects for).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalIterations {
+    /// Every client takes this many steps (0: use `local_epochs`).
+    Fixed(usize),
+    /// Each client draws a fixed count in `lo..=hi`.
+    Range {
+        /// Fewest steps.
+        lo: usize,
+        /// Most steps.
+        hi: usize,
+    },
+}
+
+impl Serialize for LocalIterations {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match *self {
+            Self::Fixed(n) => s.serialize_u64(n as u64),
+            Self::Range { lo, hi } => [lo, hi].serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for LocalIterations {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = LocalIterations;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number of steps (e.g. 20) or a range of two, [lo, hi]")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Self::Value, E> {
+                usize::try_from(n)
+                    .map(LocalIterations::Fixed)
+                    .map_err(|_| E::custom(format!("{n} steps is too many")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Self::Value, E> {
+                u64::try_from(n)
+                    .map_err(|_| E::custom(format!("must be ≥ 0, got {n}")))
+                    .and_then(|n| self.visit_u64(n))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut v: Vec<u64> = Vec::new();
+                while let Some(x) = a.next_element::<u64>()? {
+                    v.push(x);
+                }
+                match v[..] {
+                    [lo, hi] => Ok(LocalIterations::Range {
+                        lo: lo as usize,
+                        hi: hi as usize,
+                    }),
+                    _ => Err(serde::de::Error::custom(format!(
+                        "a range is two step counts [lo, hi], got {} values",
+                        v.len()
+                    ))),
+                }
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
 /// `[train]`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainSection {
-    /// Mini-batch steps per round (0: use `local_epochs`).
-    pub local_iterations: usize,
+    /// Mini-batch steps per round (0: use `local_epochs`), or a per-client
+    /// range.
+    pub local_iterations: LocalIterations,
     /// Full local passes per round, used when `local_iterations` is 0.
     pub local_epochs: usize,
     /// Mini-batch size.
@@ -185,7 +259,7 @@ pub struct TrainSection {
 impl Default for TrainSection {
     fn default() -> Self {
         Self {
-            local_iterations: 20,
+            local_iterations: LocalIterations::Fixed(20),
             local_epochs: 0,
             batch_size: 32,
             lr: 0.05,
@@ -196,16 +270,41 @@ impl Default for TrainSection {
 }
 
 impl TrainSection {
-    /// The trainer's view.
+    /// The trainer's view shared by all clients; with a per-client range,
+    /// its step count is the range's upper end (what the server side may
+    /// read; each client trains with [`TrainSection::client_configs`]).
     pub fn to_train_config(&self) -> TrainConfig {
         TrainConfig {
             lr: self.lr,
             momentum: self.momentum,
             weight_decay: self.weight_decay,
             batch_size: self.batch_size,
-            iterations: self.local_iterations,
+            iterations: match self.local_iterations {
+                LocalIterations::Fixed(n) => n,
+                LocalIterations::Range { hi, .. } => hi,
+            },
             epochs: self.local_epochs,
         }
+    }
+
+    /// Each client's trainer view: with a range, client i's step count is
+    /// drawn uniformly from `lo..=hi` by its own stream of the seed (the
+    /// same at any thread count, and for the whole run); otherwise every
+    /// client gets [`TrainSection::to_train_config`].
+    pub fn client_configs(&self, seed: u64, clients: usize) -> Vec<TrainConfig> {
+        let common = self.to_train_config();
+        (0..clients)
+            .map(|i| match self.local_iterations {
+                LocalIterations::Fixed(_) => common.clone(),
+                LocalIterations::Range { lo, hi } => {
+                    let mut rng = rng_stream(seed, 0, i as u64, Purpose::LocalWork);
+                    TrainConfig {
+                        iterations: rng.random_range(lo..=hi),
+                        ..common.clone()
+                    }
+                }
+            })
+            .collect()
     }
 }
 
@@ -328,11 +427,20 @@ impl ExperimentConfig {
         if t.batch_size == 0 {
             return Err(key_err("train.batch_size", "must be at least 1"));
         }
-        if t.local_iterations == 0 && t.local_epochs == 0 {
-            return Err(key_err(
-                "train.local_iterations",
-                "set local_iterations or local_epochs above 0",
-            ));
+        match t.local_iterations {
+            LocalIterations::Fixed(0) if t.local_epochs == 0 => {
+                return Err(key_err(
+                    "train.local_iterations",
+                    "set local_iterations or local_epochs above 0",
+                ));
+            }
+            LocalIterations::Range { lo, hi } if lo == 0 || lo > hi => {
+                return Err(key_err(
+                    "train.local_iterations",
+                    format!("a range [lo, hi] needs 1 ≤ lo ≤ hi, got [{lo}, {hi}]"),
+                ));
+            }
+            _ => {}
         }
         if !(t.lr > 0.0 && t.lr.is_finite()) {
             return Err(key_err(
@@ -492,5 +600,84 @@ mod tests {
                 .and_then(|v| v.as_float()),
             Some(0.1)
         );
+    }
+
+    #[test]
+    fn local_iterations_take_a_count_or_a_range() {
+        let parse = |v: &str| {
+            ExperimentConfig::from_toml_str(&format!("[train]\nlocal_iterations = {v}\n"), &[])
+        };
+        assert_eq!(
+            parse("7").unwrap().train.local_iterations,
+            LocalIterations::Fixed(7)
+        );
+        let cfg = parse("[10, 30]").unwrap();
+        assert_eq!(
+            cfg.train.local_iterations,
+            LocalIterations::Range { lo: 10, hi: 30 }
+        );
+        // The range survives the resolved config, and the override form.
+        let again = ExperimentConfig::from_toml_str(&cfg.to_toml(), &[]).unwrap();
+        assert_eq!(again.train.local_iterations, cfg.train.local_iterations);
+        let o =
+            ExperimentConfig::from_toml_str("", &["train.local_iterations=[2, 4]".into()]).unwrap();
+        assert_eq!(
+            o.train.local_iterations,
+            LocalIterations::Range { lo: 2, hi: 4 }
+        );
+        // Each client draws a fixed count in the range from the seed:
+        // reproducible, different across seeds, and spread over the range.
+        let steps = |seed| -> Vec<usize> {
+            cfg.train
+                .client_configs(seed, 40)
+                .iter()
+                .map(|c| c.iterations)
+                .collect()
+        };
+        let a = steps(1);
+        assert_eq!(a, steps(1));
+        assert_ne!(a, steps(2));
+        assert!(a.iter().all(|s| (10..=30).contains(s)), "{a:?}");
+        assert!(
+            a.iter().any(|&s| s < 15) && a.iter().any(|&s| s > 25),
+            "{a:?}"
+        );
+        assert_eq!(cfg.train.to_train_config().iterations, 30);
+        // A fixed count: every client the same.
+        let fixed = parse("7").unwrap().train.client_configs(1, 3);
+        assert!(fixed.iter().all(|c| c.iterations == 7));
+    }
+
+    #[test]
+    fn bad_step_ranges_get_a_clear_error() {
+        let err = |v: &str| {
+            ExperimentConfig::from_toml_str(&format!("[train]\nlocal_iterations = {v}\n"), &[])
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err("[30, 10]");
+        assert!(
+            e.contains("train.local_iterations") && e.contains("1 ≤ lo ≤ hi, got [30, 10]"),
+            "{e}"
+        );
+        let e = err("[0, 5]");
+        assert!(e.contains("got [0, 5]"), "{e}");
+        let e = err("[1, 2, 3]");
+        assert!(
+            e.contains("train.local_iterations") && e.contains("two step counts [lo, hi], got 3"),
+            "{e}"
+        );
+        let e = err("-3");
+        assert!(
+            e.contains("train.local_iterations") && e.contains("≥ 0"),
+            "{e}"
+        );
+        let e = err("\"many\"");
+        assert!(
+            e.contains("train.local_iterations") && e.contains("[lo, hi]"),
+            "{e}"
+        );
+        let e = err("0");
+        assert!(e.contains("local_epochs above 0"), "{e}");
     }
 }

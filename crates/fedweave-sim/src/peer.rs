@@ -79,7 +79,6 @@ pub(crate) fn exchange<A: Algorithm>(
     net: &SharedMemoryNet<A::Up>,
 ) -> (CollaborationGraph, SelectionStats) {
     let n = clients.len();
-    let env = setup.env();
     let seed = setup.cfg.seed;
     let steps: Vec<(usize, PeerStep)> = clients
         .par_iter_mut()
@@ -93,7 +92,10 @@ pub(crate) fn exchange<A: Algorithm>(
                 rng: rng_stream(seed, round as u64, i as u64, Purpose::Selection),
                 origin: None,
             };
-            (i, algo.peer_step(&env, &mut cx, client, net))
+            (
+                i,
+                algo.peer_step(&setup.client_env(i), &mut cx, client, net),
+            )
         })
         .collect();
     let mut graph = CollaborationGraph::identity(n);

@@ -90,7 +90,7 @@ pub(crate) fn run_round<A: Algorithm>(
                     rng: rng_stream(cfg.seed, round as u64, i as u64, Purpose::Batches),
                     origin: wants_origin(i).then_some(None),
                 };
-                let t = algo.local_round(&env, &mut cx, client);
+                let t = algo.local_round(&setup.client_env(i), &mut cx, client);
                 Upload {
                     client: i,
                     up: t.up,

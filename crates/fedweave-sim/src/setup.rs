@@ -21,6 +21,9 @@ pub(crate) struct Setup {
     pub report: PartitionReport,
     pub spec: ModelSpec,
     pub train: TrainConfig,
+    /// Each client's local training settings (they differ only in the step
+    /// count, when `train.local_iterations` is a range).
+    pub client_train: Vec<TrainConfig>,
     /// The common round-0 model.
     pub init: Vec<f32>,
     pub sizes: Vec<usize>,
@@ -58,6 +61,7 @@ impl Setup {
         let is_malicious: Vec<bool> = (0..cfg.clients).map(|i| malicious.contains(&i)).collect();
         Ok(Self {
             train: cfg.train.to_train_config(),
+            client_train: cfg.train.client_configs(cfg.seed, cfg.clients),
             init: spec.init(&mut rng_stream(cfg.seed, 0, u64::MAX, Purpose::ModelInit)),
             sizes: partition.train_sizes(),
             label_counts: report.clients.iter().map(|c| c.train.clone()).collect(),
@@ -82,6 +86,15 @@ impl Setup {
             init: &self.init,
             relation: self.dataset.relation_graph.as_ref(),
             label_counts: &self.label_counts,
+        }
+    }
+
+    /// What client `i` reads about the federation while it trains: the
+    /// common view with its own local training settings.
+    pub fn client_env(&self, i: usize) -> Env<'_> {
+        Env {
+            train: &self.client_train[i],
+            ..self.env()
         }
     }
 

@@ -157,6 +157,21 @@ fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
         d("apfl", &["algorithm.name=apfl", "participation=0.75"]),
         d("fedala", &["algorithm.name=fedala", "participation=0.75"]),
         ("apfl-cnn-bn", FMNIST, vec!["algorithm.name=apfl"]),
+        d(
+            "per-fedavg",
+            &["algorithm.name=per-fedavg", "participation=0.75"],
+        ),
+        d("pfedme", &["algorithm.name=pfedme", "algorithm.beta=0.5"]),
+        d(
+            "scaffold",
+            &["algorithm.name=scaffold", "participation=0.75"],
+        ),
+        d("feddyn", &["algorithm.name=feddyn", "participation=0.75"]),
+        d(
+            "fednova",
+            &["algorithm.name=fednova", "train.local_iterations=[3, 9]"],
+        ),
+        d("moon", &["algorithm.name=moon", "participation=0.75"]),
         (
             "sfl-weather",
             include_str!("../../../../examples/us_weather_sfl.toml"),
