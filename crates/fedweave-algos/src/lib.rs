@@ -24,6 +24,7 @@ pub mod ditto;
 pub mod dpfl;
 pub mod fedaghn;
 pub mod fedala;
+pub mod fedamp;
 pub mod fedavg;
 pub mod fedbabu;
 pub mod fedcp;
