@@ -19,6 +19,7 @@
 
 pub mod apfl;
 pub mod attack;
+pub mod cfl;
 pub mod contract;
 pub mod ditto;
 pub mod dpfl;

@@ -5,8 +5,8 @@
 use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};
 use crate::{
-    apfl, ditto, dpfl, fedaghn, fedala, fedamp, fedavg, fedbabu, fedcp, feddwa, fedpac, fedphp,
-    fedproto, fedrep, fedrod, knnper, local, partial, pfedgraph, sfl,
+    apfl, cfl, ditto, dpfl, fedaghn, fedala, fedamp, fedavg, fedbabu, fedcp, feddwa, fedpac,
+    fedphp, fedproto, fedrep, fedrod, knnper, local, partial, pfedgraph, sfl,
 };
 
 /// What the engine does with a concrete algorithm type: the registry hands
@@ -86,6 +86,7 @@ registry!(
     fedphp::FedPhp,
     fedamp::FedAmp,
     fedamp::HeurFedAmp,
+    cfl::Cfl,
 );
 
 fn unknown(name: &str) -> AlgoError {
