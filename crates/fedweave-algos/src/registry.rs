@@ -6,7 +6,7 @@ use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};
 use crate::{
     apfl, cfl, ditto, dpfl, fedaghn, fedala, fedamp, fedavg, fedbabu, fedcp, feddwa, fedpac,
-    fedphp, fedproto, fedrep, fedrod, knnper, local, partial, pfedgraph, sfl,
+    fedphp, fedproto, fedrep, fedrod, ifca, knnper, local, partial, pfedgraph, sfl,
 };
 
 /// What the engine does with a concrete algorithm type: the registry hands
@@ -87,6 +87,7 @@ registry!(
     fedamp::FedAmp,
     fedamp::HeurFedAmp,
     cfl::Cfl,
+    ifca::Ifca,
 );
 
 fn unknown(name: &str) -> AlgoError {
