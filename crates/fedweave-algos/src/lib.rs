@@ -30,6 +30,7 @@ pub mod fedavg;
 pub mod fedbabu;
 pub mod fedcp;
 pub mod feddwa;
+pub mod fedem;
 pub mod fedpac;
 pub mod fedphp;
 pub mod fedproto;

@@ -5,7 +5,7 @@
 use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};
 use crate::{
-    apfl, cfl, ditto, dpfl, fedaghn, fedala, fedamp, fedavg, fedbabu, fedcp, feddwa, fedpac,
+    apfl, cfl, ditto, dpfl, fedaghn, fedala, fedamp, fedavg, fedbabu, fedcp, feddwa, fedem, fedpac,
     fedphp, fedproto, fedrep, fedrod, ifca, knnper, local, partial, pfedgraph, sfl,
 };
 
@@ -88,6 +88,7 @@ registry!(
     fedamp::HeurFedAmp,
     cfl::Cfl,
     ifca::Ifca,
+    fedem::FedEm,
 );
 
 fn unknown(name: &str) -> AlgoError {
