@@ -13,7 +13,9 @@
 //! Split-model baselines: [`fedrep`], [`fedbabu`] and [`partial`] (FedPer,
 //! LG-FedAvg, FedBN), sharing one part of the model through [`split`].
 //! Feature-level personalised baselines: [`fedrod`], [`fedproto`],
-//! [`knnper`], [`fedphp`], [`fedpac`], [`fedcp`].
+//! [`knnper`], [`fedphp`], [`fedpac`], [`fedcp`]. Clustered and
+//! mixture baselines: [`cfl`], [`ifca`], [`fedem`]; attentive message
+//! passing: [`fedamp`] (FedAMP, HeurFedAMP).
 
 #![warn(missing_docs)]
 
