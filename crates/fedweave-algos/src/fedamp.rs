@@ -491,9 +491,9 @@ mod tests {
         assert_eq!(out.downloads.len(), 2);
         let (i, u0) = &out.downloads[0];
         assert_eq!((*i, u0.len()), (0, d));
-        for k in 0..d {
-            let expect = 0.3 * uploads[0].1[k] as f64 + 0.7 * uploads[1].1[k] as f64;
-            assert!((u0[k] as f64 - expect).abs() < 1e-6);
+        for ((u, a), b) in u0.iter().zip(&uploads[0].1).zip(&uploads[1].1) {
+            let expect = 0.3 * *a as f64 + 0.7 * *b as f64;
+            assert!((*u as f64 - expect).abs() < 1e-6);
         }
     }
 

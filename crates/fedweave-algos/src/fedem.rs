@@ -441,7 +441,7 @@ mod tests {
         // The per-sample losses agree with the evaluator's mean loss.
         let mean = losses.iter().map(|l| l[1]).sum::<f64>() / losses.len() as f64;
         let eval =
-            fedweave_nn::evaluate(&env.spec, &before[1], &state.components[1].buffers, &train);
+            fedweave_nn::evaluate(env.spec, &before[1], &state.components[1].buffers, &train);
         assert!(
             (mean - eval.mean_loss()).abs() < 1e-4,
             "{mean} vs {}",
@@ -460,7 +460,7 @@ mod tests {
         state.pi = vec![1.0, 0.0];
         let mixed = fedem.evaluate(&env, &state, &data, &data);
         let alone = fedweave_nn::evaluate(
-            &env.spec,
+            env.spec,
             &state.components[0].params,
             &state.components[0].buffers,
             &data,
