@@ -17,7 +17,11 @@
 //!
 //! Graph rule: cluster membership. The row of participant i holds the
 //! size weights p over the round's participants that chose i's cluster
-//! (itself included); absent clients keep W_ii = 1. Evaluation: the
+//! (itself included). An absent client receives the M models too (so its
+//! next round starts from the current ones) and its row is p over all the
+//! round's participants, whose uploads those models carry together (as
+//! Ditto's absent clients show FedAvg's row); its scored model changes only
+//! when it trains again. Evaluation: the
 //! client's trained copy of its cluster's model, after local training, as
 //! the pFedGraph code scores its baselines (the paper reports the chosen
 //! cluster model).
@@ -218,8 +222,18 @@ impl Algorithm for Ifca {
                 rows[k] = row.clone();
             }
         }
+        let mut graph = embed_rows(env.clients(), &participants, &rows);
+        // An absent client receives all M models, which together carry
+        // every participant's upload: its row is p over the participants.
+        let mut everyone = vec![0.0; env.clients()];
+        for (w, &j) in env.size_weights(&participants).iter().zip(&participants) {
+            everyone[j] = *w;
+        }
+        for i in (0..env.clients()).filter(|i| participants.binary_search(i).is_err()) {
+            graph.set_row(i, &everyone);
+        }
         RoundOutcome::new(
-            embed_rows(env.clients(), &participants, &rows),
+            graph,
             (0..env.clients()).map(|i| (i, server.clone())).collect(),
         )
     }
@@ -311,6 +325,12 @@ mod tests {
         let third = 1.0 / 3.0;
         assert_eq!(out.graph.row(0), &[third, 0.0, 2.0 * third]);
         assert_eq!(out.graph.row(1), &[0.0, 1.0, 0.0]);
+        assert_eq!(out.downloads.len(), 3);
+        // Client 1 absent next round: it still receives the models, and
+        // its row is p over the participants 0 and 2.
+        let two = vec![uploads[0].clone(), uploads[2].clone()];
+        let out = ifca.aggregate(&env, &mut server, 2, &two);
+        assert_eq!(out.graph.row(1), &[third, 0.0, 2.0 * third]);
         assert_eq!(out.downloads.len(), 3);
         assert_eq!(out.downloads[1].1.0, server.0);
         let bad = Chosen {
