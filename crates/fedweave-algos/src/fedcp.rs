@@ -48,7 +48,7 @@
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
-    RoundOutcome, Trained, embed_rows, ids_of,
+    RoundOutcome, Trained, embed_rows, ids_of, init_seed,
 };
 use fedweave_core::vecmath::{all_finite, weighted_sum};
 use fedweave_core::{CollaborationGraph, Purpose, rng_stream};
@@ -155,18 +155,6 @@ impl Message for FedCpDown {
         }
         v
     }
-}
-
-/// A seed for FedCP's own initial draws, keyed by the round-0 model (itself
-/// drawn from the experiment's seed): FNV-1a over its bits.
-fn init_seed(init: &[f32]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for x in init {
-        for b in x.to_bits().to_le_bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    h
 }
 
 /// One standard Gumbel draw, −ln(−ln u) with u ~ U(0, 1).

@@ -13,22 +13,27 @@
 //! Split-model baselines: [`fedrep`], [`fedbabu`] and [`partial`] (FedPer,
 //! LG-FedAvg, FedBN), sharing one part of the model through [`split`].
 //! Feature-level personalised baselines: [`fedrod`], [`fedproto`],
-//! [`knnper`], [`fedphp`], [`fedpac`], [`fedcp`].
+//! [`knnper`], [`fedphp`], [`fedpac`], [`fedcp`]. Clustered and
+//! mixture baselines: [`cfl`], [`ifca`], [`fedem`]; attentive message
+//! passing: [`fedamp`] (FedAMP, HeurFedAMP).
 
 #![warn(missing_docs)]
 
 pub mod apfl;
 pub mod attack;
+pub mod cfl;
 pub mod contract;
 pub mod ditto;
 pub mod dpfl;
 pub mod fedaghn;
 pub mod fedala;
+pub mod fedamp;
 pub mod fedavg;
 pub mod fedbabu;
 pub mod fedcp;
 pub mod feddwa;
 pub mod feddyn;
+pub mod fedem;
 pub mod fednova;
 pub mod fedpac;
 pub mod fedphp;
@@ -36,6 +41,7 @@ pub mod fedproto;
 pub mod fedrep;
 pub mod fedrod;
 pub mod ggc;
+pub mod ifca;
 pub mod knnper;
 pub mod local;
 pub mod moon;
@@ -60,6 +66,39 @@ pub use contract::{
 };
 pub use params::{AlgoError, ParamError, Validate};
 pub use registry::{Visitor, catalogue, check_params, dispatch};
+
+/// A seed for an algorithm's own initial draws (FedCP's policy network,
+/// IFCA's and FedEM's extra components), keyed by the round-0 model (itself
+/// drawn from the experiment's seed): FNV-1a over its bits.
+pub(crate) fn init_seed(init: &[f32]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for x in init {
+        for b in x.to_bits().to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// `m` initial models for methods with several shared models (IFCA's
+/// clusters, FedEM's components): the common round-0 model first, then
+/// independent draws of the architecture's initialiser seeded by
+/// [`init_seed`], so the models differ (identical ones would never
+/// separate) and depend only on the experiment's seed.
+pub(crate) fn distinct_inits(env: &Env, m: usize) -> Vec<Vec<f32>> {
+    let seed = init_seed(env.init);
+    (0..m)
+        .map(|k| {
+            if k == 0 {
+                env.init.to_vec()
+            } else {
+                let mut rng =
+                    fedweave_core::rng_stream(seed, 0, k as u64, fedweave_core::Purpose::Algorithm);
+                env.spec.init(&mut rng)
+            }
+        })
+        .collect()
+}
 
 /// The uploads' first vectors (their models), in order.
 pub(crate) fn models_of<M: Message>(uploads: &[(usize, M)]) -> Vec<&[f32]> {

@@ -5,9 +5,9 @@
 use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};
 use crate::{
-    apfl, ditto, dpfl, fedaghn, fedala, fedavg, fedbabu, fedcp, feddwa, feddyn, fednova, fedpac,
-    fedphp, fedproto, fedrep, fedrod, knnper, local, moon, partial, perfedavg, pfedgraph, pfedme,
-    scaffold, sfl,
+    apfl, cfl, ditto, dpfl, fedaghn, fedala, fedamp, fedavg, fedbabu, fedcp, feddwa, feddyn, fedem,
+    fednova, fedpac, fedphp, fedproto, fedrep, fedrod, ifca, knnper, local, moon, partial,
+    perfedavg, pfedgraph, pfedme, scaffold, sfl,
 };
 
 /// What the engine does with a concrete algorithm type: the registry hands
@@ -91,6 +91,11 @@ registry!(
     feddyn::FedDyn,
     fednova::FedNova,
     moon::Moon,
+    fedamp::FedAmp,
+    fedamp::HeurFedAmp,
+    cfl::Cfl,
+    ifca::Ifca,
+    fedem::FedEm,
 );
 
 fn unknown(name: &str) -> AlgoError {

@@ -1,6 +1,6 @@
 //! A tiny federation for the algorithms' unit tests: an MLP on 4 inputs and
 //! 3 separable classes, three clients with 12, 12 and 24 samples, an `Env`
-//! over it and per-client contexts.
+//! over it (with the clients' label counts) and per-client contexts.
 
 use crate::{ClientCx, ClientData, Env};
 use fedweave_core::{Purpose, rng_stream};
@@ -12,6 +12,7 @@ pub(crate) struct Tiny {
     pub init: Vec<f32>,
     pub train: TrainConfig,
     pub sizes: Vec<usize>,
+    label_counts: Vec<Vec<usize>>,
     features: Vec<f32>,
     labels: Vec<u32>,
     indices: Vec<Vec<usize>>,
@@ -31,7 +32,16 @@ impl Tiny {
                 if f == k % 3 { 2.0 + jitter } else { jitter }
             })
             .collect();
-        let indices = vec![(0..12).collect(), (12..24).collect(), (24..48).collect()];
+        let indices: Vec<Vec<usize>> =
+            vec![(0..12).collect(), (12..24).collect(), (24..48).collect()];
+        let label_counts = indices
+            .iter()
+            .map(|idx| {
+                let mut c = vec![0; 3];
+                idx.iter().for_each(|&k| c[labels[k] as usize] += 1);
+                c
+            })
+            .collect();
         Self {
             spec,
             init,
@@ -44,6 +54,7 @@ impl Tiny {
                 epochs: 1,
             },
             sizes: vec![12, 12, 24],
+            label_counts,
             features,
             labels,
             indices,
@@ -57,7 +68,7 @@ impl Tiny {
             sizes: &self.sizes,
             init: &self.init,
             relation: None,
-            label_counts: &[],
+            label_counts: &self.label_counts,
         }
     }
 

@@ -34,7 +34,9 @@ pub use burn::tensor::Device;
 pub use conditional::{ConditionalPolicy, PolicyObjective};
 pub use extra::{CosinePull, ExtraLoss, Linear, Proximal};
 pub use model::{ModelKind, ModelSpec, ModelSplit};
-pub use objective::{BalancedSoftmax, CrossEntropy, Objective, Outputs, PrototypePull};
+pub use objective::{
+    BalancedSoftmax, CrossEntropy, Objective, Outputs, PrototypePull, WeightedCrossEntropy,
+};
 pub use objective::{InheritedMmd, ModelContrastive, mmd_rbf};
 pub use train::{
     EvalStats, MAPE_MIN_ABS, Predictions, SgdState, TrainConfig, TrainStats, evaluate, predict,

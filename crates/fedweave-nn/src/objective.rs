@@ -53,6 +53,36 @@ impl Objective for CrossEntropy {
     }
 }
 
+/// Cross-entropy with a weight per training sample, looked up by the
+/// batch's local positions: `Σ_k w_k·CE_k / |batch|` (FedEM trains each
+/// mixture component on its E-step responsibilities this way; the
+/// reference divides by the batch size, not by the weights' sum).
+#[derive(Clone, Debug)]
+pub struct WeightedCrossEntropy {
+    /// w_k for every local training position.
+    pub weights: Vec<f32>,
+}
+
+impl Objective for WeightedCrossEntropy {
+    fn loss(&self, out: Outputs, batch: &[usize], labels: &[i64]) -> Tensor<1> {
+        let [b, classes] = out.logits.dims();
+        let device = out.logits.device();
+        let y: Tensor<1, Int> =
+            Tensor::from_data(TensorData::new(labels.to_vec(), [labels.len()]), &device);
+        let onehot: Tensor<2> = y.one_hot::<2>(classes).float();
+        let w: Vec<f32> = batch.iter().map(|&k| self.weights[k]).collect();
+        let w: Tensor<2> = Tensor::from_data(TensorData::new(w, [b, 1]), &device);
+        log_softmax(out.logits, 1)
+            .mul(onehot)
+            .sum_dim(1)
+            .mul(w)
+            .sum()
+            .div_scalar(b as f32)
+            .neg()
+            .reshape([1])
+    }
+}
+
 /// Balanced softmax (Ren et al., 2020): cross-entropy of `logits + log πᵧ`
 /// with π the client's label distribution. FedRoD trains its generic head
 /// with it, so that head estimates the class-balanced posterior however
@@ -378,6 +408,26 @@ mod inherited_mmd_tests {
     /// X = [[0, 0], [1, 0]], Y = [[0, 1], [0, 0]] by hand: squared distances
     /// x0–x1 1, y0–y1 1, x0–y0 1, x0–y1 0, x1–y0 2, x1–y1 1; their off-diagonal
     /// sum is 2·(1 + 1 + 1 + 0 + 2 + 1) = 12 over 12 pairs, so σ = 1 + 1e-8.
+    #[test]
+    fn weighted_cross_entropy_weighs_each_sample_by_its_position() {
+        let device = Device::flex();
+        // Two samples, two classes: logits (0, 0) and (ln 3, 0), labels 0, 1.
+        // CE = ln 2 and ln 4; positions 2 and 0 of weights (0.5, _, 2.0).
+        let logits: Tensor<2> = Tensor::from_data(
+            TensorData::new(vec![0.0f32, 0.0, 3f32.ln(), 0.0], [2, 2]),
+            &device,
+        );
+        let features: Tensor<2> = Tensor::zeros([2, 1], &device);
+        let obj = WeightedCrossEntropy {
+            weights: vec![0.5, 7.0, 2.0],
+        };
+        let got: f32 = obj
+            .loss(Outputs { features, logits }, &[2, 0], &[0, 1])
+            .into_scalar();
+        let hand = (2.0 * 2f64.ln() + 0.5 * 4f64.ln()) / 2.0;
+        assert!((got as f64 - hand).abs() < 1e-6, "{got} vs {hand}");
+    }
+
     #[test]
     fn mmd_by_hand_and_its_gradient_by_finite_differences() {
         let device = Device::flex();

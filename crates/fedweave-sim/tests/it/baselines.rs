@@ -9,7 +9,7 @@
 use crate::digits::{acc, run};
 use fedweave_sim::Summary;
 
-/// Personalised baselines (issue 11), each held to "FedAvg + 10 points and
+/// Personalised baselines (issues 11 and 12), each held to "FedAvg + 10 points and
 /// at least Local − 3 points" on pathological digits.
 const PERSONALIZED: &[&str] = &[
     "ditto",
@@ -27,6 +27,11 @@ const PERSONALIZED: &[&str] = &[
     "fedphp",
     "per-fedavg",
     "pfedme",
+    "cfl",
+    "ifca",
+    "fedem",
+    "fedamp",
+    "h-fedamp",
 ];
 
 /// Methods that share a body or a global model and must stay within 3
@@ -60,6 +65,11 @@ const ALL: &[&str] = &[
     "feddyn",
     "fednova",
     "moon",
+    "cfl",
+    "ifca",
+    "fedem",
+    "fedamp",
+    "h-fedamp",
 ];
 
 /// The last round's mean test accuracy. The per-client best-validation
@@ -214,4 +224,78 @@ fn fednova_weighs_updates_by_inverse_local_work() {
         last(&nova),
         last(&fedavg)
     );
+}
+
+/// Adjusted Rand index of two labelings of the same items (Hubert & Arabie
+/// 1985): (index − expected) / (max − expected) over pair counts of the
+/// contingency table; 1 for identical partitions up to relabeling, about 0
+/// for independent ones. Two one-cluster (or all-singleton) partitions that
+/// agree score 1.
+fn adjusted_rand_index(a: &[usize], b: &[usize]) -> f64 {
+    use std::collections::HashMap;
+    let pairs = |n: usize| (n * n.saturating_sub(1) / 2) as f64;
+    let mut table: HashMap<(usize, usize), usize> = HashMap::new();
+    let (mut rows, mut cols) = (HashMap::new(), HashMap::new());
+    for (&x, &y) in a.iter().zip(b) {
+        *table.entry((x, y)).or_insert(0) += 1;
+        *rows.entry(x).or_insert(0) += 1;
+        *cols.entry(y).or_insert(0) += 1;
+    }
+    let index: f64 = table.values().map(|&n| pairs(n)).sum();
+    let sa: f64 = rows.values().map(|&n| pairs(n)).sum();
+    let sb: f64 = cols.values().map(|&n| pairs(n)).sum();
+    let expected = sa * sb / pairs(a.len());
+    let max = 0.5 * (sa + sb);
+    if max == expected {
+        return if index == max { 1.0 } else { 0.0 };
+    }
+    (index - expected) / (max - expected)
+}
+
+#[test]
+fn adjusted_rand_index_by_hand() {
+    // Contingency [[2, 1, 0], [0, 1, 2]]: index 2, row pairs 3 + 3, column
+    // pairs 1 + 1 + 1, C(6, 2) = 15: expected 6·3/15 = 1.2, max 4.5,
+    // ARI = 0.8 / 3.3.
+    let ari = adjusted_rand_index(&[0, 0, 0, 1, 1, 1], &[0, 0, 1, 1, 2, 2]);
+    assert!((ari - 0.8 / 3.3).abs() < 1e-12, "{ari}");
+    assert_eq!(adjusted_rand_index(&[0, 0, 1, 1], &[7, 7, 3, 3]), 1.0);
+    // Pairs split across: index 0, expected 2·2/6, max 2 → −0.5.
+    assert!((adjusted_rand_index(&[0, 0, 1, 1], &[0, 1, 0, 1]) + 0.5).abs() < 1e-12);
+}
+
+/// Cluster labels read off a block-diagonal graph: clients whose rows have
+/// the same support are in the same cluster.
+fn clusters_of(graph: &[Vec<f64>]) -> Vec<usize> {
+    let supports: Vec<Vec<usize>> = graph
+        .iter()
+        .map(|row| (0..row.len()).filter(|&j| row[j] > 0.0).collect())
+        .collect();
+    supports
+        .iter()
+        .map(|s| supports.iter().position(|t| t == s).unwrap())
+        .collect()
+}
+
+#[test]
+fn cfl_and_ifca_recover_planted_groups() {
+    // Four groups of three clients with disjoint classes (client i in group
+    // ⌊4i/12⌋). CFL must split three times with pFedGraph's ε (it takes
+    // about eight rounds); IFCA runs with M = 4.
+    let groups = [
+        "partition.kind=groups",
+        "partition.groups=4",
+        "partition.dominant_fraction=1.0",
+        "clients=12",
+    ];
+    let planted: Vec<usize> = (0..12).map(|i| 4 * i / 12).collect();
+    for name in ["cfl", "ifca"] {
+        let mut o: Vec<&str> = groups.to_vec();
+        let algo = format!("algorithm.name={name}");
+        o.push(&algo);
+        let (s, _) = run(&o);
+        let found = clusters_of(&s.final_graph);
+        let ari = adjusted_rand_index(&planted, &found);
+        assert!(ari >= 0.8, "{name}: clusters {found:?}, ARI {ari}");
+    }
 }

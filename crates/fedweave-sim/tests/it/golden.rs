@@ -172,6 +172,21 @@ fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
             &["algorithm.name=fednova", "train.local_iterations=[3, 9]"],
         ),
         d("moon", &["algorithm.name=moon", "participation=0.75"]),
+        d(
+            "cfl",
+            &[
+                "algorithm.name=cfl",
+                "algorithm.eps1=100.0",
+                "algorithm.eps2=0.0",
+            ],
+        ),
+        d("ifca", &["algorithm.name=ifca", "participation=0.75"]),
+        d("fedem", &["algorithm.name=fedem", "participation=0.75"]),
+        d("fedamp", &["algorithm.name=fedamp", "participation=0.75"]),
+        d(
+            "h-fedamp",
+            &["algorithm.name=h-fedamp", "participation=0.75"],
+        ),
         (
             "sfl-weather",
             include_str!("../../../../examples/us_weather_sfl.toml"),
