@@ -157,18 +157,6 @@ impl Message for FedCpDown {
     }
 }
 
-/// A seed for FedCP's own initial draws, keyed by the round-0 model (itself
-/// drawn from the experiment's seed): FNV-1a over its bits.
-fn init_seed(init: &[f32]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for x in init {
-        for b in x.to_bits().to_le_bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    h
-}
-
 /// One standard Gumbel draw, −ln(−ln u) with u ~ U(0, 1).
 pub fn gumbel(rng: &mut impl Rng) -> f32 {
     let u: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
@@ -248,7 +236,7 @@ impl Algorithm for FedCp {
 
     fn init_client(&self, env: &Env, client: usize) -> FedCpClient {
         let d = env.spec.feature_len();
-        let seed = init_seed(env.init);
+        let seed = crate::init_seed(env.init);
         let cpn = init_cpn(d, &mut rng_stream(seed, 0, u64::MAX, Purpose::Algorithm));
         let mut rng = rng_stream(seed, 0, client as u64, Purpose::Algorithm);
         let context = (0..d).map(|_| rng.random::<f32>()).collect();

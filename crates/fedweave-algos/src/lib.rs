@@ -46,7 +46,7 @@ pub mod split;
 #[cfg(test)]
 mod testkit;
 
-use fedweave_core::CollaborationGraph;
+use fedweave_core::{CollaborationGraph, LayerGroup};
 
 pub use contract::{
     Algorithm, ClientCx, ClientData, Env, EvalPoint, Info, Message, Model, ModelRef, PeerNet,
@@ -125,4 +125,58 @@ pub(crate) fn embed_rows(
         g.set_row(i, &full);
     }
     g
+}
+
+/// The per-layer outcome of a layer-wise method (FedAGHN, pFedLA): one
+/// graph per layer group from each participant's rows (`layer_rows[r]` holds
+/// the participants' rows on group r, over participants), embedded over all
+/// `n` clients, and their mean as the round's graph.
+pub(crate) fn layered_outcome<D>(
+    n: usize,
+    participants: &[usize],
+    groups: &[LayerGroup],
+    layer_rows: &[Vec<Vec<f64>>],
+    downloads: Vec<(usize, D)>,
+) -> RoundOutcome<D> {
+    let layers: Vec<(String, CollaborationGraph)> = groups
+        .iter()
+        .zip(layer_rows)
+        .map(|(g, rows)| (g.name.clone(), embed_rows(n, participants, rows)))
+        .collect();
+    let graphs: Vec<CollaborationGraph> = layers.iter().map(|(_, g)| g.clone()).collect();
+    RoundOutcome {
+        graph: CollaborationGraph::mean(&graphs),
+        layers,
+        downloads,
+    }
+}
+
+/// The layer groups of the model (a module's weight and bias), or one group
+/// over the whole vector for a layout without groups: the unit layer-wise
+/// methods mix by.
+pub(crate) fn layer_groups(env: &Env) -> Vec<LayerGroup> {
+    let groups = env.spec.layout().groups();
+    if groups.is_empty() {
+        vec![LayerGroup {
+            name: "all".into(),
+            range: 0..env.init.len(),
+        }]
+    } else {
+        groups.to_vec()
+    }
+}
+
+/// A seed for an algorithm's own initial draws (FedCP's policy network,
+/// pFedHN's and pFedLA's hypernetworks, FedFomo's exploration), keyed by the
+/// round-0 model, itself drawn from the experiment's seed: FNV-1a over its
+/// bits. The contract hands algorithms no seed, and this one is the same at
+/// every thread count and after a resume.
+pub(crate) fn init_seed(init: &[f32]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for x in init {
+        for b in x.to_bits().to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
 }
