@@ -5,8 +5,8 @@
 use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};
 use crate::{
-    apfl, ditto, dpfl, fedaghn, fedala, fedavg, fedbabu, fedcp, feddwa, fedpac, fedphp, fedproto,
-    fedrep, fedrod, knnper, local, partial, pfedgraph, sfl,
+    apfl, ditto, dpfl, fedaghn, fedala, fedavg, fedbabu, fedcp, feddwa, fedfomo, fedpac, fedphp,
+    fedproto, fedrep, fedrod, knnper, local, partial, pfedgraph, sfl,
 };
 
 /// What the engine does with a concrete algorithm type: the registry hands
@@ -84,6 +84,7 @@ registry!(
     fedproto::FedProto,
     knnper::KnnPer,
     fedphp::FedPhp,
+    fedfomo::FedFomo,
 );
 
 fn unknown(name: &str) -> AlgoError {
