@@ -375,7 +375,14 @@ impl Algorithm for FedAghn {
             downloads.push((i, sent.model.clone()));
             server.sent[i] = Some(sent);
         }
-        crate::layered_outcome(env.clients(), participants, &groups, &layer_rows, downloads)
+        crate::layered_outcome(
+            env.clients(),
+            participants,
+            participants,
+            &groups,
+            &layer_rows,
+            downloads,
+        )
     }
 }
 

@@ -32,7 +32,7 @@
 //! own model and, in round 1, for everyone). Evaluation: the trained model.
 
 use crate::params::{Validate, non_negative};
-use crate::relay::{Relayed, RowUp, Store, uploaded_rows};
+use crate::relay::{Relayed, RowUp, Store, holdout, uploaded_rows};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
 };
@@ -119,16 +119,6 @@ pub fn choose(
     }
     pool.truncate(m);
     pool
-}
-
-/// The data a client scores candidate models on: its validation split, or
-/// its training data when it has none.
-pub(crate) fn holdout<'a>(cx: &ClientCx<'a>) -> LocalData<'a> {
-    if cx.data.val.is_empty() {
-        cx.data.train
-    } else {
-        cx.data.val
-    }
 }
 
 /// FedFomo.

@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod apfl;
+pub mod apple;
 pub mod attack;
 pub mod contract;
 pub mod ditto;
@@ -35,11 +36,15 @@ pub mod fedproto;
 pub mod fedrep;
 pub mod fedrod;
 pub mod ggc;
+pub mod hypernet;
 pub mod knnper;
+pub mod l2c;
 pub mod local;
 mod params;
 pub mod partial;
 pub mod pfedgraph;
+pub mod pfedhn;
+pub mod pfedla;
 pub mod registry;
 pub mod relay;
 pub mod robust;
@@ -131,11 +136,12 @@ pub(crate) fn embed_rows(
 
 /// The per-layer outcome of a layer-wise method (FedAGHN, pFedLA): one
 /// graph per layer group from each participant's rows (`layer_rows[r]` holds
-/// the participants' rows on group r, over participants), embedded over all
-/// `n` clients, and their mean as the round's graph.
+/// the participants' rows on group r, with entries over the clients `cols`),
+/// embedded over all `n` clients, and their mean as the round's graph.
 pub(crate) fn layered_outcome<D>(
     n: usize,
     participants: &[usize],
+    cols: &[usize],
     groups: &[LayerGroup],
     layer_rows: &[Vec<Vec<f64>>],
     downloads: Vec<(usize, D)>,
@@ -143,7 +149,17 @@ pub(crate) fn layered_outcome<D>(
     let layers: Vec<(String, CollaborationGraph)> = groups
         .iter()
         .zip(layer_rows)
-        .map(|(g, rows)| (g.name.clone(), embed_rows(n, participants, rows)))
+        .map(|(g, rows)| {
+            let mut graph = CollaborationGraph::identity(n);
+            for (row, &i) in rows.iter().zip(participants) {
+                let mut full = vec![0.0; n];
+                for (w, &j) in row.iter().zip(cols) {
+                    full[j] = *w;
+                }
+                graph.set_row(i, &full);
+            }
+            (g.name.clone(), graph)
+        })
         .collect();
     let graphs: Vec<CollaborationGraph> = layers.iter().map(|(_, g)| g.clone()).collect();
     RoundOutcome {

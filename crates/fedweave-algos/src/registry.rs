@@ -5,8 +5,8 @@
 use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};
 use crate::{
-    apfl, ditto, dpfl, fedaghn, fedala, fedavg, fedbabu, fedcp, feddwa, fedfomo, fedpac, fedphp,
-    fedproto, fedrep, fedrod, knnper, local, partial, pfedgraph, sfl,
+    apfl, apple, ditto, dpfl, fedaghn, fedala, fedavg, fedbabu, fedcp, feddwa, fedfomo, fedpac,
+    fedphp, fedproto, fedrep, fedrod, knnper, l2c, local, partial, pfedgraph, pfedhn, pfedla, sfl,
 };
 
 /// What the engine does with a concrete algorithm type: the registry hands
@@ -85,6 +85,10 @@ registry!(
     knnper::KnnPer,
     fedphp::FedPhp,
     fedfomo::FedFomo,
+    l2c::L2c,
+    apple::Apple,
+    pfedhn::PFedHn,
+    pfedla::PFedLa,
 );
 
 fn unknown(name: &str) -> AlgoError {

@@ -6,8 +6,9 @@
 //! asked for (or the server chose), and logs the uploaded rows as the
 //! round's graph.
 
-use crate::contract::Message;
+use crate::contract::{ClientCx, Env, Message};
 use fedweave_core::CollaborationGraph;
+use fedweave_nn::{Device, LocalData, LocalTrainer};
 use serde::{Deserialize, Serialize};
 
 /// Other clients' models as relayed to one client.
@@ -109,6 +110,43 @@ pub fn uploaded_rows(n: usize, uploads: &[(usize, RowUp)]) -> CollaborationGraph
         g.set_row(*i, &full);
     }
     g
+}
+
+/// The data a client scores candidate models on: its validation split, or
+/// its training data when it has none.
+pub fn holdout<'a>(cx: &ClientCx<'a>) -> LocalData<'a> {
+    if cx.data.val.is_empty() {
+        cx.data.train
+    } else {
+        cx.data.val
+    }
+}
+
+/// The mean task loss on `data` at `params` and its gradient (one pass over
+/// all of `data` as a single batch; batch-norm statistics of the pass are
+/// discarded): what L2C's mixing weights descend. `None` on empty data.
+pub fn holdout_grad(
+    env: &Env,
+    data: &LocalData,
+    params: &[f32],
+    buffers: &[f32],
+) -> Option<(f64, Vec<f32>)> {
+    if data.is_empty() {
+        return None;
+    }
+    let mut trainer = LocalTrainer::new(
+        env.spec,
+        &Device::flex(),
+        params,
+        buffers,
+        env.train.sgd(),
+        None,
+    );
+    let all: Vec<usize> = (0..data.len()).collect();
+    let loss = trainer.loss_and_grad(data, &all, &[]);
+    let mut grad = vec![0.0f32; params.len()];
+    trainer.read_grad(&mut grad);
+    Some((loss, grad))
 }
 
 #[cfg(test)]
