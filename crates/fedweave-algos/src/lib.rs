@@ -14,6 +14,9 @@
 //! LG-FedAvg, FedBN), sharing one part of the model through [`split`].
 //! Feature-level personalised baselines: [`fedrod`], [`fedproto`],
 //! [`knnper`], [`fedphp`], [`fedpac`], [`fedcp`].
+//! Baselines whose clients weigh the others' models, through the server
+//! relay of [`relay`]: [`fedfomo`], [`l2c`], [`apple`]; hypernetwork
+//! baselines on the small network of [`hypernet`]: [`pfedhn`], [`pfedla`].
 
 #![warn(missing_docs)]
 

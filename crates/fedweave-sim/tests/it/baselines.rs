@@ -9,7 +9,7 @@
 use crate::digits::{acc, run};
 use fedweave_sim::Summary;
 
-/// Personalised baselines (issue 11), each held to "FedAvg + 10 points and
+/// Personalised baselines (issues 11 and 12), each held to "FedAvg + 10 points and
 /// at least Local − 3 points" on pathological digits.
 const PERSONALIZED: &[&str] = &[
     "ditto",
@@ -25,13 +25,18 @@ const PERSONALIZED: &[&str] = &[
     "fedproto",
     "knn-per",
     "fedphp",
+    "fedfomo",
+    "l2c",
+    "apple",
+    "pfedhn",
+    "pfedla",
 ];
 
 /// Methods that share a body or a global model and must stay within 3
 /// points of FedAvg-FT on IID digits.
 const IID_LIKE_FEDAVG_FT: &[&str] = &["ditto", "apfl", "fedala", "fedrep", "fedper"];
 
-/// Every baseline of issue 11 (determinism across thread counts).
+/// Every baseline of issues 11 and 12 (determinism across thread counts).
 const ALL: &[&str] = &[
     "ditto",
     "apfl",
@@ -47,6 +52,11 @@ const ALL: &[&str] = &[
     "fedproto",
     "knn-per",
     "fedphp",
+    "fedfomo",
+    "l2c",
+    "apple",
+    "pfedhn",
+    "pfedla",
 ];
 
 /// The last round's mean test accuracy. The per-client best-validation
