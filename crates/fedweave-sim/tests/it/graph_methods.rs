@@ -236,14 +236,14 @@ fn feddwa_partial_participation_is_seeded_and_leaves_absent_rows_alone() {
 /// round every client puts most of its weight on its own group (self
 /// included). Measured (seed 5, ten rounds): FedFomo 1.00 for every client
 /// (it mixes only same-group models, or keeps its own), L2C ≥ 0.93 after
-/// pruning to its top 5, APPLE's clipped DR rows ≥ 0.50 with a mean of 0.89
+/// pruning to its top 5, APPLE's clipped DR rows ≥ 0.57 with a mean of 0.91
 /// (its p leaves the uniform start slowly, under the proximal pull).
 #[test]
 fn client_weighted_baselines_put_their_weight_inside_the_group() {
     for (name, every, on_average) in [
         ("fedfomo", 0.95, 0.95),
         ("l2c", 0.9, 0.9),
-        ("apple", 0.5, 0.8),
+        ("apple", 0.5, 0.85),
     ] {
         let (s, rounds) = run(&[
             &format!("algorithm.name={name}"),
