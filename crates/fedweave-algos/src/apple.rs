@@ -176,7 +176,7 @@ impl Algorithm for Apple {
             .collect();
         let p0 = env.size_weights(&(0..n).collect::<Vec<_>>());
         let lambda_mu = prox_weight(cx.round, self.params.prox_rounds) * self.params.mu;
-        let lr = env.train.lr as f32 * n as f32;
+        let lr = env.train.lr * n as f32;
         let mut personal = vec![0.0f32; env.init.len()];
         let mut train_loss = 0.0;
         let steps = env.train.steps_for(cx.data.train.len());

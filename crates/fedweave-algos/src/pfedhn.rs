@@ -86,7 +86,7 @@ impl Validate for PFedHnParams {
         non_negative("hn_lr", self.hn_lr)?;
         non_negative("hn_momentum", self.hn_momentum)?;
         non_negative("hn_weight_decay", self.hn_weight_decay)?;
-        if !(self.norm_clip > 0.0) {
+        if self.norm_clip.is_nan() || self.norm_clip <= 0.0 {
             return Err(ParamError::new(
                 "norm_clip",
                 format!("must be > 0, got {}", self.norm_clip),

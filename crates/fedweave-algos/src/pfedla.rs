@@ -70,11 +70,11 @@ impl Default for PFedLaParams {
 
 impl Validate for PFedLaParams {
     fn validate(&self) -> Result<(), ParamError> {
-        if self.embedding_dim == 0 || self.hidden_dim == 0 {
-            return Err(ParamError::new(
-                "hidden_dim",
-                "embedding_dim and hidden_dim must be ≥ 1",
-            ));
+        if self.embedding_dim == 0 {
+            return Err(ParamError::new("embedding_dim", "must be ≥ 1"));
+        }
+        if self.hidden_dim == 0 {
+            return Err(ParamError::new("hidden_dim", "must be ≥ 1"));
         }
         non_negative("hn_lr", self.hn_lr)
     }
