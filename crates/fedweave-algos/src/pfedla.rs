@@ -21,10 +21,15 @@
 //! each uploader's trained model as its latest model (FL-bench adds the
 //! update to its stored copy instead); clients that have not uploaded yet
 //! count with the round-0 model. In `aggregate` each uploader's network
-//! steps with the derivative of the θ̄_i it trained from (the mixed models
-//! and weights saved when it was built; before its first download the
-//! client trained the round-0 model and there is no step), then every
-//! participant's θ̄_i is built from the round's models. Per-tensor weights
+//! steps with the derivative of the θ̄_i it trained from (kept on the
+//! server; before its first download the client trained the round-0 model
+//! and there is no step), taken with its network as it built θ̄_i (only
+//! that client's own step changes it) and the server's models before the
+//! round's uploads are stored: exactly the models θ̄_i mixed under full
+//! participation, the newer ones of clients that uploaded in between under
+//! partial participation (keeping every θ̄_i's N mixed models would cost N²
+//! model copies). Then every participant's θ̄_i is built from the round's
+//! models. Per-tensor weights
 //! are logged as per-layer graphs (`graph_layers`, named like `fc1.weight`),
 //! their mean as the round's graph. Evaluation: the model after local
 //! training.
