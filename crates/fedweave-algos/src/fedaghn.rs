@@ -37,10 +37,10 @@
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-    embed_rows, ids_of, models_of,
+    ids_of, models_of,
 };
 use fedweave_core::vecmath::{dot, weighted_sum};
-use fedweave_core::{CollaborationGraph, LayerGroup};
+
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -210,20 +210,6 @@ impl FedAghnServer {
     }
 }
 
-/// The layer groups of the model, or one group over the whole vector for a
-/// layout without groups.
-fn layer_groups(env: &Env) -> Vec<LayerGroup> {
-    let groups = env.spec.layout().groups();
-    if groups.is_empty() {
-        vec![LayerGroup {
-            name: "all".into(),
-            range: 0..env.init.len(),
-        }]
-    } else {
-        groups.to_vec()
-    }
-}
-
 /// cos(a, b) on `r`, with `None` meaning the all-ones vector.
 fn layer_cos(a: Option<&[f32]>, b: Option<&[f32]>, r: &Range<usize>) -> f64 {
     let len = r.len() as f64;
@@ -266,7 +252,7 @@ impl Algorithm for FedAghn {
     }
 
     fn init_server(&self, env: &Env) -> FedAghnServer {
-        let (n, layers) = (env.clients(), layer_groups(env).len());
+        let (n, layers) = (env.clients(), crate::layer_groups(env).len());
         FedAghnServer {
             p: vec![vec![self.params.p_init; layers]; n],
             q: vec![vec![self.params.q_init; layers]; n],
@@ -304,7 +290,7 @@ impl Algorithm for FedAghn {
         _: usize,
         uploads: &[(usize, Vec<f32>)],
     ) -> RoundOutcome<Vec<f32>> {
-        let groups = layer_groups(env);
+        let groups = crate::layer_groups(env);
         let participants = &ids_of(uploads)[..];
         let models = models_of(uploads);
         let d = env.init.len();
@@ -389,22 +375,14 @@ impl Algorithm for FedAghn {
             downloads.push((i, sent.model.clone()));
             server.sent[i] = Some(sent);
         }
-        let layers: Vec<(String, CollaborationGraph)> = groups
-            .iter()
-            .zip(&layer_rows)
-            .map(|(g, rows)| {
-                (
-                    g.name.clone(),
-                    embed_rows(env.clients(), participants, rows),
-                )
-            })
-            .collect();
-        let graphs: Vec<CollaborationGraph> = layers.iter().map(|(_, g)| g.clone()).collect();
-        RoundOutcome {
-            graph: CollaborationGraph::mean(&graphs),
-            layers,
+        crate::layered_outcome(
+            env.clients(),
+            participants,
+            participants,
+            &groups,
+            &layer_rows,
             downloads,
-        }
+        )
     }
 }
 

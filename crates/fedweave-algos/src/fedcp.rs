@@ -48,7 +48,7 @@
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
-    RoundOutcome, Trained, embed_rows, ids_of, init_seed,
+    RoundOutcome, Trained, embed_rows, ids_of,
 };
 use fedweave_core::vecmath::{all_finite, weighted_sum};
 use fedweave_core::{CollaborationGraph, Purpose, rng_stream};
@@ -236,7 +236,7 @@ impl Algorithm for FedCp {
 
     fn init_client(&self, env: &Env, client: usize) -> FedCpClient {
         let d = env.spec.feature_len();
-        let seed = init_seed(env.init);
+        let seed = crate::init_seed(env.init);
         let cpn = init_cpn(d, &mut rng_stream(seed, 0, u64::MAX, Purpose::Algorithm));
         let mut rng = rng_stream(seed, 0, client as u64, Purpose::Algorithm);
         let context = (0..d).map(|_| rng.random::<f32>()).collect();

@@ -16,10 +16,14 @@
 //! [`knnper`], [`fedphp`], [`fedpac`], [`fedcp`]. Clustered and
 //! mixture baselines: [`cfl`], [`ifca`], [`fedem`]; attentive message
 //! passing: [`fedamp`] (FedAMP, HeurFedAMP).
+//! Baselines whose clients weigh the others' models, through the server
+//! relay of [`relay`]: [`fedfomo`], [`l2c`], [`apple`]; hypernetwork
+//! baselines on the small network of [`hypernet`]: [`pfedhn`], [`pfedla`].
 
 #![warn(missing_docs)]
 
 pub mod apfl;
+pub mod apple;
 pub mod attack;
 pub mod cfl;
 pub mod contract;
@@ -34,6 +38,7 @@ pub mod fedcp;
 pub mod feddwa;
 pub mod feddyn;
 pub mod fedem;
+pub mod fedfomo;
 pub mod fednova;
 pub mod fedpac;
 pub mod fedphp;
@@ -41,16 +46,21 @@ pub mod fedproto;
 pub mod fedrep;
 pub mod fedrod;
 pub mod ggc;
+pub mod hypernet;
 pub mod ifca;
 pub mod knnper;
+pub mod l2c;
 pub mod local;
 pub mod moon;
 mod params;
 pub mod partial;
 pub mod perfedavg;
 pub mod pfedgraph;
+pub mod pfedhn;
+pub mod pfedla;
 pub mod pfedme;
 pub mod registry;
+pub mod relay;
 pub mod robust;
 pub mod scaffold;
 pub mod sfl;
@@ -58,7 +68,7 @@ pub mod split;
 #[cfg(test)]
 mod testkit;
 
-use fedweave_core::CollaborationGraph;
+use fedweave_core::{CollaborationGraph, LayerGroup};
 
 pub use contract::{
     Algorithm, ClientCx, ClientData, Env, EvalPoint, Info, Message, Model, ModelRef, PeerNet,
@@ -68,8 +78,11 @@ pub use params::{AlgoError, ParamError, Validate};
 pub use registry::{Visitor, catalogue, check_params, dispatch};
 
 /// A seed for an algorithm's own initial draws (FedCP's policy network,
-/// IFCA's and FedEM's extra components), keyed by the round-0 model (itself
-/// drawn from the experiment's seed): FNV-1a over its bits.
+/// IFCA's and FedEM's extra components, pFedHN's and pFedLA's
+/// hypernetworks, FedFomo's exploration), keyed by the round-0 model, itself
+/// drawn from the experiment's seed: FNV-1a over its bits. The contract
+/// hands algorithms no seed, and this one is the same at every thread count
+/// and after a resume.
 pub(crate) fn init_seed(init: &[f32]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for x in init {
@@ -170,4 +183,54 @@ pub(crate) fn embed_rows(
         g.set_row(i, &full);
     }
     g
+}
+
+/// The per-layer outcome of a layer-wise method (FedAGHN, pFedLA): one
+/// graph per layer group from each participant's rows (`layer_rows[r]` holds
+/// the participants' rows on group r, with entries over the clients `cols`),
+/// embedded over all `n` clients, and their mean as the round's graph.
+pub(crate) fn layered_outcome<D>(
+    n: usize,
+    participants: &[usize],
+    cols: &[usize],
+    groups: &[LayerGroup],
+    layer_rows: &[Vec<Vec<f64>>],
+    downloads: Vec<(usize, D)>,
+) -> RoundOutcome<D> {
+    let layers: Vec<(String, CollaborationGraph)> = groups
+        .iter()
+        .zip(layer_rows)
+        .map(|(g, rows)| {
+            let mut graph = CollaborationGraph::identity(n);
+            for (row, &i) in rows.iter().zip(participants) {
+                let mut full = vec![0.0; n];
+                for (w, &j) in row.iter().zip(cols) {
+                    full[j] = *w;
+                }
+                graph.set_row(i, &full);
+            }
+            (g.name.clone(), graph)
+        })
+        .collect();
+    let graphs: Vec<CollaborationGraph> = layers.iter().map(|(_, g)| g.clone()).collect();
+    RoundOutcome {
+        graph: CollaborationGraph::mean(&graphs),
+        layers,
+        downloads,
+    }
+}
+
+/// The layer groups of the model (a module's weight and bias), or one group
+/// over the whole vector for a layout without groups: the unit layer-wise
+/// methods mix by.
+pub(crate) fn layer_groups(env: &Env) -> Vec<LayerGroup> {
+    let groups = env.spec.layout().groups();
+    if groups.is_empty() {
+        vec![LayerGroup {
+            name: "all".into(),
+            range: 0..env.init.len(),
+        }]
+    } else {
+        groups.to_vec()
+    }
 }

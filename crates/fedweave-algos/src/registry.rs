@@ -5,9 +5,9 @@
 use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};
 use crate::{
-    apfl, cfl, ditto, dpfl, fedaghn, fedala, fedamp, fedavg, fedbabu, fedcp, feddwa, feddyn, fedem,
-    fednova, fedpac, fedphp, fedproto, fedrep, fedrod, ifca, knnper, local, moon, partial,
-    perfedavg, pfedgraph, pfedme, scaffold, sfl,
+    apfl, apple, cfl, ditto, dpfl, fedaghn, fedala, fedamp, fedavg, fedbabu, fedcp, feddwa, feddyn,
+    fedem, fedfomo, fednova, fedpac, fedphp, fedproto, fedrep, fedrod, ifca, knnper, l2c, local,
+    moon, partial, perfedavg, pfedgraph, pfedhn, pfedla, pfedme, scaffold, sfl,
 };
 
 /// What the engine does with a concrete algorithm type: the registry hands
@@ -96,6 +96,11 @@ registry!(
     cfl::Cfl,
     ifca::Ifca,
     fedem::FedEm,
+    fedfomo::FedFomo,
+    l2c::L2c,
+    apple::Apple,
+    pfedhn::PFedHn,
+    pfedla::PFedLa,
 );
 
 fn unknown(name: &str) -> AlgoError {

@@ -32,6 +32,11 @@ const PERSONALIZED: &[&str] = &[
     "fedem",
     "fedamp",
     "h-fedamp",
+    "fedfomo",
+    "l2c",
+    "apple",
+    "pfedhn",
+    "pfedla",
 ];
 
 /// Methods that share a body or a global model and must stay within 3
@@ -70,6 +75,11 @@ const ALL: &[&str] = &[
     "fedem",
     "fedamp",
     "h-fedamp",
+    "fedfomo",
+    "l2c",
+    "apple",
+    "pfedhn",
+    "pfedla",
 ];
 
 /// The last round's mean test accuracy. The per-client best-validation

@@ -72,6 +72,25 @@ fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
             "feddwa-full-batch",
             &["algorithm.name=feddwa", "algorithm.guidance=full_batch"],
         ),
+        d(
+            "fedfomo",
+            &[
+                "algorithm.name=fedfomo",
+                "algorithm.m=3",
+                "participation=0.75",
+            ],
+        ),
+        d(
+            "l2c",
+            &[
+                "algorithm.name=l2c",
+                "algorithm.warmup=2",
+                "algorithm.top_k=3",
+            ],
+        ),
+        d("apple", &["algorithm.name=apple", "participation=0.75"]),
+        d("pfedhn", &["algorithm.name=pfedhn", "participation=0.75"]),
+        d("pfedla", &["algorithm.name=pfedla", "participation=0.75"]),
         d("fedaghn", &["algorithm.name=fedaghn", "participation=0.75"]),
         d(
             "fedaghn-pfedhn",

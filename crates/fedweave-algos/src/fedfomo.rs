@@ -1,0 +1,404 @@
+//! FedFomo (Zhang et al., ICLR 2021, "Personalized Federated Learning with
+//! First Order Model Optimization").
+//!
+//! The paper: the server keeps an affinity matrix P (client i's estimate of
+//! how useful client j's model is to it) and sends each client M other
+//! clients' models: the top M by P[i], or, with probability ε (ε-greedy
+//! exploration, ε decaying over rounds), M clients drawn at random. Client
+//! i weighs each received θ_j by the first-order estimate of how much moving
+//! to it lowers its validation loss per unit of distance,
+//!
+//! w_j = (L_val(θ_i) − L_val(θ_j)) / ‖θ_j − θ_i‖,
+//!
+//! clips at 0 and normalises; its new model is Σ_j w_j θ_j, or its own when
+//! no received model helps (every w_j ≤ 0). P[i][j] += w_j.
+//!
+//! The reference codes: PFLlib (`clientfomo.py`, `serverfomo.py`) adds 1e-5
+//! to the distance, starts P at the identity and sends the top M of P[i]
+//! (so the client's own model takes one of the M slots, always weighted 0),
+//! and has no exploration; FL-bench sends the top M among the previous
+//! round's participants plus the client's own model.
+//!
+//! fedweave: the ε-greedy exploration of the paper (`epsilon` = 0.3 at round
+//! 1, minus `epsilon_decay` = 0.05 per round, floored at 0: the paper's
+//! description, not checked against its code), M = `m` = 5 *other* clients
+//! (the client holds its own model), ties in P broken by a seeded random
+//! order (so round 1, where every affinity is 0, is exploration), the 1e-5
+//! of PFLlib, and the client's validation split as the validation data (its
+//! training data when it has none). The client weighs what it received at
+//! the start of its next round (it needs its own data), then trains and
+//! uploads its model with the weights it used; the server adds them to P and
+//! logs them as the round's graph (identity rows for clients that kept their
+//! own model and, in round 1, for everyone). Evaluation: the trained model.
+
+use crate::params::{Validate, non_negative};
+use crate::relay::{Relayed, RowUp, Store, holdout, uploaded_rows};
+use crate::{
+    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
+};
+use fedweave_core::vecmath::{sq_dist, weighted_sum};
+use fedweave_core::{Purpose, rng_stream};
+use fedweave_nn::LocalData;
+use rand::Rng;
+use rand::seq::SliceRandom;
+use serde::{Deserialize, Serialize};
+
+/// FedFomo's parameters.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FedFomoParams {
+    /// M: how many other clients' models each client receives per round.
+    pub m: usize,
+    /// ε at round 1: the probability that a client receives M random
+    /// clients instead of its top M.
+    pub epsilon: f64,
+    /// How much ε drops per round.
+    pub epsilon_decay: f64,
+}
+
+impl Default for FedFomoParams {
+    fn default() -> Self {
+        Self {
+            m: 5,
+            epsilon: 0.3,
+            epsilon_decay: 0.05,
+        }
+    }
+}
+
+impl Validate for FedFomoParams {
+    fn validate(&self) -> Result<(), ParamError> {
+        if self.m == 0 {
+            return Err(ParamError::new("m", "must be ≥ 1"));
+        }
+        if !(0.0..=1.0).contains(&self.epsilon) {
+            return Err(ParamError::new(
+                "epsilon",
+                format!("must be in [0, 1], got {}", self.epsilon),
+            ));
+        }
+        non_negative("epsilon_decay", self.epsilon_decay)
+    }
+}
+
+/// FedFomo's weights from the client's own validation loss, each received
+/// model's validation loss and its distance to the client's model:
+/// max(0, (L_own − L_j) / (d_j + 1e-5)), normalised to sum 1; `None` when
+/// no received model helps (the client keeps its own).
+pub fn fomo_weights(own_loss: f64, losses: &[f64], dists: &[f64]) -> Option<Vec<f64>> {
+    let w: Vec<f64> = losses
+        .iter()
+        .zip(dists)
+        .map(|(l, d)| ((own_loss - l) / (d + 1e-5)).max(0.0))
+        .collect();
+    let total: f64 = w.iter().sum();
+    (total > 0.0 && total.is_finite()).then(|| w.iter().map(|x| x / total).collect())
+}
+
+/// ε at `round` (from 1): `epsilon − (round − 1)·decay`, floored at 0.
+pub fn epsilon_at(p: &FedFomoParams, round: usize) -> f64 {
+    (p.epsilon - p.epsilon_decay * round.saturating_sub(1) as f64).max(0.0)
+}
+
+/// The M clients sent to client `me`: with probability `eps` M random ones
+/// among `known` (others only), else the top M by `affinity`, ties broken by
+/// the same random order.
+pub fn choose(
+    affinity: &[f64],
+    me: usize,
+    known: &[usize],
+    m: usize,
+    eps: f64,
+    rng: &mut impl Rng,
+) -> Vec<usize> {
+    let explore = rng.random::<f64>() < eps;
+    let mut pool: Vec<usize> = known.iter().copied().filter(|&j| j != me).collect();
+    pool.shuffle(rng);
+    if !explore {
+        pool.sort_by(|&a, &b| affinity[b].total_cmp(&affinity[a]));
+    }
+    pool.truncate(m);
+    pool
+}
+
+/// FedFomo.
+pub struct FedFomo {
+    params: FedFomoParams,
+    seed: u64,
+}
+
+/// A FedFomo client: its model and the models received for its next round.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FedFomoClient {
+    /// Its model (trained; what is scored).
+    pub model: Model,
+    /// The other clients' models to weigh at the start of the next round.
+    pub received: Relayed,
+}
+
+/// The server: the affinity matrix and every client's latest model.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FedFomoServer {
+    /// P, row i = client i's accumulated weights.
+    pub affinity: Vec<Vec<f64>>,
+    store: Store,
+}
+
+impl FedFomo {
+    /// Weighs the received models on `data` and moves `state.model` to
+    /// their mixture; returns the row used (empty: kept its own model).
+    fn combine(&self, env: &Env, data: &LocalData, state: &mut FedFomoClient) -> Vec<(usize, f64)> {
+        let received = std::mem::take(&mut state.received);
+        if received.ids.is_empty() || data.is_empty() {
+            return Vec::new();
+        }
+        let model = &mut state.model;
+        let loss = |p: &[f32]| fedweave_nn::evaluate(env.spec, p, &model.buffers, data).mean_loss();
+        let own = loss(&model.params);
+        let losses: Vec<f64> = received.models.iter().map(|m| loss(m)).collect();
+        let dists: Vec<f64> = received
+            .models
+            .iter()
+            .map(|m| sq_dist(m, &model.params).sqrt())
+            .collect();
+        let Some(w) = fomo_weights(own, &losses, &dists) else {
+            return Vec::new();
+        };
+        let refs: Vec<&[f32]> = received.models.iter().map(|m| m.as_slice()).collect();
+        weighted_sum(&w, &refs, &mut model.params);
+        received
+            .ids
+            .iter()
+            .zip(&w)
+            .filter(|(_, w)| **w > 0.0)
+            .map(|(&j, &w)| (j, w))
+            .collect()
+    }
+}
+
+impl Algorithm for FedFomo {
+    const NAMES: &'static [Info] = &[Info {
+        name: "fedfomo",
+        summary: "client i mixes the M = 5 models the server sends (top M of its affinity row, ε-greedy: epsilon 0.3 − 0.05/round) with w_j ∝ max(0, ΔL_val/‖θ_j − θ_i‖), own model if none helps; P[i] += w",
+        reference: "Zhang et al., ICLR 2021",
+    }];
+    type Params = FedFomoParams;
+    type Client = FedFomoClient;
+    type Server = FedFomoServer;
+    /// The M chosen clients' models.
+    type Down = Relayed;
+    /// The trained model and the weights used.
+    type Up = RowUp;
+
+    fn new(_: &str, params: FedFomoParams, env: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params,
+            seed: crate::init_seed(env.init),
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "fedfomo"
+    }
+
+    fn init_server(&self, env: &Env) -> FedFomoServer {
+        let n = env.clients();
+        let mut affinity = vec![vec![0.0; n]; n];
+        for (i, row) in affinity.iter_mut().enumerate() {
+            row[i] = 1.0;
+        }
+        FedFomoServer {
+            affinity,
+            store: Store::new(n),
+        }
+    }
+
+    fn init_client(&self, env: &Env, _: usize) -> FedFomoClient {
+        FedFomoClient {
+            model: env.initial_model(),
+            received: Relayed::default(),
+        }
+    }
+
+    fn local_round(
+        &self,
+        env: &Env,
+        cx: &mut ClientCx,
+        state: &mut FedFomoClient,
+    ) -> Trained<RowUp> {
+        let row = self.combine(env, &holdout(cx), state);
+        let train_loss = cx.train_plain(env, &mut state.model, &[]);
+        Trained {
+            up: RowUp {
+                model: state.model.params.clone(),
+                row,
+            },
+            train_loss,
+        }
+    }
+
+    fn aggregate(
+        &self,
+        env: &Env,
+        server: &mut FedFomoServer,
+        round: usize,
+        uploads: &[(usize, RowUp)],
+    ) -> RoundOutcome<Relayed> {
+        server.store.update(uploads);
+        for (i, up) in uploads {
+            for &(j, w) in &up.row {
+                server.affinity[*i][j] += w;
+            }
+        }
+        let known = server.store.known();
+        let eps = epsilon_at(&self.params, round);
+        let downloads = uploads
+            .iter()
+            .map(|(i, _)| {
+                let mut rng = rng_stream(self.seed, round as u64, *i as u64, Purpose::Selection);
+                let ids = choose(
+                    &server.affinity[*i],
+                    *i,
+                    &known,
+                    self.params.m,
+                    eps,
+                    &mut rng,
+                );
+                (*i, server.store.relay(&ids))
+            })
+            .collect();
+        RoundOutcome::new(uploaded_rows(env.clients(), uploads), downloads)
+    }
+
+    fn receive(&self, _: &Env, state: &mut FedFomoClient, down: Relayed) {
+        state.received = down;
+    }
+
+    fn personalized<'c>(&self, state: &'c FedFomoClient) -> ModelRef<'c> {
+        state.model.view()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::Tiny;
+
+    #[test]
+    fn weights_are_improvement_per_distance_clipped_and_normalised() {
+        // Own loss 1.0; model a improves by 0.5 at distance 1, b by 0.5 at
+        // distance 4, c makes things worse.
+        let w = fomo_weights(1.0, &[0.5, 0.5, 1.2], &[1.0, 4.0, 1.0]).unwrap();
+        let (a, b) = (0.5 / (1.0 + 1e-5), 0.5 / (4.0 + 1e-5));
+        assert!((w[0] - a / (a + b)).abs() < 1e-12);
+        assert!((w[1] - b / (a + b)).abs() < 1e-12);
+        assert!((w[0] - 0.8).abs() < 1e-5, "{w:?}");
+        assert_eq!(w[2], 0.0);
+        // Nothing helps: keep the own model.
+        assert_eq!(fomo_weights(1.0, &[1.0, 3.0], &[1.0, 1.0]), None);
+    }
+
+    #[test]
+    fn epsilon_decays_to_zero_and_choice_follows_affinity() {
+        let p = FedFomoParams::default();
+        assert!((epsilon_at(&p, 1) - 0.3).abs() < 1e-12);
+        assert!((epsilon_at(&p, 3) - 0.2).abs() < 1e-12);
+        assert_eq!(epsilon_at(&p, 7), 0.0);
+        assert_eq!(epsilon_at(&p, 70), 0.0);
+        let affinity = [1.0, 0.1, 0.7, 0.0, 0.9];
+        let known = [0, 1, 2, 3, 4];
+        let mut rng = rng_stream(1, 1, 0, Purpose::Selection);
+        for _ in 0..20 {
+            assert_eq!(choose(&affinity, 0, &known, 2, 0.0, &mut rng), vec![4, 2]);
+        }
+        // ε = 1: random others, never the client itself, M distinct.
+        let mut seen = [0usize; 5];
+        for _ in 0..200 {
+            let c = choose(&affinity, 0, &known, 2, 1.0, &mut rng);
+            assert_eq!(c.len(), 2);
+            assert_ne!(c[0], c[1]);
+            for j in c {
+                seen[j] += 1;
+            }
+        }
+        assert_eq!(seen[0], 0);
+        assert!(seen[1..].iter().all(|&s| s > 50), "{seen:?}");
+    }
+
+    /// A round on the Tiny fixture: a client that receives a model trained on
+    /// its own data and a useless one moves to the first, uploads that row,
+    /// and the server adds the row to P and logs it.
+    #[test]
+    fn client_mixes_helpful_models_and_server_updates_affinity() {
+        let tiny = Tiny::new();
+        let env = tiny.env();
+        let algo = FedFomo::new("fedfomo", FedFomoParams::default(), &env).unwrap();
+        let mut server = algo.init_server(&env);
+        // Client 2's data covers client 0's classes: train a good model there.
+        let mut good = env.initial_model();
+        for r in 1..=5 {
+            tiny.cx(2, r).train_plain(&env, &mut good, &[]);
+        }
+        let useless: Vec<f32> = env.init.iter().map(|x| x * 40.0).collect();
+        let mut state = algo.init_client(&env, 0);
+        algo.receive(
+            &env,
+            &mut state,
+            Relayed {
+                ids: vec![1, 2],
+                models: vec![useless, good.params.clone()],
+            },
+        );
+        let mut cx = tiny.cx(0, 2);
+        let row = algo.combine(&env, &holdout(&cx), &mut state);
+        assert_eq!(row, vec![(2, 1.0)]);
+        assert_eq!(state.model.params, good.params);
+        assert!(state.received.ids.is_empty());
+        // Nothing received: the client keeps its model and uploads no row.
+        let up = algo.local_round(&env, &mut cx, &mut state).up;
+        assert!(up.row.is_empty());
+        let uploads = vec![
+            (
+                0,
+                RowUp {
+                    model: up.model,
+                    row,
+                },
+            ),
+            (1, RowUp::default()),
+        ];
+        let mut uploads = uploads;
+        uploads[1].1.model = env.init.to_vec();
+        let out = algo.aggregate(&env, &mut server, 2, &uploads);
+        assert_eq!(server.affinity[0], vec![1.0, 0.0, 1.0]);
+        assert_eq!(out.graph.row(0), &[0.0, 0.0, 1.0]);
+        assert_eq!(out.graph.row(1), &[0.0, 1.0, 0.0]);
+        // Client 0 is sent the one other known model, client 1's.
+        let (_, d0) = &out.downloads[0];
+        assert_eq!(d0.ids, vec![1]);
+    }
+
+    #[test]
+    fn bad_parameters_are_rejected() {
+        let bad = FedFomoParams {
+            m: 0,
+            ..Default::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("algorithm.m")
+        );
+        let bad = FedFomoParams {
+            epsilon: 1.5,
+            ..Default::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("algorithm.epsilon")
+        );
+    }
+}
