@@ -14,7 +14,7 @@
 //! on a GPU yet.
 
 use crate::NnError;
-use burn::tensor::Device;
+use burn::tensor::{Device, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
 /// A burn backend fedweave can train on.
@@ -25,7 +25,8 @@ pub enum Backend {
     #[default]
     Cpu,
     /// NVIDIA GPUs through CubeCL's CUDA runtime (cargo feature `cuda`; the
-    /// driver is loaded at run time, no CUDA toolkit is needed to build).
+    /// driver is loaded at run time, so building should need no CUDA
+    /// toolkit).
     Cuda,
     /// Any GPU through wgpu (Vulkan, Metal, DX12; cargo feature `wgpu`).
     Wgpu,
@@ -51,23 +52,37 @@ impl Backend {
     }
 
     /// The backend's default device (the first GPU for `cuda`, wgpu's
-    /// preferred adapter for `wgpu`). Creating it opens nothing yet: a
-    /// missing driver surfaces at the first tensor operation.
+    /// preferred adapter for `wgpu`), checked by one tiny tensor operation.
     ///
     /// # Errors
     ///
     /// [`NnError::BackendMissing`] when the binary was built without the
-    /// backend's cargo feature.
+    /// backend's cargo feature; [`NnError::DeviceUnavailable`] when the
+    /// device does not work (cudarc, for one, panics when it finds no
+    /// driver library: that panic is caught here and becomes the error).
     pub fn device(self) -> Result<Device, NnError> {
-        match self {
-            Backend::Cpu => Ok(Device::flex()),
+        let device = match self {
+            Backend::Cpu => Device::flex(),
             #[cfg(feature = "cuda")]
-            Backend::Cuda => Ok(Device::cuda(0)),
+            Backend::Cuda => Device::cuda(0),
             #[cfg(feature = "wgpu")]
-            Backend::Wgpu => Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)),
+            Backend::Wgpu => Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
             #[allow(unreachable_patterns)]
-            missing => Err(NnError::BackendMissing {
-                backend: missing.name(),
+            missing => {
+                return Err(NnError::BackendMissing {
+                    backend: missing.name(),
+                });
+            }
+        };
+        let probe = device.clone();
+        let works = std::panic::catch_unwind(move || {
+            let t: Tensor<1> = Tensor::from_data(TensorData::new(vec![1.0f32], [1]), &probe);
+            t.into_data().as_slice::<f32>().map(|s| s[0]) == Ok(1.0)
+        });
+        match works {
+            Ok(true) => Ok(device),
+            _ => Err(NnError::DeviceUnavailable {
+                backend: self.name(),
             }),
         }
     }

@@ -67,6 +67,15 @@ pub enum NnError {
         /// The backend's configuration name (= its cargo feature).
         backend: &'static str,
     },
+    /// The backend is built in but its device does not work (no GPU, no
+    /// driver library).
+    #[error(
+        "backend `{backend}` is built in but its device does not work here (no GPU or no driver library found)"
+    )]
+    DeviceUnavailable {
+        /// The backend's configuration name.
+        backend: &'static str,
+    },
     /// K clients cannot be trained together this way.
     #[error("model `{model}` cannot be trained batched: {reason}")]
     NotBatched {
