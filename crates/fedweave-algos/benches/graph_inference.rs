@@ -2,13 +2,12 @@
 //! (d = 44,426 for 1×28×28 inputs, 10 classes).
 //!
 //! Groups:
-//! - `server_step`: deltas θ_i − θ_init, `similarity_matrix` (N²·d) and
-//!   `infer_graph` (N simplex projections), as `PFedGraph::aggregate` runs
-//!   them.
+//! - `server_step`: `similarity_matrix` (cosines of θ_i − θ_init, one
+//!   blocked N×d by d×N GEMM) and `infer_graph` (N simplex projections), as
+//!   `PFedGraph::aggregate` runs them.
 //! - `aggregate`: the whole `Algorithm::aggregate` call, which adds the
-//!   embedding into an N×N graph and the mixing θ̃_i = Σ_j W_ij θ_j. N = 1000
-//!   takes about 40 s per call (7 min for the group), so it runs only with
-//!   `FEDWEAVE_BENCH_LARGE=1`.
+//!   embedding into an N×N graph and the mixing W·Θ (a second GEMM). N = 1000
+//!   runs only with `FEDWEAVE_BENCH_LARGE=1`.
 //! - `infer_graph`: the per-row QPs alone on a given random similarity
 //!   matrix (values in [−1, 1], symmetric, diagonal 1; p uniform;
 //!   alpha = 0.08·N), the same problem `scripts/qp_reference.py` solves
@@ -66,11 +65,7 @@ fn random_models(spec: &ModelSpec, n: usize) -> (Vec<f32>, Vec<Vec<f32>>) {
 
 /// What `PFedGraph::aggregate` computes before mixing, on all layers.
 fn server_step(init: &[f32], uploads: &[Vec<f32>], p: &[f64], alpha: f64) -> Vec<Vec<f64>> {
-    let deltas: Vec<Vec<f32>> = uploads
-        .iter()
-        .map(|u| u.iter().zip(init).map(|(a, b)| a - b).collect())
-        .collect();
-    let s = similarity_matrix(&deltas, std::slice::from_ref(&(0..init.len())), 0.9);
+    let s = similarity_matrix(uploads, init, std::slice::from_ref(&(0..init.len())), 0.9);
     infer_graph(&s, p, alpha)
 }
 

@@ -20,13 +20,22 @@
 //!
 //! Run: `cargo bench -p fedweave-algos --bench server_round`
 //! (`FEDWEAVE_BENCH_SIZES=20` to skip N = 200).
+//!
+//! The issue-16 grid instead: `FEDWEAVE_BENCH_CASES=100x44k,100x582k,1000x44k,1000x582k`
+//! times pFedGraph's server step (cosines + graph) and the whole `aggregate`
+//! of pFedGraph, FedAvg, FedDWA and FedAGHN at each N × d (at N = 1000
+//! pFedGraph only, timed once: a 2-core machine needs minutes per method),
+//! with the effective GFLOP/s as a share of this machine's measured
+//! `matrixmultiply` dgemm rate (the kernels run `f64` GEMMs, see
+//! `fedweave_core::pairwise`).
 
 use fedweave_algos::fedaghn::FedAghn;
 use fedweave_algos::fedavg::FedAvg;
 use fedweave_algos::feddwa::{FedDwa, Guided};
-use fedweave_algos::pfedgraph::PFedGraph;
+use fedweave_algos::pfedgraph::{PFedGraph, infer_graph, similarity_matrix};
 use fedweave_algos::sfl::Sfl;
 use fedweave_algos::{Algorithm, Env, Message};
+use fedweave_core::pairwise::{GemmThroughput, gemm_throughput};
 use fedweave_core::{Purpose, RelationGraph, rng_stream};
 use fedweave_nn::{ModelKind, ModelSpec, TrainConfig};
 use rand_distr::{Distribution, StandardNormal};
@@ -159,7 +168,128 @@ fn sfl_table() {
     }
 }
 
+/// The models the grid covers: d = 44,426 (`cnn`, pFedGraph's SimpleCNN)
+/// and d = 582,218 (`cnn-bn`, FedAGHN's CNN), both on 1×28×28.
+fn spec_of(d: &str) -> ModelSpec {
+    let kind = match d {
+        "44k" => ModelKind::Cnn,
+        "582k" => ModelKind::CnnBn,
+        other => panic!("FEDWEAVE_BENCH_CASES: model size {other} is not 44k or 582k"),
+    };
+    ModelSpec::new(kind, &[1, 28, 28], 10).expect("image spec")
+}
+
+/// One (N, d) case of the grid: pFedGraph's server step (similarity +
+/// graph, no mixing) and every method's whole `aggregate`, with effective
+/// GFLOP/s as a share of the machine's dgemm rate. `only_pfedgraph` skips
+/// the others (N = 1000: minutes per method on 2 cores; at d = 582k FedAGHN
+/// alone keeps four 2.3 GB N×d blocks).
+fn grid_case(n: usize, d: &str, peak: &GemmThroughput, only_pfedgraph: bool) {
+    let spec = spec_of(d);
+    let init = spec.init(&mut rng_stream(7, 0, 0, Purpose::ModelInit));
+    let dim = init.len();
+    let train = TrainConfig {
+        lr: 0.01,
+        momentum: 0.0,
+        weight_decay: 0.0,
+        batch_size: 64,
+        iterations: 0,
+        epochs: 1,
+    };
+    let client_sizes = vec![600; n];
+    let env = Env {
+        spec: &spec,
+        train: &train,
+        sizes: &client_sizes,
+        init: &init,
+        relation: None,
+        label_counts: &[],
+    };
+    let trained = models(&init, n);
+    let repeats = if n * dim > 20_000_000 { 1 } else { 3 };
+    let (nn, dd) = (n as f64, dim as f64);
+    // Useful flops: a symmetric Gram N²·d, a cross Gram or a mix 2·N²·d.
+    let report = |what: &str, secs: f64, flops: f64| {
+        let gf = flops / secs / 1e9;
+        println!(
+            "| {what} | {n} | {dim} | {secs:.3} | {gf:.1} | {:.0}% |",
+            100.0 * gf / peak.dgemm_all
+        );
+    };
+    let uploads: Vec<Vec<f32>> = trained.iter().map(|(_, m)| m.clone()).collect();
+    let p = vec![1.0 / nn; n];
+    // The largest case is timed once, without a warm-up (pFedGraph keeps
+    // no server state, so a first call measures what later ones do).
+    let warmup = usize::from(!only_pfedgraph);
+    let step = (0..warmup + repeats)
+        .map(|_| {
+            let start = Instant::now();
+            let s = similarity_matrix(&uploads, &init, std::slice::from_ref(&(0..dim)), 0.9);
+            black_box(infer_graph(&s, &p, 0.08 * nn));
+            start.elapsed().as_secs_f64()
+        })
+        .skip(warmup)
+        .fold(f64::INFINITY, f64::min);
+    drop(uploads);
+    report(
+        "pfedgraph server step (cosines + graph)",
+        step,
+        nn * nn * dd,
+    );
+    if only_pfedgraph {
+        let algo = PFedGraph::new("pfedgraph", Default::default(), &env).expect("builds");
+        let mut server = algo.init_server(&env);
+        let start = Instant::now();
+        black_box(algo.aggregate(&env, &mut server, 1, &trained));
+        let secs = start.elapsed().as_secs_f64();
+        report(
+            "pfedgraph aggregate (+ mixing W·Θ)",
+            secs,
+            3.0 * nn * nn * dd,
+        );
+        return;
+    }
+    let (secs, _, _) = time_aggregate::<PFedGraph>("pfedgraph", &env, &trained, repeats);
+    report(
+        "pfedgraph aggregate (+ mixing W·Θ)",
+        secs,
+        3.0 * nn * nn * dd,
+    );
+    let (secs, _, _) = time_aggregate::<FedAvg>("fedavg", &env, &trained, repeats);
+    report("fedavg aggregate", secs, 2.0 * nn * dd);
+    let (secs, _, _) = time_aggregate::<FedDwa>("feddwa", &env, &guided(&init, n), repeats);
+    report(
+        "feddwa aggregate (distances + mixing)",
+        secs,
+        4.0 * nn * nn * dd,
+    );
+    let (secs, _, _) = time_aggregate::<FedAghn>("fedaghn", &env, &trained, repeats);
+    report(
+        "fedaghn aggregate (per-layer cosines + 2 mixes)",
+        secs,
+        5.0 * nn * nn * dd,
+    );
+}
+
 fn main() {
+    let peak = gemm_throughput(1024, 3);
+    println!(
+        "matrixmultiply 1024³ on this machine: dgemm {:.1} GFLOP/s on 1 thread, {:.1} on {} threads; sgemm {:.1} on {} threads",
+        peak.dgemm_one, peak.dgemm_all, peak.threads, peak.sgemm_all, peak.threads
+    );
+    if let Ok(cases) = std::env::var("FEDWEAVE_BENCH_CASES") {
+        println!("| step | N | d | s (best) | GFLOP/s | % of dgemm |");
+        println!("|---|---|---|---|---|---|");
+        for case in cases.split(',') {
+            let (n, d) = case
+                .split_once('x')
+                .expect("FEDWEAVE_BENCH_CASES looks like 100x44k,1000x582k");
+            let n: usize = n.parse().expect("N is a number");
+            let large = n >= 1000;
+            grid_case(n, d, &peak, large);
+        }
+        return;
+    }
     let sizes: Vec<usize> = std::env::var("FEDWEAVE_BENCH_SIZES")
         .ok()
         .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())

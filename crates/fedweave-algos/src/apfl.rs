@@ -34,7 +34,7 @@ use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
 };
-use fedweave_nn::{Device, ExtraLoss, LocalTrainer};
+use fedweave_nn::{ExtraLoss, LocalTrainer};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::sync::Mutex;
@@ -184,7 +184,7 @@ impl Algorithm for Apfl {
         let (mut on_w, mut sampler) = cx.session(env, &state.global);
         let mut on_v = LocalTrainer::new(
             env.spec,
-            &Device::flex(),
+            env.spec.device(),
             &state.personal.params,
             &state.personal.buffers,
             env.train.sgd(),
@@ -341,7 +341,7 @@ mod tests {
         // ∇L at the mixture, from a separate session.
         let mut mixed = vec![0.0; v.len()];
         mixture(alpha, &v, &w, &mut mixed);
-        let mut probe = LocalTrainer::new(&spec, &Device::flex(), &mixed, &[], train.sgd(), None);
+        let mut probe = LocalTrainer::new(&spec, spec.device(), &mixed, &[], train.sgd(), None);
         let all: Vec<usize> = (0..8).collect();
         probe.loss_and_grad(&data, &all, &[]);
         let mut g = vec![0.0; v.len()];

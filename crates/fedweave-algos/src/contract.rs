@@ -22,8 +22,8 @@ use crate::AlgoError;
 use crate::params::Validate;
 use fedweave_core::{CollaborationGraph, RelationGraph, RngStream};
 use fedweave_nn::{
-    BatchSampler, Device, EvalStats, ExtraLoss, LocalData, LocalTrainer, ModelSpec, Objective,
-    SgdConfig, SgdState, TrainConfig, TrainStats,
+    BatchSampler, EvalStats, ExtraLoss, LocalData, LocalTrainer, ModelSpec, Objective, SgdConfig,
+    SgdState, TrainConfig, TrainStats,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -202,7 +202,7 @@ impl ClientCx<'_> {
         self.mark_origin(&model.params);
         let trainer = LocalTrainer::new(
             env.spec,
-            &Device::flex(),
+            env.spec.device(),
             &model.params,
             &model.buffers,
             sgd,

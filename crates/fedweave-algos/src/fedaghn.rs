@@ -39,11 +39,10 @@ use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
     ids_of, models_of,
 };
-use fedweave_core::vecmath::{dot, weighted_sum};
-
-use rayon::prelude::*;
+use fedweave_core::pairwise::{View, cosine_matrix_sym, mix};
+use fedweave_core::vecmath::dot;
+use fedweave_core::LayerGroup;
 use serde::{Deserialize, Serialize};
-use std::ops::Range;
 
 /// Direction of the hypernetwork step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,24 +209,22 @@ impl FedAghnServer {
     }
 }
 
-/// cos(a, b) on `r`, with `None` meaning the all-ones vector.
-fn layer_cos(a: Option<&[f32]>, b: Option<&[f32]>, r: &Range<usize>) -> f64 {
-    let len = r.len() as f64;
-    let sum = |v: &[f32]| v[r.clone()].iter().map(|x| *x as f64).sum::<f64>();
-    let (ab, na, nb) = match (a, b) {
-        (None, None) => return 1.0,
-        (Some(a), Some(b)) => (
-            dot(&a[r.clone()], &b[r.clone()]),
-            dot(&a[r.clone()], &a[r.clone()]),
-            dot(&b[r.clone()], &b[r.clone()]),
-        ),
-        (Some(v), None) | (None, Some(v)) => (sum(v), dot(&v[r.clone()], &v[r.clone()]), len),
-    };
-    if na == 0.0 || nb == 0.0 {
-        0.0
+/// cos(Δ_a, Δ_b) on each group's range for every pair of participants
+/// (`[group][a][b]`), `None` meaning the all-ones vector: one blocked Gram
+/// matrix per layer ([`cosine_matrix_sym`]).
+fn layer_cosines(deltas: &[Option<&[f32]>], groups: &[LayerGroup], d: usize) -> Vec<Vec<Vec<f64>>> {
+    let ones = if deltas.iter().any(Option::is_none) {
+        vec![1.0f32; d]
     } else {
-        ab / (na.sqrt() * nb.sqrt())
-    }
+        Vec::new()
+    };
+    let rows: Vec<&[f32]> = deltas.iter().map(|x| x.unwrap_or(&ones)).collect();
+    groups
+        .iter()
+        .map(|g| {
+            cosine_matrix_sym(&rows, &View::ranges(std::slice::from_ref(&g.range))).into_rows()
+        })
+        .collect()
 }
 
 impl Algorithm for FedAghn {
@@ -331,49 +328,39 @@ impl Algorithm for FedAghn {
             .map(|&i| server.deltas[i].as_deref())
             .collect();
         let m = participants.len();
-        // cos[r][a][b] over participants a, b.
-        let cos: Vec<Vec<Vec<f64>>> = groups
-            .iter()
-            .map(|g| {
-                (0..m)
-                    .into_par_iter()
-                    .map(|a| {
-                        (0..m)
-                            .map(|b| layer_cos(deltas[a], deltas[b], &g.range))
-                            .collect()
-                    })
-                    .collect()
-            })
-            .collect();
+        let cos = layer_cosines(&deltas, &groups, d);
         let (p, q) = (&server.p, &server.q);
-        let built: Vec<(Vec<Vec<f64>>, Sent)> = participants
-            .par_iter()
-            .enumerate()
-            .map(|(k, &i)| {
-                let mut model = vec![0.0f32; d];
-                let mut grad_q = vec![0.0f32; d];
-                let mut rows = Vec::with_capacity(groups.len());
-                for (r, g) in groups.iter().enumerate() {
-                    let rg = g.range.clone();
-                    let slices: Vec<&[f32]> = models.iter().map(|x| &x[rg.clone()]).collect();
-                    let alpha = attention(&cos[r][k], k, p[i][r], q[i][r]);
-                    let beta = dq_coefficients(&cos[r][k], k, p[i][r], q[i][r]);
-                    weighted_sum(&alpha, &slices, &mut model[rg.clone()]);
-                    weighted_sum(&beta, &slices, &mut grad_q[rg]);
-                    rows.push(alpha);
-                }
-                (rows, Sent { model, grad_q })
-            })
-            .collect();
-
-        let mut layer_rows: Vec<Vec<Vec<f64>>> = vec![Vec::with_capacity(m); groups.len()];
-        let mut downloads = Vec::with_capacity(m);
-        for (&i, (rows, sent)) in participants.iter().zip(built) {
-            for (r, row) in rows.into_iter().enumerate() {
-                layer_rows[r].push(row);
+        // Attention α and its q-derivative's coefficients β, per layer and
+        // participant, then θ̄ = α·Θ and ∂θ̄/∂q = β·Θ layer by layer as
+        // blocked products.
+        let mut models_bar = vec![vec![0.0f32; d]; m];
+        let mut grads_q = vec![vec![0.0f32; d]; m];
+        let mut layer_rows: Vec<Vec<Vec<f64>>> = Vec::with_capacity(groups.len());
+        for (r, g) in groups.iter().enumerate() {
+            let rg = g.range.clone();
+            let (alpha, beta): (Vec<Vec<f64>>, Vec<Vec<f64>>) = participants
+                .iter()
+                .enumerate()
+                .map(|(k, &i)| {
+                    (
+                        attention(&cos[r][k], k, p[i][r], q[i][r]),
+                        dq_coefficients(&cos[r][k], k, p[i][r], q[i][r]),
+                    )
+                })
+                .unzip();
+            let slices: Vec<&[f32]> = models.iter().map(|x| &x[rg.clone()]).collect();
+            let (mixed, dq) = rayon::join(|| mix(&alpha, &slices), || mix(&beta, &slices));
+            for k in 0..m {
+                models_bar[k][rg.clone()].copy_from_slice(mixed.row(k));
+                grads_q[k][rg.clone()].copy_from_slice(dq.row(k));
             }
-            downloads.push((i, sent.model.clone()));
-            server.sent[i] = Some(sent);
+            layer_rows.push(alpha);
+        }
+
+        let mut downloads = Vec::with_capacity(m);
+        for ((&i, model), grad_q) in participants.iter().zip(models_bar).zip(grads_q) {
+            downloads.push((i, model.clone()));
+            server.sent[i] = Some(Sent { model, grad_q });
         }
         crate::layered_outcome(
             env.clients(),
@@ -389,6 +376,7 @@ impl Algorithm for FedAghn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fedweave_core::vecmath::weighted_sum;
     use fedweave_core::{Purpose, rng_stream};
     use fedweave_nn::{ModelKind, ModelSpec, TrainConfig};
 

@@ -35,7 +35,7 @@ use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
 };
 use fedweave_core::vecmath::std_dev;
-use fedweave_nn::{Device, LocalTrainer};
+use fedweave_nn::LocalTrainer;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -171,7 +171,7 @@ impl FedAla {
             aggregate_top(&theta, &diff, weights, &mut hat[top..]);
             let mut trainer = LocalTrainer::new(
                 env.spec,
-                &Device::flex(),
+                env.spec.device(),
                 &hat,
                 &model.buffers,
                 env.train.sgd(),

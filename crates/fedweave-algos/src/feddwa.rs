@@ -33,7 +33,7 @@ use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
     RoundOutcome, Trained, embed_rows, ids_of, mix_rows,
 };
-use fedweave_core::vecmath::sq_dist;
+use fedweave_core::pairwise::{View, sq_dist_matrix};
 use fedweave_nn::TrainConfig;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -110,14 +110,14 @@ impl Message for Guided {
 /// Rows of P over the participants: row i ∝ 1/max(‖guidance_i − models_j‖²,
 /// [`MIN_SQ_DIST`]), normalised, cut to its `top_k` largest entries (ties go
 /// to the lower index, so the result is deterministic) and renormalised.
+/// The distances are one blocked GEMM ([`sq_dist_matrix`], each within 1e-9
+/// relative of the exact value).
 pub fn dwa_rows(guidance: &[&[f32]], models: &[&[f32]], top_k: usize) -> Vec<Vec<f64>> {
-    guidance
-        .par_iter()
-        .map(|g| {
-            let inv: Vec<f64> = models
-                .iter()
-                .map(|m| 1.0 / sq_dist(g, m).max(MIN_SQ_DIST))
-                .collect();
+    sq_dist_matrix(guidance, models, &View::all())
+        .into_rows()
+        .into_par_iter()
+        .map(|dist| {
+            let inv: Vec<f64> = dist.iter().map(|d| 1.0 / d.max(MIN_SQ_DIST)).collect();
             let total: f64 = inv.iter().sum();
             let mut row: Vec<f64> = inv.iter().map(|w| w / total).collect();
             if top_k < row.len() {

@@ -60,7 +60,8 @@ use crate::{
     Trained, embed_rows, ids_of,
 };
 use fedweave_core::CollaborationGraph;
-use fedweave_core::vecmath::{all_finite, sq_dist, weighted_sum};
+use fedweave_core::pairwise::{View, mix, sq_dist_matrix_sym};
+use fedweave_core::vecmath::{all_finite, weighted_sum};
 use fedweave_nn::{LocalData, Predictions, PrototypePull, TrainConfig};
 use serde::{Deserialize, Serialize};
 
@@ -314,14 +315,7 @@ pub fn collaboration_matrix(i: usize, sq: &[Vec<f64>], v: &[f64]) -> Vec<Vec<f64
 /// simplex, weights below `min_weight` zeroed, the rest renormalised.
 pub fn head_weights(h: &[Vec<f32>], v: &[f64], min_weight: f64) -> Vec<Vec<f64>> {
     let n = h.len();
-    let mut sq = vec![vec![0.0f64; n]; n];
-    for a in 0..n {
-        for b in a + 1..n {
-            let s = sq_dist(&h[a], &h[b]);
-            sq[a][b] = s;
-            sq[b][a] = s;
-        }
-    }
+    let sq = sq_dist_matrix_sym(h, &View::all()).into_rows();
     (0..n)
         .map(|i| {
             let p = collaboration_matrix(i, &sq, v);
@@ -777,9 +771,7 @@ impl Algorithm for FedPac {
                 )
             })
             .collect();
-        for (k, &i) in participants.iter().enumerate() {
-            let mut head = vec![0.0f32; split.head.len()];
-            weighted_sum(&alpha[k], &heads, &mut head);
+        for (&i, head) in participants.iter().zip(mix(&alpha, &heads).into_rows()) {
             downloads[i].1.head = Some(head);
         }
         let mut row = vec![0.0; env.clients()];
@@ -1164,7 +1156,11 @@ mod tests {
         let v = [0.5, 0.25, 1.0];
         let sq: Vec<Vec<f64>> = h
             .iter()
-            .map(|a| h.iter().map(|b| sq_dist(a, b)).collect())
+            .map(|a| {
+                h.iter()
+                    .map(|b| fedweave_core::vecmath::sq_dist(a, b))
+                    .collect()
+            })
             .collect();
         // For i = 0: ⟨h_0 − h_j, h_0 − h_l⟩ = ⟨h_j, h_l⟩.
         let p = collaboration_matrix(0, &sq, &v);

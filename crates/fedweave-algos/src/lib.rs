@@ -127,43 +127,23 @@ pub(crate) fn ids_of<M>(uploads: &[(usize, M)]) -> Vec<usize> {
 }
 
 /// Mixes the participants' uploads along `graph` rows (indices over all
-/// clients) for every participant; rows identical to the previous one reuse
-/// its result, so FedAvg's N equal rows cost one weighted sum.
+/// clients) for every participant, as one blocked product W·Θ
+/// ([`fedweave_core::pairwise::mix`]); bit-identical rows are computed once,
+/// so FedAvg's N equal rows cost one weighted sum.
 pub(crate) fn mix_rows(
     graph: &CollaborationGraph,
     participants: &[usize],
     uploads: &[&[f32]],
 ) -> Vec<(usize, Vec<f32>)> {
-    use rayon::prelude::*;
     let rows: Vec<Vec<f64>> = participants
         .iter()
         .map(|&i| participants.iter().map(|&j| graph.get(i, j)).collect())
         .collect();
-    let d = uploads.first().map_or(0, |u| u.len());
-    // Distinct rows only: FedAvg-style broadcasts become one computation.
-    let mut distinct: Vec<usize> = Vec::new();
-    let mut which = Vec::with_capacity(rows.len());
-    for r in &rows {
-        match distinct.iter().position(|&k| rows[k] == *r) {
-            Some(pos) => which.push(pos),
-            None => {
-                which.push(distinct.len());
-                distinct.push(which.len() - 1);
-            }
-        }
-    }
-    let mixed: Vec<Vec<f32>> = distinct
-        .par_iter()
-        .map(|&k| {
-            let mut out = vec![0.0f32; d];
-            fedweave_core::vecmath::weighted_sum(&rows[k], uploads, &mut out);
-            out
-        })
-        .collect();
+    let mixed = fedweave_core::pairwise::mix(&rows, uploads);
     participants
         .iter()
-        .zip(which)
-        .map(|(&i, w)| (i, mixed[w].clone()))
+        .copied()
+        .zip(mixed.into_rows())
         .collect()
 }
 

@@ -26,10 +26,10 @@ use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
     Trained, embed_rows, ids_of, mix_rows, models_of,
 };
+use fedweave_core::pairwise::{View, cosine_matrix_sym, mix};
 use fedweave_core::project_to_simplex;
-use fedweave_core::vecmath::{dot, norm, sub_into, weighted_sum};
+use fedweave_core::vecmath::norm;
 use fedweave_nn::CosinePull;
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
@@ -127,13 +127,10 @@ pub struct PFedGraphClient {
     pub target: Option<Vec<f32>>,
 }
 
-/// The server keeps no state between rounds, only a scratch block for
-/// θ_j − θ_init so the N×d buffer is allocated once.
+/// The server keeps no state between rounds (a braced struct, so that
+/// checkpoints keep the `{}` they have always stored).
 #[derive(Default, Serialize, Deserialize)]
-pub struct PFedGraphServer {
-    #[serde(skip)]
-    deltas: Vec<Vec<f32>>,
-}
+pub struct PFedGraphServer {}
 
 /// What client i receives: θ̃_i and, in the code variant, c_i.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -157,42 +154,23 @@ impl Message for Mixed {
     }
 }
 
-/// S_ij = cos(Δ_i, Δ_j) over the `ranges` of each Δ, with values above
-/// `threshold` set to 1 (so S_ii = 1). One pass computes all norms; the
-/// N(N−1)/2 dot products run in parallel by row, in a fixed order.
-pub fn similarity_matrix(
-    deltas: &[Vec<f32>],
+/// S_ij = cos(θ_i − θ_init, θ_j − θ_init) over the `ranges` of each model,
+/// with values above `threshold` set to 1 (so S_ii = 1): one blocked Gram
+/// matrix ([`cosine_matrix_sym`]) in `f64`, the differences taken on the fly
+/// (no N×d buffer of deltas), deterministic at any thread count.
+pub fn similarity_matrix<R: AsRef<[f32]> + Sync>(
+    models: &[R],
+    init: &[f32],
     ranges: &[Range<usize>],
     threshold: f64,
 ) -> Vec<Vec<f64>> {
-    let n = deltas.len();
-    let dot_on = |a: &[f32], b: &[f32]| {
-        ranges
-            .iter()
-            .map(|r| dot(&a[r.clone()], &b[r.clone()]))
-            .sum::<f64>()
-    };
-    let norms: Vec<f64> = deltas.iter().map(|d| dot_on(d, d).sqrt()).collect();
-    let upper: Vec<Vec<f64>> = (0..n)
-        .into_par_iter()
-        .map(|i| {
-            (i..n)
-                .map(|j| {
-                    let c = if norms[i] == 0.0 || norms[j] == 0.0 {
-                        0.0
-                    } else {
-                        dot_on(&deltas[i], &deltas[j]) / (norms[i] * norms[j])
-                    };
-                    if i == j || c > threshold { 1.0 } else { c }
-                })
-                .collect()
-        })
-        .collect();
-    let mut s = vec![vec![0.0; n]; n];
-    for i in 0..n {
-        for j in i..n {
-            s[i][j] = upper[i][j - i];
-            s[j][i] = upper[i][j - i];
+    let view = View::ranges(ranges).with_shift(init);
+    let mut s = cosine_matrix_sym(models, &view).into_rows();
+    for (i, row) in s.iter_mut().enumerate() {
+        for (j, c) in row.iter_mut().enumerate() {
+            if i == j || *c > threshold {
+                *c = 1.0;
+            }
         }
     }
     s
@@ -281,7 +259,7 @@ impl Algorithm for PFedGraph {
     fn aggregate(
         &self,
         env: &Env,
-        server: &mut PFedGraphServer,
+        _: &mut PFedGraphServer,
         _: usize,
         uploads: &[(usize, Vec<f32>)],
     ) -> RoundOutcome<Mixed> {
@@ -291,16 +269,7 @@ impl Algorithm for PFedGraph {
             SimilarityOn::All => std::iter::once(0..env.init.len()).collect(),
             SimilarityOn::Fc => env.spec.layout().ranges_with_prefix("fc"),
         };
-        let deltas = &mut server.deltas;
-        deltas.resize_with(uploads.len(), Vec::new);
-        deltas
-            .par_iter_mut()
-            .zip(uploads.par_iter())
-            .for_each(|(d, u)| {
-                d.resize(u.len(), 0.0);
-                sub_into(u, env.init, d);
-            });
-        let s = similarity_matrix(deltas, &ranges, self.params.threshold);
+        let s = similarity_matrix(uploads, env.init, &ranges, self.params.threshold);
         let p = env.size_weights(&participants);
         let rows = infer_graph(&s, &p, self.alpha);
         let graph = embed_rows(env.clients(), &participants, &rows);
@@ -314,14 +283,7 @@ impl Algorithm for PFedGraph {
                         u.iter().map(|x| x / nu).collect()
                     })
                     .collect();
-                let unit_refs: Vec<&[f32]> = unit.iter().map(|u| u.as_slice()).collect();
-                rows.iter()
-                    .map(|r| {
-                        let mut c = vec![0.0f32; env.init.len()];
-                        weighted_sum(r, &unit_refs, &mut c);
-                        c
-                    })
-                    .collect()
+                mix(&rows, &unit).into_rows()
             });
         let downloads = mixed
             .into_iter()
@@ -399,7 +361,8 @@ mod tests {
             vec![0.0, 1.0],
             vec![-1.0, 0.0],
         ];
-        let s = similarity_matrix(&d, std::slice::from_ref(&(0..2)), 0.9);
+        let zero = [0.0f32; 2];
+        let s = similarity_matrix(&d, &zero, std::slice::from_ref(&(0..2)), 0.9);
         assert_eq!(s[0][1], 1.0, "cos 0.995 > 0.9 becomes 1");
         assert!((s[0][2]).abs() < 1e-12);
         assert!((s[0][3] + 1.0).abs() < 1e-12);
@@ -411,7 +374,12 @@ mod tests {
             }
         }
         // Restricting to the first coordinate changes client 2's similarity.
-        let s0 = similarity_matrix(&d, std::slice::from_ref(&(0..1)), 0.9);
+        let s0 = similarity_matrix(&d, &zero, std::slice::from_ref(&(0..1)), 0.9);
+        // The shift is subtracted first: cos(d − c) with c = (1, 0) differs.
+        let c = [1.0f32, 0.0];
+        let sc = similarity_matrix(&d, &c, std::slice::from_ref(&(0..2)), 0.9);
+        assert_eq!(sc[0][1], 0.0, "θ_0 − c is the zero vector");
+        assert!((sc[2][3] - 0.5f64.sqrt()).abs() < 1e-12, "{}", sc[2][3]);
         assert_eq!(s0[0][2], 0.0);
         assert_eq!(s0[0][1], 1.0);
     }

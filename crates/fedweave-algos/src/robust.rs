@@ -23,6 +23,7 @@
 //! arrive, not how the server weighs them.
 
 use crate::params::ParamError;
+use fedweave_core::pairwise::{View, sq_dist_matrix_sym};
 use fedweave_core::vecmath::sq_dist;
 use serde::{Deserialize, Serialize};
 
@@ -221,14 +222,7 @@ pub fn coordinatewise(models: &[&mut [f32]], trim: Option<f64>) -> Vec<f32> {
 pub fn krum_ranking(models: &[&[f32]], f: usize) -> Vec<usize> {
     let n = models.len();
     let neighbours = n.saturating_sub(f + 2).max(1).min(n.saturating_sub(1));
-    let mut dist = vec![vec![0.0f64; n]; n];
-    for i in 0..n {
-        for j in i + 1..n {
-            let d = sq_dist(models[i], models[j]);
-            dist[i][j] = d;
-            dist[j][i] = d;
-        }
-    }
+    let dist = sq_dist_matrix_sym(models, &View::all()).into_rows();
     let scores: Vec<f64> = (0..n)
         .map(|i| {
             let mut row: Vec<f64> = (0..n).filter(|&j| j != i).map(|j| dist[i][j]).collect();

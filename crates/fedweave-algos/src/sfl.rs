@@ -58,7 +58,7 @@ use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
     RoundOutcome, Trained,
 };
-use fedweave_core::vecmath::sq_dist;
+use fedweave_core::pairwise::{View, sq_dist_matrix_sym};
 use fedweave_core::{CollaborationGraph, RelationGraph};
 use fedweave_nn::Proximal;
 use rayon::prelude::*;
@@ -289,15 +289,17 @@ pub fn label_overlap_graph(label_counts: &[Vec<usize>], top: usize) -> RelationG
 
 /// SFL*'s learned graph: A_ij = exp(−(‖θ_i − θ_j‖/σ_i)²) for the `top_k`
 /// nearest j ≠ i, σ_i the mean distance from i. Scale-free, so it works for
-/// any model size; O(N²·d) distances, computed row-parallel.
+/// any model size; the O(N²·d) distances are one blocked GEMM
+/// ([`sq_dist_matrix_sym`]).
 pub fn learned_graph(models: &[Vec<f32>], top_k: usize) -> RelationGraph {
     let n = models.len();
+    let all = sq_dist_matrix_sym(models, &View::all());
     let rows: Vec<Vec<(usize, f64)>> = (0..n)
         .into_par_iter()
         .map(|i| {
             let mut dist: Vec<(usize, f64)> = (0..n)
                 .filter(|&j| j != i)
-                .map(|j| (j, sq_dist(&models[i], &models[j]).sqrt()))
+                .map(|j| (j, all.get(i, j).sqrt()))
                 .collect();
             let sigma = dist.iter().map(|d| d.1).sum::<f64>() / dist.len().max(1) as f64;
             dist.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));

@@ -28,7 +28,9 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use fedweave_core::pairwise::{View, cosine_matrix_sym, mix, sq_dist_matrix, sq_dist_matrix_sym};
+use fedweave_core::pairwise::{
+    View, cosine_matrix_sym, gemm_throughput, mix, sq_dist_matrix, sq_dist_matrix_sym,
+};
 use fedweave_core::vecmath::{dot, sq_dist, weighted_sum};
 use rayon::prelude::*;
 
@@ -66,73 +68,6 @@ fn time<T>(reps: usize, mut f: impl FnMut() -> T) -> f64 {
         best = best.min(t.elapsed().as_secs_f64());
     }
     best
-}
-
-/// Aggregate GFLOP/s of one 1024³ dgemm (and sgemm) per rayon thread.
-fn peak() -> (f64, f64, f64) {
-    const S: usize = 1024;
-    let threads = rayon::current_num_threads();
-    let a: Vec<f64> = (0..S * S).map(|i| (i % 17) as f64 * 0.1).collect();
-    let af: Vec<f32> = a.iter().map(|x| *x as f32).collect();
-    let flops = 2.0 * (S * S * S) as f64;
-    let run64 = || {
-        let mut c = vec![0.0f64; S * S];
-        // SAFETY: S×S row-major operands and output.
-        unsafe {
-            matrixmultiply::dgemm(
-                S,
-                S,
-                S,
-                1.0,
-                a.as_ptr(),
-                S as isize,
-                1,
-                a.as_ptr(),
-                1,
-                S as isize,
-                0.0,
-                c.as_mut_ptr(),
-                S as isize,
-                1,
-            );
-        }
-        c[0]
-    };
-    let run32 = || {
-        let mut c = vec![0.0f32; S * S];
-        // SAFETY: as above.
-        unsafe {
-            matrixmultiply::sgemm(
-                S,
-                S,
-                S,
-                1.0,
-                af.as_ptr(),
-                S as isize,
-                1,
-                af.as_ptr(),
-                1,
-                S as isize,
-                0.0,
-                c.as_mut_ptr(),
-                S as isize,
-                1,
-            );
-        }
-        f64::from(c[0])
-    };
-    let one = flops / time(3, run64) / 1e9;
-    let all = threads as f64 * flops
-        / time(3, || {
-            (0..threads).into_par_iter().map(|_| run64()).sum::<f64>()
-        })
-        / 1e9;
-    let all32 = threads as f64 * flops
-        / time(2, || {
-            (0..threads).into_par_iter().map(|_| run32()).sum::<f64>()
-        })
-        / 1e9;
-    (one, all, all32)
 }
 
 /// Rows the naive loops run on, and the factor that scales them to all rows.
@@ -317,11 +252,12 @@ fn bench_case(n: usize, d: usize, peak_all: f64) {
 
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument is not supported.
-    let threads = rayon::current_num_threads();
-    let (one, all, all32) = peak();
+    let peak = gemm_throughput(1024, 3);
     println!(
-        "matrixmultiply 1024³: dgemm {one:.1} GFLOP/s on 1 thread, {all:.1} on {threads}; sgemm {all32:.1} on {threads}"
+        "matrixmultiply 1024³: dgemm {:.1} GFLOP/s on 1 thread, {:.1} on {}; sgemm {:.1} on {}",
+        peak.dgemm_one, peak.dgemm_all, peak.threads, peak.sgemm_all, peak.threads
     );
+    let all = peak.dgemm_all;
     let cases: Vec<(usize, usize)> = match std::env::var("FEDWEAVE_BENCH_CASES") {
         Ok(list) => list
             .split(',')

@@ -849,3 +849,92 @@ where
         });
     Mixed { distinct, which }
 }
+
+/// This machine's matrix-multiply throughput with the same crate the
+/// kernels use, in GFLOP/s (2 flops per multiply-add): the yardstick that
+/// benchmarks state the pairwise kernels' speed against.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GemmThroughput {
+    /// Threads of the rayon pool it was measured on.
+    pub threads: usize,
+    /// One `f64` GEMM on one thread.
+    pub dgemm_one: f64,
+    /// `threads` independent `f64` GEMMs at once, summed.
+    pub dgemm_all: f64,
+    /// `threads` independent `f32` GEMMs at once, summed.
+    pub sgemm_all: f64,
+}
+
+/// Measures [`GemmThroughput`] with `size`³ products (best of `reps`;
+/// 1024 and 3 take about a second per thread at 25 GFLOP/s).
+pub fn gemm_throughput(size: usize, reps: usize) -> GemmThroughput {
+    use std::time::Instant;
+    let threads = rayon::current_num_threads();
+    let a: Vec<f64> = (0..size * size).map(|i| (i % 17) as f64 * 0.1).collect();
+    let af: Vec<f32> = a.iter().map(|x| *x as f32).collect();
+    let flops = 2.0 * (size * size * size) as f64;
+    let run64 = || {
+        let mut c = vec![0.0f64; size * size];
+        // SAFETY: size×size row-major operands (b read transposed) and output.
+        unsafe {
+            matrixmultiply::dgemm(
+                size,
+                size,
+                size,
+                1.0,
+                a.as_ptr(),
+                size as isize,
+                1,
+                a.as_ptr(),
+                1,
+                size as isize,
+                0.0,
+                c.as_mut_ptr(),
+                size as isize,
+                1,
+            );
+        }
+        c[0]
+    };
+    let run32 = || {
+        let mut c = vec![0.0f32; size * size];
+        // SAFETY: as above.
+        unsafe {
+            matrixmultiply::sgemm(
+                size,
+                size,
+                size,
+                1.0,
+                af.as_ptr(),
+                size as isize,
+                1,
+                af.as_ptr(),
+                1,
+                size as isize,
+                0.0,
+                c.as_mut_ptr(),
+                size as isize,
+                1,
+            );
+        }
+        f64::from(c[0])
+    };
+    let best = |f: &dyn Fn() -> f64| {
+        (0..reps.max(1))
+            .map(|_| {
+                let t = Instant::now();
+                std::hint::black_box(f());
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let all = |f: &(dyn Fn() -> f64 + Sync)| {
+        best(&|| (0..threads).into_par_iter().map(|_| f()).sum::<f64>())
+    };
+    GemmThroughput {
+        threads,
+        dgemm_one: flops / best(&run64) / 1e9,
+        dgemm_all: threads as f64 * flops / all(&run64) / 1e9,
+        sgemm_all: threads as f64 * flops / all(&run32) / 1e9,
+    }
+}

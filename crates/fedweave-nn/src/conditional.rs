@@ -30,7 +30,7 @@ use crate::objective::cross_entropy;
 use crate::train::{EvalStats, add_classification, for_each_eval_batch};
 use burn::tensor::activation::{relu, sigmoid};
 use burn::tensor::module::linear;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 use rand::Rng;
 
 /// LayerNorm ε (PyTorch's default).
@@ -200,7 +200,7 @@ pub fn policy_outputs(
     policy: &ConditionalPolicy,
     cpn: &[f32],
 ) -> Vec<f32> {
-    let device = Device::flex();
+    let device = spec.device().clone();
     let tensors = spec.tensors(params, &device);
     let cpn_t: Tensor<1> = Tensor::from_data(TensorData::new(cpn.to_vec(), [cpn.len()]), &device);
     let mut out = Vec::new();
@@ -222,7 +222,7 @@ pub fn evaluate_policy(
     policy: &ConditionalPolicy,
     cpn: &[f32],
 ) -> EvalStats {
-    let device = Device::flex();
+    let device = spec.device().clone();
     let tensors = spec.tensors(params, &device);
     let cpn_t: Tensor<1> = Tensor::from_data(TensorData::new(cpn.to_vec(), [cpn.len()]), &device);
     let c = spec.num_classes();

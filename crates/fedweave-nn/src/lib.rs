@@ -17,7 +17,9 @@
 #![warn(missing_docs)]
 
 pub mod auxiliary;
+pub mod backend;
 mod batch;
+pub mod batched;
 pub mod conditional;
 pub mod extra;
 pub mod model;
@@ -26,7 +28,9 @@ pub mod train;
 pub mod trainer;
 
 pub use auxiliary::{AuxObjective, Body};
+pub use backend::Backend;
 pub use batch::LocalData;
+pub use batched::{BatchedClient, BatchedTrainer, train_local_batched};
 /// The backend device a [`LocalTrainer`] runs on (`Device::flex()`: the CPU
 /// backend, the only one enabled), re-exported so callers need no burn
 /// dependency.
@@ -54,6 +58,31 @@ pub enum NnError {
         model: String,
         /// The offending input shape.
         shape: Vec<usize>,
+        /// Why.
+        reason: String,
+    },
+    /// The configuration asks for a backend this binary was built without.
+    #[error(
+        "backend `{backend}` is not built into this binary: rebuild with `cargo build --release -p fedweave-cli --features {backend}` (CPU: backend = \"cpu\")"
+    )]
+    BackendMissing {
+        /// The backend's configuration name (= its cargo feature).
+        backend: &'static str,
+    },
+    /// The backend is built in but its device does not work (no GPU, no
+    /// driver library).
+    #[error(
+        "backend `{backend}` is built in but its device does not work here (no GPU or no driver library found)"
+    )]
+    DeviceUnavailable {
+        /// The backend's configuration name.
+        backend: &'static str,
+    },
+    /// K clients cannot be trained together this way.
+    #[error("model `{model}` cannot be trained batched: {reason}")]
+    NotBatched {
+        /// Model name.
+        model: String,
         /// Why.
         reason: String,
     },

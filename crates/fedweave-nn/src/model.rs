@@ -81,6 +81,10 @@ pub struct ModelSpec {
     /// Batch-norm layers, in forward order: (channels, offset of the running
     /// mean in the buffer vector; the running variance follows it).
     batch_norms: Vec<(usize, usize)>,
+    /// Where this model trains and is evaluated (the CPU unless
+    /// [`on`](Self::on) says otherwise): carried by the spec so that every
+    /// training and evaluation path of every algorithm follows one choice.
+    device: Device,
 }
 
 const MLP_HIDDEN: usize = 200;
@@ -180,6 +184,7 @@ impl ModelSpec {
                         num_classes,
                         layout,
                         batch_norms,
+                        device: Device::flex(),
                     });
                 }
                 layout
@@ -243,7 +248,20 @@ impl ModelSpec {
             num_classes,
             layout,
             batch_norms,
+            device: Device::flex(),
         })
+    }
+
+    /// The same model trained and evaluated on `device` (from
+    /// [`crate::Backend::device`]).
+    pub fn on(mut self, device: Device) -> Self {
+        self.device = device;
+        self
+    }
+
+    /// The device this model trains and is evaluated on.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// The architecture.
@@ -270,6 +288,12 @@ impl ModelSpec {
             b[at + c..at + 2 * c].fill(1.0);
         }
         b
+    }
+
+    /// The shape of one input sample (C×H×W images, steps×features
+    /// sequences, anything for the `mlp`).
+    pub fn input_shape(&self) -> &[usize] {
+        &self.input_shape
     }
 
     /// Elements of one input sample.

@@ -7,7 +7,7 @@ use crate::model::{ModelSpec, Norm};
 use crate::objective::Objective;
 use crate::trainer::{BatchSampler, LocalTrainer, SgdConfig};
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -180,7 +180,7 @@ pub fn train_local_with(
     let mut sampler = BatchSampler::new(n, cfg.batch_size, rng);
     let mut trainer = LocalTrainer::new(
         spec,
-        &Device::flex(),
+        spec.device(),
         params,
         buffers,
         cfg.sgd(),
@@ -218,7 +218,7 @@ const EVAL_BATCH: usize = 500;
 pub fn evaluate(spec: &ModelSpec, params: &[f32], buffers: &[f32], data: &LocalData) -> EvalStats {
     let mut stats = EvalStats::default();
     let c = spec.num_classes();
-    let tensors = spec.tensors(params, &Device::flex());
+    let tensors = spec.tensors(params, spec.device());
     for_each_eval_batch(spec, buffers, data, &tensors, |features, y| {
         let out = spec.head(&tensors, features);
         stats.total += out.dims()[0];
@@ -263,7 +263,7 @@ pub(crate) fn for_each_eval_batch(
     tensors: &[crate::model::ParamTensor],
     mut f: impl FnMut(Tensor<2>, &Batch),
 ) {
-    let device = Device::flex();
+    let device = spec.device().clone();
     let input_len = spec.input_len();
     let positions: Vec<usize> = (0..data.len()).collect();
     let (mut x, mut y) = (Vec::new(), Batch::default());
@@ -318,7 +318,7 @@ impl Predictions {
 /// Features and outputs of `params` (with the client's batch-norm
 /// `buffers`) on every sample of `data`, in order, without gradients.
 pub fn predict(spec: &ModelSpec, params: &[f32], buffers: &[f32], data: &LocalData) -> Predictions {
-    let tensors = spec.tensors(params, &Device::flex());
+    let tensors = spec.tensors(params, spec.device());
     let mut out = Predictions {
         feature_len: spec.feature_len(),
         outputs: spec.num_classes(),

@@ -5,7 +5,7 @@ use fedweave_algos::attack::AttackKind;
 use fedweave_algos::robust::AggregatorConfig;
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_data::{DataConfig, PartitionConfig, PartitionKind};
-use fedweave_nn::{ModelKind, TrainConfig};
+use fedweave_nn::{Backend, ModelKind, TrainConfig};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -77,6 +77,25 @@ pub struct ExperimentConfig {
     pub eval: EvalSection,
     /// The defence applied to the uploads before the server aggregates.
     pub aggregator: AggregatorConfig,
+    /// Where local training runs. Left out of the resolved configuration
+    /// while it is the default, so runs hash and resume as before.
+    #[serde(skip_serializing_if = "DeviceSection::is_default")]
+    pub device: DeviceSection,
+}
+
+/// `[device]`: the burn backend local training and evaluation run on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeviceSection {
+    /// `cpu` (default), `cuda` or `wgpu`; a GPU backend needs a binary
+    /// built with its cargo feature.
+    pub backend: Backend,
+}
+
+impl DeviceSection {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl Default for ExperimentConfig {
@@ -102,6 +121,7 @@ impl Default for ExperimentConfig {
             tensorboard: false,
             eval: EvalSection::default(),
             aggregator: AggregatorConfig::default(),
+            device: DeviceSection::default(),
         }
     }
 }
@@ -412,6 +432,9 @@ impl ExperimentConfig {
         if self.threads == Some(0) {
             return Err(key_err("threads", "must be at least 1"));
         }
+        if let Err(e) = self.device.backend.device() {
+            return Err(key_err("device.backend", e.to_string()));
+        }
         match self.algorithm.get("name") {
             Some(toml::Value::String(name)) => {
                 fedweave_algos::check_params(name, &self.algorithm_params(), self.clients)
@@ -582,6 +605,35 @@ mod tests {
             let e = ExperimentConfig::from_toml_str("", &[o.into()]).unwrap_err();
             assert!(e.to_string().contains(key), "{o}: {e}");
         }
+    }
+
+    #[test]
+    fn backends_are_checked_against_the_build() {
+        let cpu = ExperimentConfig::from_toml_str("[device]\nbackend = \"cpu\"\n", &[]).unwrap();
+        assert_eq!(cpu.device.backend, Backend::Cpu);
+        // The default device is not written out: resolved configs (and
+        // their hashes) stay as they were before `[device]` existed.
+        assert!(!cpu.to_toml().contains("device"), "{}", cpu.to_toml());
+        for backend in [Backend::Cuda, Backend::Wgpu] {
+            let name = backend.name();
+            let got = ExperimentConfig::from_toml_str("", &[format!("device.backend={name}")]);
+            match got {
+                Ok(cfg) => {
+                    assert!(backend.available(), "{name} accepted without its feature");
+                    assert!(cfg.to_toml().contains(name));
+                }
+                Err(e) => {
+                    assert!(!backend.available(), "{name}: {e}");
+                    let msg = e.to_string();
+                    assert!(
+                        msg.contains("device.backend") && msg.contains("--features"),
+                        "{msg}"
+                    );
+                }
+            }
+        }
+        let e = ExperimentConfig::from_toml_str("[device]\nbackend = \"tpu\"\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("device.backend"), "{e}");
     }
 
     #[test]

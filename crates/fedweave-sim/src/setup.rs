@@ -55,7 +55,8 @@ impl Setup {
             Task::Regression { targets } => targets,
             Task::Classification => dataset.num_classes,
         };
-        let spec = ModelSpec::new(cfg.model.kind, &dataset.feature_shape, outputs)?;
+        let spec = ModelSpec::new(cfg.model.kind, &dataset.feature_shape, outputs)?
+            .on(cfg.device.backend.device()?);
         let report = partition.label_counts(&dataset);
         let malicious = choose_malicious(cfg.seed, cfg.clients, cfg.attack.ratio);
         let is_malicious: Vec<bool> = (0..cfg.clients).map(|i| malicious.contains(&i)).collect();

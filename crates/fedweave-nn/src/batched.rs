@@ -1,0 +1,551 @@
+//! Many clients at once: K clients' copies of one architecture trained in
+//! one set of kernels.
+//!
+//! A [`BatchedTrainer`] stacks the K clients' parameters (one `[K, len]`
+//! tensor per layout tensor, with the momentum buffers beside them) and
+//! runs each step for all of them in one forward/backward pass:
+//!
+//! - linear layers are batched matrix products `[K, B, in] × [K, in, out]`;
+//! - conv layers are one grouped convolution: the activations live as
+//!   `[B, K·C, H, W]` (client k's channels are the k-th group) and the
+//!   weights as `[K·O, C, kh, kw]` with `groups = K`, so pooling and ReLU
+//!   need no change; a flatten turns `[B, K·O, h, w]` into `[K, B, O·h·w]`;
+//! - batch norm computes per-channel statistics of `[B, K·C, H, W]`, i.e.
+//!   per client and channel, over that client's valid samples only.
+//!
+//! Clients' mini-batches may differ in size (the last batch of a pass, or
+//! clients of different sizes): batches are padded to the largest with zero
+//! samples whose loss weight is 0 and which batch norm leaves out; a client
+//! with no batch at a step (it has taken all its steps) keeps its
+//! parameters and momentum exactly. The loss is Σ_k mean-loss_k, whose
+//! gradient with respect to client k's parameters is exactly client k's
+//! own gradient, since the clients share no parameter.
+//!
+//! What it computes is what K [`LocalTrainer`](crate::LocalTrainer)s
+//! compute (the same momentum SGD, `g ← grad + wd·θ; buf ← m·buf + g;
+//! θ ← θ − lr·buf`), up to the summation order inside the kernels: results
+//! agree to floating-point tolerance, not bit for bit (tested against
+//! [`train_local`](crate::train_local)). Supported: `mlp`, `cnn`, `cnn-bn`
+//! and `cnn-dwa`, classification, the task loss only (no extra terms,
+//! objectives or frozen ranges): the local round of FedAvg-like methods.
+//!
+//! On the CPU backend this is a throughput experiment (one big kernel
+//! instead of K small ones); the design aims at GPUs, where one small model
+//! cannot fill the device (see `benches/batched.rs`).
+
+use crate::NnError;
+use crate::batch::{Batch, LocalData};
+use crate::model::{ModelKind, ModelSpec, Norm};
+use crate::train::{TrainConfig, TrainStats};
+use crate::trainer::{BatchSampler, SgdConfig};
+use burn::tensor::activation::{log_softmax, relu};
+use burn::tensor::module::{conv2d, max_pool2d};
+use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
+use burn::tensor::{Bool, Device, Tensor, TensorData};
+use rand::Rng;
+
+/// Batch-norm ε (PyTorch's, as the one-client path).
+const BN_EPS: f32 = 1e-5;
+
+/// K clients' models of one `spec` trained together on one device.
+pub struct BatchedTrainer<'a> {
+    spec: &'a ModelSpec,
+    /// The autodiff device the forward pass runs on.
+    device: Device,
+    k: usize,
+    sgd: SgdConfig,
+    /// `[K, len]` per layout tensor, without autodiff.
+    params: Vec<Tensor<2>>,
+    /// Momentum buffers, shaped as `params`.
+    momentum: Vec<Tensor<2>>,
+    /// Each client's batch-norm running statistics (host side, as in
+    /// `LocalTrainer`).
+    buffers: Vec<Vec<f32>>,
+}
+
+/// The stacked parameter leaves of one forward pass, reshaped per use.
+struct Stack<'t> {
+    leaves: &'t [Tensor<2>],
+    shapes: Vec<&'t [usize]>,
+    k: usize,
+}
+
+impl Stack<'_> {
+    /// Linear weight `i` as `[K, in, out]`.
+    fn lin_w(&self, i: usize) -> Tensor<3> {
+        let s = self.shapes[i];
+        self.leaves[i].clone().reshape([self.k, s[0], s[1]])
+    }
+
+    /// Linear bias `i` as `[K, 1, out]`.
+    fn lin_b(&self, i: usize) -> Tensor<3> {
+        self.leaves[i]
+            .clone()
+            .reshape([self.k, 1, self.shapes[i][0]])
+    }
+
+    /// `[K, B, in]` through linear layer (`i`, `i + 1`).
+    fn linear(&self, x: Tensor<3>, i: usize) -> Tensor<3> {
+        x.matmul(self.lin_w(i)) + self.lin_b(i + 1)
+    }
+
+    /// `[B, K·C, H, W]` through conv layer (`i`, `i + 1`) as one grouped
+    /// convolution.
+    fn conv(&self, x: Tensor<4>, i: usize) -> Tensor<4> {
+        let s = self.shapes[i];
+        let w = self.leaves[i]
+            .clone()
+            .reshape([self.k * s[0], s[1], s[2], s[3]]);
+        let b = self.leaves[i + 1].clone().reshape([self.k * s[0]]);
+        conv2d(
+            x,
+            w,
+            Some(b),
+            ConvOptions::new([1, 1], [0, 0], [1, 1], self.k),
+        )
+    }
+
+    /// Scale or shift `i` of a batch norm as `[1, K·C, 1, 1]`.
+    fn channel(&self, i: usize) -> Tensor<4> {
+        self.leaves[i]
+            .clone()
+            .reshape([1, self.k * self.shapes[i][0], 1, 1])
+    }
+}
+
+/// One step's inputs in the stacked layouts, and what batch norm needs.
+struct Step {
+    /// Largest batch of the step (padded size).
+    b: usize,
+    /// Valid samples per client (0: the client sits this step out).
+    sizes: Vec<usize>,
+    /// 1 for a client's valid samples, `[B, K]` row-major.
+    valid: Vec<f32>,
+}
+
+impl Step {
+    /// `[B, K·C, 1, 1]`: 1 where sample b is one of client k's valid ones.
+    fn channel_mask(&self, k: usize, c: usize, device: &Device) -> Tensor<4> {
+        let m: Tensor<3> =
+            Tensor::from_data(TensorData::new(self.valid.clone(), [self.b, k, 1]), device);
+        m.expand([self.b, k, c]).reshape([self.b, k * c, 1, 1])
+    }
+}
+
+impl<'a> BatchedTrainer<'a> {
+    /// Whether `kind` has a batched formulation.
+    pub fn supports(kind: ModelKind) -> bool {
+        matches!(
+            kind,
+            ModelKind::Mlp | ModelKind::Cnn | ModelKind::CnnBn | ModelKind::CnnDwa
+        )
+    }
+
+    /// Loads K clients' `params` and batch-norm `buffers` (K = `params.len()`)
+    /// onto `device`; momentum starts at zero, as a fresh optimiser.
+    ///
+    /// # Errors
+    ///
+    /// [`NnError::NotBatched`] for an architecture without a batched
+    /// formulation, no clients, or vectors of the wrong lengths.
+    pub fn new(
+        spec: &'a ModelSpec,
+        device: &Device,
+        params: &[&[f32]],
+        buffers: &[&[f32]],
+        sgd: SgdConfig,
+    ) -> Result<Self, NnError> {
+        let bad = |reason: String| NnError::NotBatched {
+            model: format!("{:?}", spec.kind()).to_lowercase(),
+            reason,
+        };
+        if !Self::supports(spec.kind()) {
+            return Err(bad(
+                "no batched formulation (mlp, cnn, cnn-bn, cnn-dwa have one)".into(),
+            ));
+        }
+        let k = params.len();
+        if k == 0 || buffers.len() != k {
+            return Err(bad(format!(
+                "needs one parameter and one buffer vector per client, got {k} and {}",
+                buffers.len()
+            )));
+        }
+        let layout = spec.layout();
+        if let Some(p) = params.iter().find(|p| p.len() != layout.len()) {
+            return Err(bad(format!(
+                "parameter vector of length {}, the model has {}",
+                p.len(),
+                layout.len()
+            )));
+        }
+        if let Some(b) = buffers.iter().find(|b| b.len() != spec.buffer_len()) {
+            return Err(bad(format!(
+                "buffer vector of length {}, the model has {}",
+                b.len(),
+                spec.buffer_len()
+            )));
+        }
+        let inner = device.clone().inner();
+        let stacked: Vec<Tensor<2>> = layout
+            .tensors()
+            .iter()
+            .map(|t| {
+                let len = t.range().len();
+                let mut v = Vec::with_capacity(k * len);
+                for p in params {
+                    v.extend_from_slice(&p[t.range()]);
+                }
+                Tensor::from_data(TensorData::new(v, [k, len]), &inner)
+            })
+            .collect();
+        let momentum = stacked.iter().map(Tensor::zeros_like).collect();
+        Ok(Self {
+            spec,
+            device: device.clone().autodiff(),
+            k,
+            sgd,
+            params: stacked,
+            momentum,
+            buffers: buffers.iter().map(|b| b.to_vec()).collect(),
+        })
+    }
+
+    /// Number of clients trained together.
+    pub fn clients(&self) -> usize {
+        self.k
+    }
+
+    /// One step for every client: the gradient of each client's mean
+    /// cross-entropy on its mini-batch (`batches[k]`: its data and the local
+    /// positions of the batch) and one momentum-SGD step with `lr`. A client
+    /// with an empty batch keeps its parameters, momentum and statistics.
+    /// Returns each client's loss (`None` for those that sat out).
+    ///
+    /// # Panics
+    ///
+    /// If `batches` does not have one entry per client or a client's data
+    /// is a regression task.
+    pub fn step(&mut self, batches: &[(LocalData, &[usize])], lr: f32) -> Vec<Option<f64>> {
+        assert_eq!(batches.len(), self.k, "one batch per client");
+        let spec = self.spec;
+        let k = self.k;
+        let (input_len, classes) = (spec.input_len(), spec.num_classes());
+        let sizes: Vec<usize> = batches.iter().map(|(_, b)| b.len()).collect();
+        let b = sizes.iter().copied().max().unwrap_or(0);
+        if b == 0 {
+            return vec![None; k];
+        }
+        let image = spec.kind() != ModelKind::Mlp;
+        // Inputs (zero padding), one-hot targets weighted 1/b_k, validity.
+        let mut x = vec![0.0f32; k * b * input_len];
+        let mut target = vec![0.0f32; k * b * classes];
+        let mut valid = vec![0.0f32; b * k];
+        let (mut xs, mut ys) = (Vec::new(), Batch::default());
+        for (c, (data, batch)) in batches.iter().enumerate() {
+            assert!(!data.is_regression(), "batched training is for classifiers");
+            data.gather(batch, input_len, &mut xs, &mut ys);
+            let weight = 1.0 / batch.len().max(1) as f32;
+            for (s, row) in xs.chunks(input_len).enumerate() {
+                // Images: [B, K, C·H·W] (grouped layout); mlp: [K, B, in].
+                let at = if image { s * k + c } else { c * b + s };
+                x[at * input_len..(at + 1) * input_len].copy_from_slice(row);
+                target[(c * b + s) * classes + ys.labels[s] as usize] = weight;
+                valid[s * k + c] = 1.0;
+            }
+        }
+        let step = Step { b, sizes, valid };
+        let leaves: Vec<Tensor<2>> = self
+            .params
+            .iter()
+            .map(|p| p.clone().autodiff().require_grad())
+            .collect();
+        let stack = Stack {
+            leaves: &leaves,
+            shapes: spec
+                .layout()
+                .tensors()
+                .iter()
+                .map(|t| t.shape.as_slice())
+                .collect(),
+            k,
+        };
+        let mut record = Vec::new();
+        let logits = self.forward(&stack, x, &step, &mut record);
+        let target: Tensor<3> =
+            Tensor::from_data(TensorData::new(target, [k, b, classes]), &self.device);
+        // Σ_k Σ_b −w_kb·log p(y_kb): per client its mean cross-entropy.
+        let per_client = log_softmax(logits, 2)
+            .mul(target)
+            .sum_dim(2)
+            .sum_dim(1)
+            .neg()
+            .reshape([k]);
+        let loss = per_client.clone().sum();
+        let grads = loss.backward();
+        let losses = per_client.into_data();
+        let losses = losses.as_slice::<f32>().expect("f32 losses");
+        let grad: Vec<Tensor<2>> = leaves
+            .iter()
+            .zip(&self.params)
+            .map(|(leaf, p)| leaf.grad(&grads).unwrap_or_else(|| p.zeros_like()))
+            .collect();
+        self.update(grad, &step, lr);
+        self.fold_statistics(&step, record);
+        step.sizes
+            .iter()
+            .zip(losses)
+            .map(|(&n, &l)| (n > 0).then_some(f64::from(l)))
+            .collect()
+    }
+
+    /// The stacked forward pass to logits `[K, B, classes]`; batch-norm
+    /// statistics go to `record` as `(mean, var)` over `K·C` channels.
+    fn forward(
+        &self,
+        p: &Stack,
+        x: Vec<f32>,
+        step: &Step,
+        record: &mut Vec<(Vec<f32>, Vec<f32>, usize)>,
+    ) -> Tensor<3> {
+        let (k, b) = (self.k, step.b);
+        let dev = &self.device;
+        let input = self.spec.input_len();
+        if self.spec.kind() == ModelKind::Mlp {
+            let x: Tensor<3> = Tensor::from_data(TensorData::new(x, [k, b, input]), dev);
+            let h = relu(p.linear(x, 0));
+            let h = relu(p.linear(h, 2));
+            return p.linear(h, 4);
+        }
+        let [c, hh, ww] = <[usize; 3]>::try_from(self.spec.input_shape())
+            .expect("image models take C×H×W inputs");
+        let x: Tensor<4> = Tensor::from_data(TensorData::new(x, [b, k * c, hh, ww]), dev);
+        let pool = |y: Tensor<4>| max_pool2d(y, MaxPoolOptions::new([2, 2]));
+        let mut bn = |y: Tensor<4>, i: usize| batch_norm(y, p, i, step, k, record);
+        let y = match self.spec.kind() {
+            ModelKind::Cnn => {
+                let y = pool(relu(p.conv(x, 0)));
+                let y = pool(relu(p.conv(y, 2)));
+                let y = relu(p.linear(flatten(y, k), 4));
+                let y = relu(p.linear(y, 6));
+                return p.linear(y, 8);
+            }
+            ModelKind::CnnBn => {
+                let y = pool(relu(bn(p.conv(x, 0), 2)));
+                pool(relu(bn(p.conv(y, 4), 6)))
+            }
+            ModelKind::CnnDwa => {
+                let y = bn(pool(relu(p.conv(x, 0))), 2);
+                bn(pool(relu(p.conv(y, 4))), 6)
+            }
+            other => unreachable!("{other:?} is rejected by BatchedTrainer::new"),
+        };
+        let y = relu(p.linear(flatten(y, k), 8));
+        p.linear(y, 10)
+    }
+
+    /// Momentum SGD on every stacked tensor; clients without samples this
+    /// step get their old parameters and momentum back (selected, not
+    /// recomputed, so they stay bit-identical).
+    fn update(&mut self, grad: Vec<Tensor<2>>, step: &Step, lr: f32) {
+        let SgdConfig {
+            momentum,
+            weight_decay,
+        } = self.sgd;
+        let resting: Vec<bool> = step.sizes.iter().map(|&n| n == 0).collect();
+        let any_resting = resting.iter().any(|&r| r);
+        let inner = self.device.clone().inner();
+        let params = std::mem::take(&mut self.params);
+        let buffers = std::mem::take(&mut self.momentum);
+        for ((theta, buf), g) in params.into_iter().zip(buffers).zip(grad) {
+            let g = g.add(theta.clone().mul_scalar(weight_decay));
+            let mut new_buf = buf.clone().mul_scalar(momentum).add(g);
+            let mut new_theta = theta.clone().sub(new_buf.clone().mul_scalar(lr));
+            if any_resting {
+                let len = theta.dims()[1];
+                let mask = Tensor::<2, Bool>::from_data(
+                    TensorData::new(resting.clone(), [self.k, 1]),
+                    &inner,
+                )
+                .expand([self.k, len]);
+                new_theta = new_theta.mask_where(mask.clone(), theta);
+                new_buf = new_buf.mask_where(mask, buf);
+            }
+            self.params.push(new_theta);
+            self.momentum.push(new_buf);
+        }
+    }
+
+    /// Folds each active client's batch statistics into its running buffers
+    /// (PyTorch's momentum 0.1 and unbiased variance, as the one-client path).
+    fn fold_statistics(&mut self, step: &Step, record: Vec<(Vec<f32>, Vec<f32>, usize)>) {
+        if record.is_empty() {
+            return;
+        }
+        for (c, buffers) in self.buffers.iter_mut().enumerate() {
+            let n = step.sizes[c];
+            if n == 0 {
+                continue;
+            }
+            let own: Vec<(Vec<f32>, Vec<f32>, usize)> = record
+                .iter()
+                .map(|(mean, var, per_sample)| {
+                    let ch = mean.len() / self.k;
+                    (
+                        mean[c * ch..(c + 1) * ch].to_vec(),
+                        var[c * ch..(c + 1) * ch].to_vec(),
+                        n * per_sample,
+                    )
+                })
+                .collect();
+            Norm::Batch(own).update_running(self.spec, buffers);
+        }
+    }
+
+    /// Copies client `c`'s parameters and running statistics out.
+    ///
+    /// # Panics
+    ///
+    /// If `c` is not a client or the lengths do not match the spec.
+    pub fn store(&self, c: usize, params: &mut [f32], buffers: &mut [f32]) {
+        assert!(c < self.k, "client {c} of {}", self.k);
+        for (t, spec_t) in self.params.iter().zip(self.spec.layout().tensors()) {
+            let len = spec_t.range().len();
+            let row = t.clone().slice([c..c + 1, 0..len]).into_data();
+            params[spec_t.range()].copy_from_slice(row.as_slice::<f32>().expect("f32 tensors"));
+        }
+        buffers.copy_from_slice(&self.buffers[c]);
+    }
+}
+
+/// `[B, K·O, h, w]` to `[K, B, O·h·w]` (each client's features in the
+/// one-client flatten order).
+fn flatten(y: Tensor<4>, k: usize) -> Tensor<3> {
+    let [b, ko, h, w] = y.dims();
+    y.reshape([b, k, ko / k * h * w]).swap_dims(0, 1)
+}
+
+/// Batch norm with scale `i` and shift `i + 1` on `[B, K·C, H, W]`, with
+/// statistics over each client's valid samples; records them.
+fn batch_norm(
+    y: Tensor<4>,
+    p: &Stack,
+    i: usize,
+    step: &Step,
+    k: usize,
+    record: &mut Vec<(Vec<f32>, Vec<f32>, usize)>,
+) -> Tensor<4> {
+    let [_, kc, h, w] = y.dims();
+    let device = y.device();
+    let mask = step.channel_mask(k, kc / k, &device);
+    // Elements per channel; at least 1 so a resting client's (unused)
+    // statistics stay finite.
+    let counts: Vec<f32> = step
+        .sizes
+        .iter()
+        .flat_map(|&n| std::iter::repeat_n((n * h * w).max(1) as f32, kc / k))
+        .collect();
+    let counts: Tensor<4> = Tensor::from_data(TensorData::new(counts, [1, kc, 1, 1]), &device);
+    let mean = (y.clone() * mask.clone())
+        .sum_dims(&[0, 2, 3])
+        .div(counts.clone());
+    let centred = y - mean.clone();
+    let var = (centred.clone() * mask)
+        .square()
+        .sum_dims(&[0, 2, 3])
+        .div(counts);
+    let values = |t: &Tensor<4>| {
+        t.clone()
+            .detach()
+            .into_data()
+            .try_into_vec::<f32>()
+            .unwrap_or_default()
+    };
+    record.push((values(&mean), values(&var), h * w));
+    centred / (var + BN_EPS).sqrt() * p.channel(i) + p.channel(i + 1)
+}
+
+/// One client's part of a batched local round.
+pub struct BatchedClient<'a, R> {
+    /// Parameters, trained in place.
+    pub params: &'a mut [f32],
+    /// Batch-norm running statistics, updated in place.
+    pub buffers: &'a mut [f32],
+    /// The client's training data.
+    pub data: LocalData<'a>,
+    /// The client's training rng (draws the batches, as in `train_local`).
+    pub rng: &'a mut R,
+}
+
+/// [`train_local`](crate::train_local) for K clients at once (no extra
+/// terms, objective or frozen ranges; a fresh optimiser): each client draws
+/// its batches from its own rng exactly as `train_local` would and takes
+/// `cfg.steps_for(n_k)` steps, so the results agree with K separate calls
+/// to floating-point tolerance.
+///
+/// # Errors
+///
+/// As [`BatchedTrainer::new`], and for regression data.
+pub fn train_local_batched<R: Rng>(
+    spec: &ModelSpec,
+    device: &Device,
+    clients: &mut [BatchedClient<R>],
+    cfg: &TrainConfig,
+) -> Result<Vec<TrainStats>, NnError> {
+    if clients.iter().any(|c| c.data.is_regression()) {
+        return Err(NnError::NotBatched {
+            model: format!("{:?}", spec.kind()).to_lowercase(),
+            reason: "regression targets (batched training is for classifiers)".into(),
+        });
+    }
+    let params: Vec<&[f32]> = clients.iter().map(|c| &*c.params).collect();
+    let buffers: Vec<&[f32]> = clients.iter().map(|c| &*c.buffers).collect();
+    let mut trainer = BatchedTrainer::new(spec, device, &params, &buffers, cfg.sgd())?;
+    let steps: Vec<usize> = clients
+        .iter()
+        .map(|c| {
+            if c.data.is_empty() {
+                0
+            } else {
+                cfg.steps_for(c.data.len())
+            }
+        })
+        .collect();
+    let mut samplers: Vec<BatchSampler> = clients
+        .iter_mut()
+        .map(|c| BatchSampler::new(c.data.len(), cfg.batch_size, &mut *c.rng))
+        .collect();
+    let mut stats = vec![TrainStats::default(); clients.len()];
+    let mut batches: Vec<Vec<usize>> = vec![Vec::new(); clients.len()];
+    for t in 0..steps.iter().copied().max().unwrap_or(0) {
+        for (c, client) in clients.iter_mut().enumerate() {
+            batches[c].clear();
+            if t < steps[c] {
+                batches[c].extend_from_slice(samplers[c].next_batch(&mut *client.rng));
+            }
+        }
+        let step: Vec<(LocalData, &[usize])> = clients
+            .iter()
+            .zip(&batches)
+            .map(|(c, b)| (c.data, b.as_slice()))
+            .collect();
+        for ((s, loss), b) in stats
+            .iter_mut()
+            .zip(trainer.step(&step, cfg.lr))
+            .zip(&batches)
+        {
+            if let Some(loss) = loss {
+                s.steps += 1;
+                s.samples += b.len();
+                s.mean_loss += loss;
+            }
+        }
+    }
+    for (c, (client, s)) in clients.iter_mut().zip(&mut stats).enumerate() {
+        trainer.store(c, client.params, client.buffers);
+        if s.steps > 0 {
+            s.mean_loss /= s.steps as f64;
+        }
+    }
+    Ok(stats)
+}
