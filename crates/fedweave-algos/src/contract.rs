@@ -185,7 +185,7 @@ impl ClientCx<'_> {
         model: &Model,
     ) -> (LocalTrainer<'s>, BatchSampler) {
         self.mark_origin(&model.params);
-        let trainer = LocalTrainer::new(
+        let mut trainer = LocalTrainer::new(
             env.spec,
             &Device::flex(),
             &model.params,
@@ -194,6 +194,9 @@ impl ClientCx<'_> {
             None,
         );
         let sampler = BatchSampler::new(self.data.train.len(), env.train.batch_size, &mut self.rng);
+        if self.data.train.augment != fedweave_nn::Augment::None {
+            trainer.seed_augmentation(&mut self.rng);
+        }
         (trainer, sampler)
     }
 

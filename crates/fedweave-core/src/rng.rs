@@ -32,6 +32,8 @@ pub enum Purpose {
     Dataset = 8,
     /// Anything an algorithm draws for itself (fine-tuning, dropout, …).
     Algorithm = 9,
+    /// Training-data augmentation (crops and flips of a mini-batch).
+    Augment = 10,
 }
 
 /// SplitMix64 finaliser: a bijective mixer with full avalanche.

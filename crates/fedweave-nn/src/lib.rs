@@ -16,15 +16,19 @@
 
 #![warn(missing_docs)]
 
+pub mod augment;
 pub mod auxiliary;
 mod batch;
 pub mod conditional;
+mod embed;
 pub mod extra;
 pub mod model;
 pub mod objective;
+mod resnet;
 pub mod train;
 pub mod trainer;
 
+pub use augment::Augment;
 pub use auxiliary::{AuxObjective, Body};
 pub use batch::LocalData;
 /// The backend device a [`LocalTrainer`] runs on (`Device::flex()`: the CPU
@@ -33,7 +37,10 @@ pub use batch::LocalData;
 pub use burn::tensor::Device;
 pub use conditional::{ConditionalPolicy, PolicyObjective};
 pub use extra::{CosinePull, ExtraLoss, Proximal};
-pub use model::{ModelKind, ModelSpec, ModelSplit};
+pub use model::{
+    InputValues, MF_EMBED_DIM, ModelInput, ModelKind, ModelSpec, ModelSplit, RegressionLoss,
+    TEXTCNN_EMBED_DIM,
+};
 pub use objective::{BalancedSoftmax, CrossEntropy, Objective, Outputs, PrototypePull};
 pub use objective::{InheritedMmd, mmd_rbf};
 pub use train::{
