@@ -29,6 +29,25 @@ put("cifar_bin", "cifar100", bytes([1]) + bytes([3, 42]) + bytes(3072))
 batch = {b"data": bytes(3072), b"labels": [1], b"fine_labels": [5], b"coarse_labels": [2]}
 put("cifar_pickle", "dict", bytes([0]) + pickle.dumps(batch, protocol=2))
 
+
+def numpy_batch(n):
+    """A CIFAR-10 python batch as Python 2's cPickle wrote it: the uint8
+    array through numpy.core.multiarray._reconstruct and BUILD."""
+    o = bytearray(b"\x80\x02}(")
+    def s(b): o.extend(b"U" + bytes([len(b)]) + b if len(b) < 256 else b"T" + struct.pack("<I", len(b)) + b)
+    def i(v): o.extend(b"K" + bytes([v]) if v < 256 else b"M" + struct.pack("<H", v))
+    s(b"data")
+    o.extend(b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\n")
+    i(0); o.extend(b"\x85"); s(b"b"); o.extend(b"\x87R(")
+    i(1); i(n); i(3072); o.extend(b"\x86cnumpy\ndtype\n"); s(b"u1"); i(0); i(1)
+    o.extend(b"\x87R("); i(3); s(b"|"); o.extend(b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xff"); i(0)
+    o.extend(b"tb\x89"); s(bytes(range(256)) * 12 * n); o.extend(b"tb")
+    s(b"labels"); o.extend(b"]("); [i(k % 10) for k in range(n)]; o.extend(b"eu.")
+    return bytes(o)
+
+
+put("cifar_pickle", "numpy", bytes([0]) + numpy_batch(1))
+
 # LEAF JSON: FEMNIST (784 floats) and Shakespeare (80 characters -> 1).
 femnist = {"users": ["f_0"], "num_samples": [1],
            "user_data": {"f_0": {"x": [[0.5] * 784], "y": [3]}}}

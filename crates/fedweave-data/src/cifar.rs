@@ -298,11 +298,14 @@ fn parse_pickle(bytes: &[u8], path: &Path, labels: Labels) -> Result<Batch, Data
             )));
         }
     };
-    if raw.len() != n * PIXELS {
+    // A corrupt shape can claim more images than memory holds: compare
+    // without overflowing.
+    if n.checked_mul(PIXELS) != Some(raw.len()) {
         return Err(bad(format!(
             "'data' holds {} bytes but its shape ({n}, {PIXELS}) needs {} (truncated or not uint8)",
             raw.len(),
-            n * PIXELS
+            n.checked_mul(PIXELS)
+                .map_or_else(|| "more than memory holds".to_string(), |b| b.to_string())
         )));
     }
     let key = match labels {
