@@ -111,8 +111,43 @@ fn resnet8_learns_a_synthetic_cifar_fixture() {
     let run = common::run_config(&text, &[]);
     let acc = run.summary.mean_test_acc.unwrap();
     assert_eq!(run.summary.model_parameters, 78_042);
+    eprintln!("resnet8 on the CIFAR fixture: mean test accuracy {acc}");
     assert!(
         acc > 0.3,
         "ResNet-8 on 10 colour classes: {acc} (chance 0.1)"
+    );
+}
+
+#[test]
+fn mf_learns_shared_item_effects_on_a_movielens_fixture() {
+    use std::fmt::Write as _;
+    // 6 users rate all 30 items, each in its own order (a rotation), so every
+    // user's newest items were rated earlier by others. Rating = 3 ± 1.5 by
+    // item parity: predicting the mean rating is off by 1.5 stars.
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ml-100k");
+    std::fs::create_dir(&dir).unwrap();
+    let mut text = String::new();
+    for user in 1..=6u32 {
+        for k in 0..30u32 {
+            let item = (k + 5 * user) % 30 + 1;
+            let rating = if item % 2 == 0 { 5 } else { 2 };
+            writeln!(text, "{user}\t{item}\t{rating}\t{}", 1000 + k).unwrap();
+        }
+    }
+    std::fs::write(dir.join("u.data"), text).unwrap();
+    let cfg = format!(
+        "seed = 1\nclients = 6\nrounds = 8\n[data]\ndataset = \"movielens-100k\"\npath = {:?}\n\
+         [partition]\nkind = \"natural\"\n[model]\nkind = \"mf\"\nembed_dim = 4\n[train]\n\
+         local_iterations = 10\nbatch_size = 8\nlr = 0.1\n[algorithm]\nname = \"fedavg\"\n",
+        root.path().display().to_string()
+    );
+    let run = common::run_config(&cfg, &[]);
+    let rmse = run.summary.mean_test_rmse.unwrap();
+    // 6 users·(k + 1) + 30 items·(k + 1) + head (k + 2) + 1, k = 4.
+    assert_eq!(run.summary.model_parameters, 6 * 5 + 30 * 5 + 6 + 1);
+    assert!(
+        rmse < 1.0,
+        "MF test RMSE {rmse} stars (mean predictor: 1.5)"
     );
 }
