@@ -146,8 +146,9 @@ fn mf_learns_shared_item_effects_on_a_movielens_fixture() {
     let rmse = run.summary.mean_test_rmse.unwrap();
     // 6 users·(k + 1) + 30 items·(k + 1) + head (k + 2) + 1, k = 4.
     assert_eq!(run.summary.model_parameters, 6 * 5 + 30 * 5 + 6 + 1);
+    eprintln!("mf on the MovieLens fixture: mean test RMSE {rmse} stars");
     assert!(
-        rmse < 1.0,
+        rmse < 0.5,
         "MF test RMSE {rmse} stars (mean predictor: 1.5)"
     );
 }
