@@ -190,6 +190,7 @@ impl Algorithm for Apfl {
             env.train.sgd(),
             None,
         );
+        on_v.augment_like(&on_w);
         let mut w = state.global.params.clone();
         let mut v = state.personal.params.clone();
         let mut mixed = vec![0.0f32; v.len()];

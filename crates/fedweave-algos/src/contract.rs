@@ -200,7 +200,7 @@ impl ClientCx<'_> {
         sgd: SgdConfig,
     ) -> (LocalTrainer<'s>, BatchSampler) {
         self.mark_origin(&model.params);
-        let trainer = LocalTrainer::new(
+        let mut trainer = LocalTrainer::new(
             env.spec,
             env.spec.device(),
             &model.params,
@@ -209,6 +209,9 @@ impl ClientCx<'_> {
             None,
         );
         let sampler = BatchSampler::new(self.data.train.len(), env.train.batch_size, &mut self.rng);
+        if self.data.train.augment != fedweave_nn::Augment::None {
+            trainer.seed_augmentation(&mut self.rng);
+        }
         (trainer, sampler)
     }
 

@@ -39,9 +39,9 @@ use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
     ids_of, models_of,
 };
+use fedweave_core::LayerGroup;
 use fedweave_core::pairwise::{View, cosine_matrix_sym, mix};
 use fedweave_core::vecmath::dot;
-use fedweave_core::LayerGroup;
 use serde::{Deserialize, Serialize};
 
 /// Direction of the hypernetwork step.

@@ -35,6 +35,8 @@ pub enum Purpose {
     /// Each client's number of local steps when `train.local_iterations`
     /// is a range.
     LocalWork = 10,
+    /// Training-data augmentation (crops and flips of a mini-batch).
+    Augment = 11,
 }
 
 /// SplitMix64 finaliser: a bijective mixer with full avalanche.

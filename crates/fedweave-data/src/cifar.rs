@@ -225,7 +225,11 @@ fn check_label(path: &Path, labels: Labels, sample: usize, y: i64) -> Result<u32
 
 /// One binary-version file.
 fn read_binary(path: &Path, labels: Labels) -> Result<Batch, DataError> {
-    let bytes = read(path)?;
+    parse_binary(&read(path)?, path, labels)
+}
+
+/// The records of a binary-version file; `path` names it in errors.
+fn parse_binary(bytes: &[u8], path: &Path, labels: Labels) -> Result<Batch, DataError> {
     let head = if matches!(labels, Labels::Cifar10) {
         1
     } else {
@@ -258,10 +262,15 @@ fn read_binary(path: &Path, labels: Labels) -> Result<Batch, DataError> {
 
 /// One python-version file (a pickled dict).
 fn read_pickle(path: &Path, labels: Labels) -> Result<Batch, DataError> {
-    let bytes = read(path)?;
+    parse_pickle(&read(path)?, path, labels)
+}
+
+/// The images and labels of a pickled python-version batch; `path` names
+/// it in errors.
+fn parse_pickle(bytes: &[u8], path: &Path, labels: Labels) -> Result<Batch, DataError> {
     let bad = |m: String| DataError::format(path, m);
     let value = serde_pickle::value_from_slice(
-        &bytes,
+        bytes,
         DeOptions::new()
             .keep_restore_state()
             .replace_unresolved_globals(),
@@ -289,11 +298,14 @@ fn read_pickle(path: &Path, labels: Labels) -> Result<Batch, DataError> {
             )));
         }
     };
-    if raw.len() != n * PIXELS {
+    // A corrupt shape can claim more images than memory holds: compare
+    // without overflowing.
+    if n.checked_mul(PIXELS) != Some(raw.len()) {
         return Err(bad(format!(
             "'data' holds {} bytes but its shape ({n}, {PIXELS}) needs {} (truncated or not uint8)",
             raw.len(),
-            n * PIXELS
+            n.checked_mul(PIXELS)
+                .map_or_else(|| "more than memory holds".to_string(), |b| b.to_string())
         )));
     }
     let key = match labels {
@@ -353,4 +365,23 @@ fn numpy_u8(v: &Value) -> Result<(Vec<usize>, &Vec<u8>), String> {
         Value::Bytes(raw) => Ok((shape, raw)),
         _ => Err("not a pickled numpy array (no raw data)".into()),
     }
+}
+
+/// The binary-version (`pickle = false`) or python-version parser on raw
+/// bytes, for the fuzz targets; `variant` picks the labels (0: CIFAR-10,
+/// 1: CIFAR-100 fine, else coarse).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn check_file(bytes: &[u8], pickle: bool, variant: u8) -> Result<Split, DataError> {
+    let labels = match variant {
+        0 => Labels::Cifar10,
+        1 => Labels::Fine,
+        _ => Labels::Coarse,
+    };
+    let path = Path::new(crate::fuzzing::INPUT);
+    let batch = if pickle {
+        parse_pickle(bytes, path, labels)?
+    } else {
+        parse_binary(bytes, path, labels)?
+    };
+    Ok(to_split(batch, CIFAR10_MEAN, CIFAR10_STD))
 }

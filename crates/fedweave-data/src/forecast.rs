@@ -355,6 +355,17 @@ fn windowed(
     })
 }
 
+/// The `us-weather` loader on the bytes of an `.npz`, for the fuzz targets:
+/// every member is parsed and checked, then windowed as a real load is.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn check_npz(bytes: &[u8]) -> Result<Dataset, DataError> {
+    us_weather_from(
+        Cursor::new(bytes),
+        crate::fuzzing::INPUT,
+        &DataConfig::default(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -118,6 +118,11 @@ fn find(dir: &Path, name: &str) -> Result<PathBuf, DataError> {
 /// The file's bytes, decompressed when it starts with the gzip magic.
 pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
     let bytes = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+    decode(bytes, path)
+}
+
+/// `bytes` as they are, or gunzipped when they start with the gzip magic.
+pub(crate) fn decode(bytes: Vec<u8>, path: &Path) -> Result<Vec<u8>, DataError> {
     if !bytes.starts_with(&[0x1f, 0x8b]) {
         return Ok(bytes);
     }
@@ -193,7 +198,17 @@ pub(crate) fn parse_images<'a>(
 /// `first..first + classes` (MNIST: 0..10; EMNIST letters: 1..27); returns
 /// them shifted to start at 0.
 pub(crate) fn read_labels(path: &Path, first: u8, classes: usize) -> Result<Vec<u32>, DataError> {
-    let bytes = read_bytes(path)?;
+    parse_labels(&read_bytes(path)?, path, first, classes)
+}
+
+/// Checks the bytes of an IDX labels file (see [`read_labels`]); `path`
+/// names it in errors.
+pub(crate) fn parse_labels(
+    bytes: &[u8],
+    path: &Path,
+    first: u8,
+    classes: usize,
+) -> Result<Vec<u32>, DataError> {
     if bytes.len() < 8 {
         return Err(DataError::format(
             path,
@@ -203,14 +218,14 @@ pub(crate) fn read_labels(path: &Path, first: u8, classes: usize) -> Result<Vec<
             ),
         ));
     }
-    let magic = be_u32(&bytes, 0);
+    let magic = be_u32(bytes, 0);
     if magic != LABELS_MAGIC {
         return Err(DataError::format(
             path,
             format!("bad magic number {magic} (IDX labels files start with {LABELS_MAGIC})"),
         ));
     }
-    let count = be_u32(&bytes, 4) as usize;
+    let count = be_u32(bytes, 4) as usize;
     if count.checked_add(8) != Some(bytes.len()) {
         return Err(DataError::format(
             path,

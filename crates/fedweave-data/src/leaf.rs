@@ -238,8 +238,15 @@ fn read_leaf<X: DeserializeOwned, Y: DeserializeOwned>(
 fn parse<X: DeserializeOwned, Y: DeserializeOwned>(
     path: &Path,
 ) -> Result<LeafFile<X, Y>, DataError> {
-    let bytes = read(path)?;
-    serde_json::from_slice(&bytes).map_err(|e| {
+    parse_bytes(&read(path)?, path)
+}
+
+/// One LEAF JSON file from its bytes; `path` names it in errors.
+fn parse_bytes<X: DeserializeOwned, Y: DeserializeOwned>(
+    bytes: &[u8],
+    path: &Path,
+) -> Result<LeafFile<X, Y>, DataError> {
+    serde_json::from_slice(bytes).map_err(|e| {
         DataError::format(
             path,
             format!("not a LEAF JSON file (truncated or corrupt?): {e}"),
@@ -309,4 +316,29 @@ fn append<X, Y>(
         split.labels.push(label);
     }
     Ok(())
+}
+
+/// Everything the loader does with one file's bytes (parse, check every
+/// user, convert every sample), for the fuzz targets: `femnist` images
+/// when `femnist`, else Shakespeare text.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn check_file(bytes: &[u8], femnist: bool) -> Result<Split, DataError> {
+    fn run<X: DeserializeOwned, Y: DeserializeOwned>(
+        bytes: &[u8],
+        feature_len: usize,
+        convert: Convert<X, Y>,
+    ) -> Result<Split, DataError> {
+        let path = Path::new(crate::fuzzing::INPUT);
+        let file = parse_bytes::<X, Y>(bytes, path)?;
+        let mut split = Split::default();
+        for (user, data) in each_user(&file, path)? {
+            append(&mut split, data, convert, path, user, feature_len)?;
+        }
+        Ok(split)
+    }
+    if femnist {
+        run::<Vec<f32>, f64>(bytes, FEMNIST_PIXELS, femnist_sample)
+    } else {
+        run::<String, String>(bytes, SEQ_LEN, shakespeare_sample)
+    }
 }

@@ -28,6 +28,8 @@ mod emnist;
 mod error;
 mod files;
 mod forecast;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod idx;
 mod leaf;
 mod movielens;

@@ -1,5 +1,7 @@
 //! A client's view of its data and mini-batch assembly.
 
+use crate::Augment;
+
 /// The samples one client trains or evaluates on: indices into a shared
 /// feature matrix, so no client copies the dataset.
 #[derive(Clone, Copy, Debug)]
@@ -20,6 +22,9 @@ pub struct LocalData<'a> {
     pub indices: &'a [usize],
     /// `Some(C)` flips every label y → C−1−y (the label-flip attack).
     pub flip_labels: Option<usize>,
+    /// Augmentation of the mini-batches a [`crate::LocalTrainer`] draws
+    /// from these samples (training data only; evaluation never augments).
+    pub augment: Augment,
 }
 
 impl<'a> LocalData<'a> {
@@ -33,6 +38,7 @@ impl<'a> LocalData<'a> {
             target_scale: (0.0, 1.0),
             indices,
             flip_labels: None,
+            augment: Augment::None,
         }
     }
 
@@ -53,6 +59,7 @@ impl<'a> LocalData<'a> {
             target_scale,
             indices,
             flip_labels: None,
+            augment: Augment::None,
         }
     }
 

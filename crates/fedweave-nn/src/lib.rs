@@ -16,17 +16,21 @@
 
 #![warn(missing_docs)]
 
+pub mod augment;
 pub mod auxiliary;
 pub mod backend;
 mod batch;
 pub mod batched;
 pub mod conditional;
+mod embed;
 pub mod extra;
 pub mod model;
 pub mod objective;
+mod resnet;
 pub mod train;
 pub mod trainer;
 
+pub use augment::Augment;
 pub use auxiliary::{AuxObjective, Body};
 pub use backend::Backend;
 pub use batch::LocalData;
@@ -37,7 +41,10 @@ pub use batched::{BatchedClient, BatchedTrainer, train_local_batched};
 pub use burn::tensor::Device;
 pub use conditional::{ConditionalPolicy, PolicyObjective};
 pub use extra::{CosinePull, ExtraLoss, Linear, Proximal};
-pub use model::{ModelKind, ModelSpec, ModelSplit};
+pub use model::{
+    InputValues, MF_EMBED_DIM, ModelInput, ModelKind, ModelSpec, ModelSplit, RegressionLoss,
+    TEXTCNN_EMBED_DIM,
+};
 pub use objective::{
     BalancedSoftmax, CrossEntropy, Objective, Outputs, PrototypePull, WeightedCrossEntropy,
 };

@@ -1,12 +1,17 @@
 //! Model architectures as pure functions of their flat parameter vector.
 
 use crate::NnError;
+use crate::embed::{
+    TEXTCNN_MAPS, TEXTCNN_WIDTHS, mf_features, mf_layout, textcnn_features, textcnn_layout,
+};
+use crate::resnet::Plan;
 use burn::tensor::activation::{relu, sigmoid, tanh};
 use burn::tensor::module::{conv2d, linear, max_pool2d};
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 use burn::tensor::{Device, Tensor, TensorData};
 use fedweave_core::ParamLayout;
 use rand::Rng;
+use rand_distr::{Distribution, Normal};
 use serde::{Deserialize, Serialize};
 
 /// The architectures fedweave offers.
@@ -31,6 +36,27 @@ pub enum ModelKind {
     /// (`[steps, features]`) and a linear head from the last hidden state to
     /// the forecast horizon.
     Gru,
+    /// FedDWA's ResNet-8 (CIFAR ResNet, one basic block per stage of 16/32/64
+    /// channels); the `resnet` module describes all three ResNets.
+    #[serde(rename = "resnet8")]
+    ResNet8,
+    /// SFL's ResNet-9 ("BResidual", Myrtle/DAWNBench).
+    #[serde(rename = "resnet9")]
+    ResNet9,
+    /// torchvision's ResNet-18, as FedAGHN uses it.
+    #[serde(rename = "resnet18")]
+    ResNet18,
+    /// Kim's TextCNN as in pFedGraph's code: embedding (`[model] embed_dim`,
+    /// default 256), filters of widths 3/4/5 × 100 maps, ReLU, max over
+    /// time (300 features), linear head. Token inputs only.
+    #[serde(rename = "textcnn")]
+    TextCnn,
+    /// Biased matrix factorisation for ratings: user and item embeddings
+    /// (`[model] embed_dim`, default 32) and biases; the head reads
+    /// [u ⊙ v, b_u, b_i]. Categorical (user, item) inputs only; trained on
+    /// MSE.
+    #[serde(rename = "mf")]
+    Mf,
 }
 
 impl ModelKind {
@@ -54,9 +80,91 @@ impl ModelKind {
                 "gru",
                 "GRU with 64 hidden units + linear head to the horizon (SFL's forecasting RNN); input steps×features",
             ),
+            (
+                "resnet8",
+                "FedDWA's ResNet-8: conv3×3→16, BN, maxpool, 3 basic blocks (16/32/64), avg pool, fc; 78,042 parameters on 3×32×32; any C×H×W ≥ 8×8",
+            ),
+            (
+                "resnet9",
+                "SFL's ResNet-9 (BResidual): 64, 128+res, 256+res, 256, global max pool, fc without bias ×0.2; 2,440,256 parameters on 3×32×32; any C×H×W ≥ 8×8",
+            ),
+            (
+                "resnet18",
+                "torchvision's ResNet-18 (FedAGHN): 7×7 stem, 8 basic blocks 64–512, avg pool, fc; 11.18M parameters on 3×32×32; any C×H×W ≥ 8×8",
+            ),
+            (
+                "textcnn",
+                "TextCNN (pFedGraph): embedding embed_dim (256), conv widths 3/4/5 × 100, ReLU, max over time, fc; token datasets (yahoo-answers, shakespeare)",
+            ),
+            (
+                "mf",
+                "biased matrix factorisation: user/item embeddings (embed_dim 32) and biases, trained on MSE; categorical datasets (movielens-100k)",
+            ),
         ]
     }
+
+    /// The loss a regression model trains on: matrix factorisation fits
+    /// ratings by squared error (the MF literature, RMSE reported); the
+    /// forecasters by masked absolute error (the traffic literature).
+    pub fn regression_loss(self) -> RegressionLoss {
+        match self {
+            ModelKind::Mf => RegressionLoss::Mse,
+            _ => RegressionLoss::Mae,
+        }
+    }
 }
+
+/// A regression model's training loss (observed targets only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegressionLoss {
+    /// Mean absolute error.
+    Mae,
+    /// Mean squared error.
+    Mse,
+}
+
+/// What a sample's feature values are, as far as a model's input layer
+/// cares (the dataset's `InputKind` without its padding detail).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum InputValues {
+    /// Real values.
+    #[default]
+    Dense,
+    /// Token ids below `vocab`.
+    Tokens {
+        /// Rows of the embedding table.
+        vocab: usize,
+    },
+    /// One categorical id per position, position `j` below `cardinalities[j]`.
+    Categorical {
+        /// Ids per position.
+        cardinalities: Vec<usize>,
+    },
+}
+
+/// What a model is built for beyond the sample shape: the kind of input
+/// values and the embedding width of the embedding models.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelInput {
+    /// The input values.
+    pub values: InputValues,
+    /// Embedding width of `textcnn` / `mf` (`None`: the model's default).
+    pub embed_dim: Option<usize>,
+}
+
+/// TextCNN's default embedding width: 256 in pFedGraph's code (the paper
+/// gives none; the 300 of "300-d" is the pooled feature width, 3 × 100).
+pub const TEXTCNN_EMBED_DIM: usize = 256;
+/// Matrix factorisation's default embedding width.
+pub const MF_EMBED_DIM: usize = 32;
+/// Smallest image side the ResNets take (three halvings leave a 1×1 map).
+const RESNET_MIN_SIDE: usize = 8;
+/// ResNet-9's logit scale (SFL's `Mul(0.2)` after the head).
+const RESNET9_SCALE: f32 = 0.2;
+/// Std of matrix factorisation's initial embeddings, N(0, 0.1²).
+const MF_INIT_STD: f32 = 0.1;
+/// Bound of TextCNN's initial embeddings, U(−0.1, 0.1) (pFedGraph).
+const TEXTCNN_INIT_BOUND: f32 = 0.1;
 
 /// Where a model's parts lie in its flat parameter vector: what split
 /// methods (FedRep, FedPer, LG-FedAvg, FedBABU, FedRoD) share or keep, and
@@ -85,6 +193,10 @@ pub struct ModelSpec {
     /// [`on`](Self::on) says otherwise): carried by the spec so that every
     /// training and evaluation path of every algorithm follows one choice.
     device: Device,
+    /// The residual networks' body.
+    resnet: Option<Plan>,
+    /// Whether the head has a bias (all but ResNet-9's).
+    head_bias: bool,
 }
 
 const MLP_HIDDEN: usize = 200;
@@ -135,6 +247,18 @@ impl ModelSpec {
         input_shape: &[usize],
         num_classes: usize,
     ) -> Result<Self, NnError> {
+        Self::with_input(kind, input_shape, num_classes, &ModelInput::default())
+    }
+
+    /// As [`new`](Self::new) for inputs that are not plain values: token ids
+    /// (`textcnn`) or categorical ids (`mf`), which size the embedding
+    /// tables. A model that cannot read the input is an error naming both.
+    pub fn with_input(
+        kind: ModelKind,
+        input_shape: &[usize],
+        num_classes: usize,
+        input: &ModelInput,
+    ) -> Result<Self, NnError> {
         let bad = |reason: &str| NnError::BadInputShape {
             model: format!("{kind:?}").to_lowercase(),
             shape: input_shape.to_vec(),
@@ -142,6 +266,12 @@ impl ModelSpec {
         };
         let mut layout = ParamLayout::new();
         let mut batch_norms = Vec::new();
+        let mut resnet = None;
+        let embed_dim = |default: usize| match input.embed_dim {
+            Some(0) => Err(bad("model.embed_dim must be at least 1")),
+            Some(d) => Ok(d),
+            None => Ok(default),
+        };
         match kind {
             ModelKind::Mlp => {
                 let d: usize = input_shape.iter().product();
@@ -185,6 +315,8 @@ impl ModelSpec {
                         layout,
                         batch_norms,
                         device: Device::flex(),
+                        resnet,
+                        head_bias: true,
                     });
                 }
                 layout
@@ -241,6 +373,69 @@ impl ModelSpec {
                         ],
                     );
             }
+            ModelKind::ResNet8 | ModelKind::ResNet9 | ModelKind::ResNet18 => {
+                let [c, h, w] = <[usize; 3]>::try_from(input_shape)
+                    .map_err(|_| bad("needs a C×H×W image input"))?;
+                if c == 0 || h < RESNET_MIN_SIDE || w < RESNET_MIN_SIDE {
+                    return Err(bad("needs images of at least 8×8 with a channel"));
+                }
+                let plan = match kind {
+                    ModelKind::ResNet8 => Plan::resnet8(c),
+                    ModelKind::ResNet9 => Plan::resnet9(c),
+                    _ => Plan::resnet18(c),
+                };
+                plan.push_layout(&mut layout, &mut batch_norms);
+                let features = plan.channels();
+                let head = vec![features, num_classes];
+                if kind == ModelKind::ResNet9 {
+                    layout.push_group("fc", &[("weight", head)]);
+                } else {
+                    layout.push_group("fc", &[("weight", head), ("bias", vec![num_classes])]);
+                }
+                resnet = Some(plan);
+            }
+            ModelKind::TextCnn => {
+                let [_len] = <[usize; 1]>::try_from(input_shape)
+                    .map_err(|_| bad("needs a sequence of token ids"))?;
+                let InputValues::Tokens { vocab } = input.values else {
+                    return Err(bad(
+                        "reads token ids; use a text dataset (yahoo-answers, shakespeare)",
+                    ));
+                };
+                if input_shape[0] < TEXTCNN_WIDTHS[TEXTCNN_WIDTHS.len() - 1] {
+                    return Err(bad(
+                        "sequences must be at least 5 tokens (the widest filter)",
+                    ));
+                }
+                textcnn_layout(&mut layout, vocab, embed_dim(TEXTCNN_EMBED_DIM)?);
+                let features = TEXTCNN_MAPS * TEXTCNN_WIDTHS.len();
+                layout.push_group(
+                    "fc",
+                    &[
+                        ("weight", vec![features, num_classes]),
+                        ("bias", vec![num_classes]),
+                    ],
+                );
+            }
+            ModelKind::Mf => {
+                let InputValues::Categorical { cardinalities } = &input.values else {
+                    return Err(bad(
+                        "reads (user, item) ids; use a ratings dataset (movielens-100k)",
+                    ));
+                };
+                let &[users, items] = cardinalities.as_slice() else {
+                    return Err(bad("needs exactly two categorical ids: user, item"));
+                };
+                let dim = embed_dim(MF_EMBED_DIM)?;
+                mf_layout(&mut layout, users, items, dim);
+                layout.push_group(
+                    "fc",
+                    &[
+                        ("weight", vec![dim + 2, num_classes]),
+                        ("bias", vec![num_classes]),
+                    ],
+                );
+            }
         }
         Ok(Self {
             kind,
@@ -249,6 +444,8 @@ impl ModelSpec {
             layout,
             batch_norms,
             device: Device::flex(),
+            head_bias: kind != ModelKind::ResNet9,
+            resnet,
         })
     }
 
@@ -306,20 +503,27 @@ impl ModelSpec {
         &self.layout
     }
 
-    /// PyTorch's default initialisation, so results compare with the authors'
-    /// code: conv/linear weights and biases ~ U(−1/√fan_in, 1/√fan_in)
-    /// (kaiming-uniform with a = √5), batch-norm scale 1 and shift 0, GRU
-    /// weights ~ U(−1/√hidden, 1/√hidden).
+    /// The initialisation of the reference code of each model, so results
+    /// compare with the authors': PyTorch's defaults — conv/linear weights
+    /// and biases ~ U(−1/√fan_in, 1/√fan_in) (kaiming-uniform with a = √5),
+    /// batch-norm scale 1 and shift 0, GRU weights ~ U(−1/√hidden,
+    /// 1/√hidden) — with these exceptions: ResNet-8 (FedDWA's
+    /// `kaiming_normal_`) conv and linear weights ~ N(0, 2/fan_in); ResNet-18
+    /// (torchvision) conv weights ~ N(0, 2/fan_out), fan_out = out·k·k;
+    /// TextCNN embeddings ~ U(−0.1, 0.1) (pFedGraph); matrix factorisation
+    /// embeddings and biases ~ N(0, 0.1²), head weights 1 and bias 0 (plain
+    /// biased MF at the start).
     pub fn init(&self, rng: &mut impl Rng) -> Vec<f32> {
         let mut out = vec![0.0f32; self.layout.len()];
         for group in self.layout.groups() {
-            let first = self
+            let tensors: Vec<_> = self
                 .layout
                 .tensors()
                 .iter()
-                .find(|t| t.offset == group.range.start)
-                .expect("group starts at a tensor");
-            if group.name.starts_with("bn") {
+                .filter(|t| group.range.contains(&t.offset))
+                .collect();
+            let first = tensors[0];
+            if is_batch_norm(&group.name) {
                 let c = first.shape[0];
                 out[first.offset..first.offset + c].fill(1.0);
                 continue;
@@ -330,8 +534,30 @@ impl ModelSpec {
                 _ => first.shape[0],
             };
             let bound = 1.0 / (fan_in as f32).sqrt();
-            for x in &mut out[group.range.clone()] {
-                *x = rng.random_range(-bound..bound);
+            for t in tensors {
+                let values = &mut out[t.range()];
+                let weight = t.name.ends_with(".weight");
+                match (self.kind, group.name.as_str()) {
+                    (ModelKind::Mf, "fc") => values.fill(if weight { 1.0 } else { 0.0 }),
+                    (ModelKind::Mf, _) => fill_normal(values, MF_INIT_STD, rng),
+                    (ModelKind::TextCnn, "embedding") => {
+                        for x in values {
+                            *x = rng.random_range(-TEXTCNN_INIT_BOUND..TEXTCNN_INIT_BOUND);
+                        }
+                    }
+                    (ModelKind::ResNet8, _) if weight => {
+                        fill_normal(values, (2.0 / fan_in as f32).sqrt(), rng)
+                    }
+                    (ModelKind::ResNet18, _) if weight && t.shape.len() == 4 => {
+                        let fan_out = t.shape[0] * t.shape[2] * t.shape[3];
+                        fill_normal(values, (2.0 / fan_out as f32).sqrt(), rng)
+                    }
+                    _ => {
+                        for x in values {
+                            *x = rng.random_range(-bound..bound);
+                        }
+                    }
+                }
             }
         }
         out
@@ -386,25 +612,36 @@ impl ModelSpec {
                 relu(linear(flatten(y), p[8].t2(), Some(p[9].t1())))
             }
             ModelKind::Gru => self.gru_hidden(p, x),
+            ModelKind::ResNet8 | ModelKind::ResNet9 | ModelKind::ResNet18 => {
+                let plan = self.resnet.as_ref().expect("a ResNet spec has a plan");
+                plan.features(p, &self.batch_norms, self.image_batch(x), norm)
+            }
+            ModelKind::TextCnn => textcnn_features(p, x),
+            ModelKind::Mf => mf_features(p, x),
         }
     }
 
     /// The head: the last linear layer, features to outputs. Every model
-    /// ends in one, so its weight and bias are the layout's last two
-    /// tensors.
+    /// ends in one, so its weight and bias are the layout's last tensors
+    /// (ResNet-9's has no bias and scales its logits by 0.2).
     pub(crate) fn head(&self, p: &[ParamTensor], features: Tensor<2>) -> Tensor<2> {
         let k = p.len();
+        if !self.head_bias {
+            return linear(features, p[k - 1].t2(), None) * RESNET9_SCALE;
+        }
         linear(features, p[k - 2].t2(), Some(p[k - 1].t1()))
     }
 
     /// Width of the features (the body's output) the head reads.
     pub fn feature_len(&self) -> usize {
-        self.layout.tensors()[self.layout.tensors().len() - 2].shape[0]
+        let tensors = self.layout.tensors();
+        tensors[tensors.len() - 1 - usize::from(self.head_bias)].shape[0]
     }
 
     /// The named parts split methods work on. Every model is a body
     /// followed by one linear head (the last layer group); batch-norm
-    /// groups are the `bn*` groups of the body.
+    /// groups are the body's groups whose last name part starts with `bn`
+    /// (`bn1`, `layer1.0.bn2`, `layer2.0.downsample.bn`).
     pub fn split(&self) -> ModelSplit {
         let head = self
             .layout
@@ -415,7 +652,13 @@ impl ModelSpec {
         ModelSplit {
             base: 0..head.start,
             head,
-            batch_norm: self.layout.ranges_with_prefix("bn"),
+            batch_norm: self
+                .layout
+                .groups()
+                .iter()
+                .filter(|g| is_batch_norm(&g.name))
+                .map(|g| g.range.clone())
+                .collect(),
         }
     }
 
@@ -482,6 +725,23 @@ fn pool() -> MaxPoolOptions<2> {
     MaxPoolOptions::new([2, 2])
 }
 
+/// Whether a layer group is a batch norm: its last name part starts with
+/// `bn` (`bn1`, `layer1.0.bn2`, `layer2.0.downsample.bn`).
+fn is_batch_norm(group: &str) -> bool {
+    group
+        .rsplit('.')
+        .next()
+        .is_some_and(|last| last.starts_with("bn"))
+}
+
+/// Fills `values` with N(0, std²) draws.
+fn fill_normal(values: &mut [f32], std: f32, rng: &mut impl Rng) {
+    let normal = Normal::new(0.0, std).expect("a finite positive std");
+    for x in values {
+        *x = normal.sample(rng);
+    }
+}
+
 fn flatten(y: Tensor<4>) -> Tensor<2> {
     let [b, ch, hh, ww] = y.dims();
     y.reshape([b, ch * hh * ww])
@@ -499,7 +759,7 @@ pub(crate) enum Norm<'a> {
 impl Norm<'_> {
     /// Batch norm of layer `which` (`(channels, buffer offset)`) with scale
     /// `gamma` and shift `beta`, on `[batch, C, H, W]`.
-    fn apply(
+    pub(crate) fn apply(
         &mut self,
         which: usize,
         (c, at): (usize, usize),
@@ -566,19 +826,19 @@ pub(crate) enum ParamTensor {
 }
 
 impl ParamTensor {
-    fn t1(&self) -> Tensor<1> {
+    pub(crate) fn t1(&self) -> Tensor<1> {
         match self {
             Self::T1(t) => t.clone(),
             _ => unreachable!("layout rank mismatch"),
         }
     }
-    fn t2(&self) -> Tensor<2> {
+    pub(crate) fn t2(&self) -> Tensor<2> {
         match self {
             Self::T2(t) => t.clone(),
             _ => unreachable!("layout rank mismatch"),
         }
     }
-    fn t4(&self) -> Tensor<4> {
+    pub(crate) fn t4(&self) -> Tensor<4> {
         match self {
             Self::T4(t) => t.clone(),
             _ => unreachable!("layout rank mismatch"),
@@ -618,8 +878,54 @@ impl ParamTensor {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Trains `spec` from its init on the samples `(x, y)` (one full batch)
+    /// and returns the mean loss of the first step and of `steps` later
+    /// steps: a model whose forward and backward are right fits a tiny batch.
+    pub(crate) fn first_and_later_loss(
+        spec: &ModelSpec,
+        data: &crate::LocalData,
+        lr: f32,
+        steps: usize,
+    ) -> (f64, f64) {
+        let mut p = spec.init(&mut fedweave_core::rng_stream(
+            1,
+            0,
+            0,
+            fedweave_core::Purpose::ModelInit,
+        ));
+        let mut buffers = spec.init_buffers();
+        let cfg = crate::TrainConfig {
+            lr,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            batch_size: data.len(),
+            iterations: 1,
+            epochs: 0,
+        };
+        let mut run = |iterations: usize, round: u64| {
+            crate::train_local(
+                spec,
+                &mut p,
+                &mut buffers,
+                data,
+                &crate::TrainConfig {
+                    iterations,
+                    ..cfg.clone()
+                },
+                &[],
+                &[],
+                None,
+                &mut fedweave_core::rng_stream(1, round, 0, fedweave_core::Purpose::Batches),
+            )
+            .mean_loss
+        };
+        let first = run(1, 1);
+        let later = run(steps, 2);
+        (first, later)
+    }
 
     #[test]
     fn parameter_counts_match_the_reference_models() {
@@ -793,52 +1099,8 @@ mod tests {
             .collect();
         let idx: Vec<usize> = (0..n).collect();
         let data = crate::LocalData::new(&x, &y, &idx);
-        let mut p = spec.init(&mut fedweave_core::rng_stream(
-            1,
-            0,
-            0,
-            fedweave_core::Purpose::ModelInit,
-        ));
-        let mut buffers = spec.init_buffers();
-        let cfg = crate::TrainConfig {
-            lr: 0.01,
-            momentum: 0.9,
-            weight_decay: 0.0,
-            batch_size: n,
-            iterations: 6,
-            epochs: 0,
-        };
-        let first = crate::train_local(
-            &spec,
-            &mut p,
-            &mut buffers,
-            &data,
-            &crate::TrainConfig {
-                iterations: 1,
-                ..cfg.clone()
-            },
-            &[],
-            &[],
-            None,
-            &mut fedweave_core::rng_stream(1, 1, 0, fedweave_core::Purpose::Batches),
-        );
-        let later = crate::train_local(
-            &spec,
-            &mut p,
-            &mut buffers,
-            &data,
-            &cfg,
-            &[],
-            &[],
-            None,
-            &mut fedweave_core::rng_stream(1, 2, 0, fedweave_core::Purpose::Batches),
-        );
-        assert!(
-            later.mean_loss < first.mean_loss,
-            "{} → {}",
-            first.mean_loss,
-            later.mean_loss
-        );
+        let (first, later) = first_and_later_loss(&spec, &data, 0.01, 6);
+        assert!(later < first, "{first} → {later}");
     }
 
     #[test]

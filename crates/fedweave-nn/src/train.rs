@@ -128,7 +128,8 @@ fn ratio(sum: f64, n: usize) -> f64 {
 /// Trains `params` in place on `data`.
 ///
 /// Each step: the backend computes the gradient of the mini-batch's mean
-/// task loss (cross-entropy, or masked MAE for regression targets); every
+/// task loss (cross-entropy, or masked MAE for regression targets — MSE for
+/// `mf`, [`crate::ModelKind::regression_loss`]); every
 /// `extra` term adds its analytic gradient; weight decay adds `wd·θ`;
 /// momentum SGD (dampening 0, as PyTorch) updates θ. Elements in `frozen`
 /// ranges are not updated (FedRep's alternating heads and bases).
@@ -186,6 +187,9 @@ pub fn train_local_with(
         cfg.sgd(),
         state.as_deref(),
     );
+    if data.augment != crate::Augment::None {
+        trainer.seed_augmentation(rng);
+    }
     let mut loss_total = 0.0;
     let mut samples = 0;
     for _ in 0..steps {

@@ -54,13 +54,15 @@
 //! forward pass). The layout pays off on a GPU, where the copies would be
 //! transfers.
 
+use crate::Augment;
 use crate::auxiliary::{AuxObjective, Body};
 use crate::batch::{Batch, LocalData};
 use crate::extra::ExtraLoss;
-use crate::model::{ModelSpec, Norm, ParamTensor};
+use crate::model::{ModelSpec, Norm, ParamTensor, RegressionLoss};
 use crate::objective::{Objective, Outputs, cross_entropy};
 use crate::train::SgdState;
 use burn::tensor::{Device, Tensor, TensorData};
+use fedweave_core::{Purpose, rng_stream};
 use rand::Rng;
 use rand::seq::SliceRandom;
 use std::ops::Range;
@@ -140,6 +142,10 @@ pub struct LocalTrainer<'a> {
     buffers: Vec<f32>,
     /// Reused mini-batch supervision.
     y: Batch,
+    /// Key of the augmentation draws ([`seed_augmentation`](Self::seed_augmentation)).
+    augment_key: u64,
+    /// Augmented mini-batches so far: the index of the next one's draws.
+    augmented: u64,
 }
 
 impl<'a> LocalTrainer<'a> {
@@ -187,11 +193,32 @@ impl<'a> LocalTrainer<'a> {
             grad: None,
             buffers: buffers.to_vec(),
             y: Batch::default(),
+            augment_key: 0,
+            augmented: 0,
         }
     }
 
+    /// Keys the augmentation of this session's mini-batches with a draw
+    /// from `rng` (the client's batch stream), so batch `b` of the session
+    /// is augmented from the stream `(key, b)`: a function of (seed, round,
+    /// client, call, batch), whatever the thread count. Call it once, after
+    /// creating the [`BatchSampler`], when the training data has an
+    /// [`Augment`](crate::Augment); without it the key is 0.
+    pub fn seed_augmentation(&mut self, rng: &mut impl Rng) {
+        self.augment_key = rng.random();
+    }
+
+    /// Gives this session `other`'s augmentation key and position, so two
+    /// sessions fed the same batches see the same augmented images (APFL's
+    /// global and personal models).
+    pub fn augment_like(&mut self, other: &LocalTrainer) {
+        self.augment_key = other.augment_key;
+        self.augmented = other.augmented;
+    }
+
     /// Computes the mean task loss of the samples at local positions `batch`
-    /// of `data` (cross-entropy, or masked MAE for regression targets) and
+    /// of `data` (cross-entropy, or the model's masked regression loss,
+    /// [`crate::ModelKind::regression_loss`]) and
     /// its gradient, adds every `extras` term's gradient at the current
     /// parameters, and keeps the sum in the session for the next
     /// [`step`](Self::step) (replacing any earlier gradient). Batch norm
@@ -280,6 +307,13 @@ impl<'a> LocalTrainer<'a> {
         let input_len = spec.input_len();
         let mut x = Vec::with_capacity(batch.len() * input_len);
         data.gather(batch, input_len, &mut x, &mut self.y);
+        if data.augment != Augment::None {
+            let shape = <[usize; 3]>::try_from(spec.input_shape())
+                .expect("augmentation is checked against the input shape at setup");
+            let mut rng = rng_stream(self.augment_key, self.augmented, 0, Purpose::Augment);
+            data.augment.apply(shape, &mut x, &mut rng);
+            self.augmented += 1;
+        }
         let leaves: Vec<ParamTensor> = self
             .params
             .iter()
@@ -308,7 +342,7 @@ impl<'a> LocalTrainer<'a> {
             Loss::Task => {
                 let out = spec.forward(&leaves, xt, &mut norm);
                 if data.is_regression() {
-                    masked_mae(out, &self.y, &self.device)
+                    masked_error(out, &self.y, &self.device, spec.kind().regression_loss())
                 } else {
                     cross_entropy(out, &self.y.labels)
                 }
@@ -519,20 +553,21 @@ fn frozen_within(frozen: &[Range<usize>], range: &Range<usize>) -> Vec<Range<usi
     merged
 }
 
-/// Mean absolute error over the observed targets of a batch (the standard
-/// loss of graph traffic forecasting; robust to the outliers of sensor data
-/// and the metric reported). Unobserved targets carry no gradient.
-fn masked_mae(pred: Tensor<2>, y: &Batch, device: &Device) -> Tensor<1> {
+/// Mean absolute error (the standard loss of graph traffic forecasting;
+/// robust to the outliers of sensor data and the metric reported) or mean
+/// squared error (matrix factorisation of ratings) over the observed
+/// targets of a batch. Unobserved targets carry no gradient.
+fn masked_error(pred: Tensor<2>, y: &Batch, device: &Device, loss: RegressionLoss) -> Tensor<1> {
     let shape = pred.dims();
     let target: Tensor<2> = Tensor::from_data(TensorData::new(y.targets.clone(), shape), device);
     let observed: Tensor<2> = Tensor::from_data(TensorData::new(y.observed.clone(), shape), device);
     let count = y.observed.iter().sum::<f32>().max(1.0);
-    (pred - target)
-        .abs()
-        .mul(observed)
-        .sum()
-        .div_scalar(count)
-        .reshape([1])
+    let diff = pred - target;
+    let err = match loss {
+        RegressionLoss::Mae => diff.abs(),
+        RegressionLoss::Mse => diff.square(),
+    };
+    err.mul(observed).sum().div_scalar(count).reshape([1])
 }
 
 fn scalar(t: &Tensor<1>) -> f64 {

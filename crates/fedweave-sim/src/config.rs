@@ -5,7 +5,7 @@ use fedweave_algos::attack::AttackKind;
 use fedweave_algos::robust::AggregatorConfig;
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_data::{DataConfig, PartitionConfig, PartitionKind};
-use fedweave_nn::{Backend, ModelKind, TrainConfig};
+use fedweave_nn::{Augment, Backend, ModelKind, TrainConfig};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -176,12 +176,17 @@ pub enum SelectionRule {
 pub struct ModelSection {
     /// Architecture.
     pub kind: ModelKind,
+    /// Embedding width of `textcnn` (default 256, pFedGraph's code) and `mf`
+    /// (default 32); other models reject it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub embed_dim: Option<usize>,
 }
 
 impl Default for ModelSection {
     fn default() -> Self {
         Self {
             kind: ModelKind::Mlp,
+            embed_dim: None,
         }
     }
 }
@@ -274,6 +279,9 @@ pub struct TrainSection {
     pub momentum: f32,
     /// L2 weight decay.
     pub weight_decay: f32,
+    /// Augmentation of training mini-batches (`crop_flip`: CIFAR-style
+    /// random crop with 4-pixel padding and horizontal flip).
+    pub augment: Augment,
 }
 
 impl Default for TrainSection {
@@ -285,6 +293,7 @@ impl Default for TrainSection {
             lr: 0.05,
             momentum: 0.9,
             weight_decay: 1e-5,
+            augment: Augment::None,
         }
     }
 }
@@ -495,6 +504,17 @@ impl ExperimentConfig {
         self.partition
             .validate(self.clients)
             .map_err(|e| key_err("partition", e.to_string()))?;
+        if self.model.embed_dim.is_some()
+            && !matches!(self.model.kind, ModelKind::TextCnn | ModelKind::Mf)
+        {
+            return Err(key_err(
+                "model.embed_dim",
+                "only textcnn and mf have an embedding",
+            ));
+        }
+        if self.model.embed_dim == Some(0) {
+            return Err(key_err("model.embed_dim", "must be at least 1"));
+        }
         Ok(())
     }
 

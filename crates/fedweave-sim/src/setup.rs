@@ -3,13 +3,13 @@
 //! malicious. Built once from the config, before any training, so every
 //! check fails early.
 
-use crate::config::ExperimentConfig;
+use crate::config::{ExperimentConfig, key_err};
 use crate::engine::RunError;
 use fedweave_algos::attack::{AttackKind, choose_malicious};
 use fedweave_algos::{ClientData, Env};
 use fedweave_core::{Purpose, rng_stream};
-use fedweave_data::{Dataset, Partition, PartitionReport, Task};
-use fedweave_nn::{LocalData, ModelSpec, TrainConfig};
+use fedweave_data::{Dataset, InputKind, Partition, PartitionReport, Task};
+use fedweave_nn::{InputValues, LocalData, ModelInput, ModelSpec, TrainConfig};
 
 /// The fixed part of a run.
 pub(crate) struct Setup {
@@ -55,8 +55,22 @@ impl Setup {
             Task::Regression { targets } => targets,
             Task::Classification => dataset.num_classes,
         };
-        let spec = ModelSpec::new(cfg.model.kind, &dataset.feature_shape, outputs)?
+        let input = ModelInput {
+            values: match &dataset.input {
+                InputKind::Dense => InputValues::Dense,
+                InputKind::Tokens { vocab_size, .. } => InputValues::Tokens { vocab: *vocab_size },
+                InputKind::Categorical { cardinalities } => InputValues::Categorical {
+                    cardinalities: cardinalities.clone(),
+                },
+            },
+            embed_dim: cfg.model.embed_dim,
+        };
+        let spec = ModelSpec::with_input(cfg.model.kind, &dataset.feature_shape, outputs, &input)?
             .on(cfg.device.backend.device()?);
+        cfg.train
+            .augment
+            .check(&dataset.feature_shape)
+            .map_err(|m| key_err("train.augment", format!("{m} ({})", dataset.name)))?;
         let report = partition.label_counts(&dataset);
         let malicious = choose_malicious(cfg.seed, cfg.clients, cfg.attack.ratio);
         let is_malicious: Vec<bool> = (0..cfg.clients).map(|i| malicious.contains(&i)).collect();
@@ -117,6 +131,7 @@ impl Setup {
         ClientData {
             train: LocalData {
                 flip_labels,
+                augment: self.cfg.train.augment,
                 ..self.view(&self.dataset.train, i, &c.train)
             },
             val: LocalData {

@@ -56,7 +56,11 @@ impl Py2Pickle {
         self.memo += 1;
     }
     fn int(&mut self, v: i64) {
-        if (0..256).contains(&v) {
+        if v > i64::from(i32::MAX) {
+            // LONG1: 8 little-endian bytes.
+            self.out.extend_from_slice(&[0x8a, 8]);
+            self.out.extend_from_slice(&v.to_le_bytes());
+        } else if (0..256).contains(&v) {
             self.out.extend_from_slice(&[b'K', v as u8]);
         } else if (0..65536).contains(&v) {
             self.out.push(b'M');
@@ -449,5 +453,28 @@ fn long_label_lists_in_cpickle_batches_load() {
     assert_eq!(
         ds.train.row(1008, PIXELS)[9],
         f32::from(px(1000, 9, 4)) / 255.0
+    );
+}
+
+/// Found while writing the `cifar_pickle` fuzz target: a shape whose image
+/// count times 3,072 overflows must be an error, not an arithmetic panic.
+#[test]
+fn a_pickle_claiming_more_images_than_memory_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let py = cifar10_py(dir.path());
+    let mut p = Py2Pickle::new();
+    p.out.push(b'}');
+    p.put();
+    p.out.push(b'(');
+    p.string(b"data");
+    p.ndarray_u8(1 << 62, PIXELS, &images(1, 0));
+    p.string(b"labels");
+    p.int_list(&[1]);
+    p.out.extend_from_slice(b"u.");
+    std::fs::write(py.join("data_batch_2"), p.out).unwrap();
+    let e = err("cifar10", dir.path());
+    assert!(
+        e.contains("data_batch_2") && e.contains("more than memory holds"),
+        "{e}"
     );
 }

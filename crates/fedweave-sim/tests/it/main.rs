@@ -8,6 +8,7 @@ mod eval;
 mod forecasting;
 mod golden;
 mod graph_methods;
+mod models;
 mod resume;
 mod robust;
 mod sfl;
