@@ -72,6 +72,27 @@ pub struct ExperimentConfig {
     pub eval: EvalSection,
     /// The defence applied to the uploads before the server aggregates.
     pub aggregator: AggregatorConfig,
+    /// Networked runs (`fedweave serve`): seconds a round waits for the
+    /// clients' answers before it completes with those that arrived (if at
+    /// least `min_clients`). The simulator ignores it; written to
+    /// `config.toml` only when set.
+    #[serde(skip_serializing_if = "is_default_timeout")]
+    pub round_timeout: f64,
+    /// Networked runs: answers a round needs before `round_timeout` may
+    /// complete it.
+    #[serde(skip_serializing_if = "is_one")]
+    pub min_clients: usize,
+}
+
+/// Default `round_timeout`: ten minutes.
+const DEFAULT_ROUND_TIMEOUT: f64 = 600.0;
+
+fn is_default_timeout(t: &f64) -> bool {
+    *t == DEFAULT_ROUND_TIMEOUT
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
 }
 
 impl Default for ExperimentConfig {
@@ -96,6 +117,8 @@ impl Default for ExperimentConfig {
             checkpoint_every: 1,
             eval: EvalSection::default(),
             aggregator: AggregatorConfig::default(),
+            round_timeout: DEFAULT_ROUND_TIMEOUT,
+            min_clients: 1,
         }
     }
 }
@@ -360,6 +383,21 @@ impl ExperimentConfig {
         self.partition
             .validate(self.clients)
             .map_err(|e| key_err("partition", e.to_string()))?;
+        if !(self.round_timeout > 0.0 && self.round_timeout.is_finite()) {
+            return Err(key_err(
+                "round_timeout",
+                format!(
+                    "must be a finite number of seconds > 0, got {}",
+                    self.round_timeout
+                ),
+            ));
+        }
+        if self.min_clients == 0 || self.min_clients > self.clients {
+            return Err(key_err(
+                "min_clients",
+                format!("must be in 1..={}, got {}", self.clients, self.min_clients),
+            ));
+        }
         Ok(())
     }
 
@@ -371,6 +409,8 @@ impl ExperimentConfig {
         c.rounds = 0;
         c.threads = None;
         c.checkpoint_every = 0;
+        c.round_timeout = DEFAULT_ROUND_TIMEOUT;
+        c.min_clients = 1;
         c.to_toml()
     }
 
