@@ -334,7 +334,7 @@ impl RunDir {
 /// `every` rounds and the last (never when `every` is 0). Clients of a
 /// network run keep their states at the same rounds.
 pub fn checkpoint_due(every: usize, rounds: usize, round: usize) -> bool {
-    every > 0 && (round % every == 0 || round == rounds)
+    every > 0 && (round.is_multiple_of(every) || round == rounds)
 }
 
 /// The records of rounds 1..=`round` from `rounds.jsonl`; lines after them
