@@ -113,6 +113,8 @@ impl Visitor for Runner {
             .enable_all()
             .build()
             .map_err(|e| NetError::Transport(e.to_string()))?;
+        // Lazy channels spawn their connection task on this runtime.
+        let _entered = runtime.enter();
         let channel = endpoint(&opts.connect, opts.ca.as_deref())?.connect_lazy();
         let host = Arc::new(Host {
             algo,

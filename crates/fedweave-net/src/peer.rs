@@ -254,6 +254,8 @@ pub fn run_peer(
         },
     ));
     on_ready(addr);
+    // Lazy channels spawn their connection tasks on this runtime.
+    let _entered = runtime.enter();
     let mut channels = HashMap::new();
     for (&j, url) in &opts.peers {
         if j != opts.id && j < opts.cfg.clients {
