@@ -58,6 +58,151 @@ enum Command {
         /// Run directories, or folders holding them.
         dirs: Vec<PathBuf>,
     },
+    /// Serve a networked run: clients train on their own machines.
+    Serve {
+        /// The experiment config (the clients use the same file).
+        config: PathBuf,
+        /// Address to listen on, e.g. 0.0.0.0:7070.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// Output directory (default: a fresh directory under runs/).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// TLS certificate (PEM), e.g. from `fedweave certs`.
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// TLS private key (PEM).
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// File of `id token` lines: clients must present their token.
+        #[arg(long)]
+        tokens: Option<PathBuf>,
+        /// Continue the run in --out from its last checkpoint.
+        #[arg(long, requires = "out")]
+        resume: bool,
+        /// Seconds of silence after which a client's id may be claimed again.
+        #[arg(long, default_value_t = 30.0)]
+        session_timeout: f64,
+        /// Override a config key by its dotted path.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+    /// Run one client of a networked run on its own data.
+    Client {
+        /// The experiment config (the same as the server's).
+        config: PathBuf,
+        /// The server, e.g. http://host:7070 (https:// with TLS).
+        #[arg(long)]
+        connect: String,
+        /// This client's id.
+        #[arg(long)]
+        id: usize,
+        #[command(flatten)]
+        common: ClientArgs,
+    },
+    /// Host many clients of a networked run in one process.
+    Worker {
+        /// The experiment config (the same as the server's).
+        config: PathBuf,
+        /// The server, e.g. http://host:7070 (https:// with TLS).
+        #[arg(long)]
+        connect: String,
+        /// The client ids hosted: A..B (B excluded).
+        #[arg(long)]
+        ids: String,
+        #[command(flatten)]
+        common: ClientArgs,
+    },
+    /// Run one peer of a peer-to-peer method (DPFL): no server.
+    Peer {
+        /// The experiment config (every peer runs the same file).
+        config: PathBuf,
+        /// This peer's client id.
+        #[arg(long)]
+        id: usize,
+        /// Address to listen on, e.g. 0.0.0.0:7071.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// File of `id url` lines: where every peer listens.
+        #[arg(long)]
+        peers: PathBuf,
+        /// Where peer-I.json goes (default: runs/peers).
+        #[arg(long, default_value = "runs/peers")]
+        out: PathBuf,
+        /// TLS certificate (PEM) this peer presents.
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// TLS private key (PEM).
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// CA certificate (PEM) the other peers are verified with.
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// Override a config key by its dotted path.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+    /// Write a CA and a server/peer certificate for TLS.
+    Certs {
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Host names and IP addresses the certificate is valid for.
+        #[arg(long, num_args = 1..)]
+        hosts: Vec<String>,
+    },
+}
+
+/// Options shared by `client` and `worker`.
+#[derive(clap::Args)]
+struct ClientArgs {
+    /// The token the server expects for this client (or these clients).
+    #[arg(long)]
+    token: Option<String>,
+    /// CA certificate (PEM) to verify the server's TLS certificate.
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// Directory where each client checkpoints its own state.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Seconds to keep retrying an unreachable server.
+    #[arg(long, default_value_t = 120.0)]
+    retry_for: f64,
+    /// Override a config key by its dotted path.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
+impl ClientArgs {
+    fn options(
+        self,
+        config: &std::path::Path,
+        connect: String,
+        ids: Vec<usize>,
+    ) -> anyhow::Result<fedweave_net::client::ClientOptions> {
+        let cfg = ExperimentConfig::from_file(config, &self.set)?;
+        let mut o = fedweave_net::client::ClientOptions::new(cfg, connect, ids);
+        o.token = self.token;
+        o.ca = self.ca;
+        o.state_dir = self.state_dir;
+        o.retry_for = seconds(self.retry_for)?;
+        Ok(o)
+    }
+}
+
+fn seconds(s: f64) -> anyhow::Result<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(s)
+        .map_err(|_| anyhow::anyhow!("not a number of seconds: {s}"))
+}
+
+/// `A..B` → A, A+1, ..., B−1.
+fn parse_ids(text: &str) -> anyhow::Result<Vec<usize>> {
+    let (a, b) = text
+        .split_once("..")
+        .ok_or_else(|| anyhow::anyhow!("--ids must look like A..B, got `{text}`"))?;
+    let (a, b): (usize, usize) = (a.trim().parse()?, b.trim().parse()?);
+    anyhow::ensure!(a < b, "--ids {text}: empty range");
+    Ok((a..b).collect())
 }
 
 fn main() -> ExitCode {
@@ -127,6 +272,95 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             for run in runs {
                 println!("{}", export_tensorboard(&run)?.display());
             }
+            Ok(())
+        }
+        Command::Serve {
+            config,
+            listen,
+            out,
+            tls_cert,
+            tls_key,
+            tokens,
+            resume,
+            session_timeout,
+            set,
+        } => {
+            let cfg = ExperimentConfig::from_file(&config, &set)?;
+            let out = out.unwrap_or_else(|| default_out_dir(&cfg));
+            let rounds = cfg.rounds;
+            let mut opts = fedweave_net::server::ServeOptions::new(cfg, listen, out.clone());
+            opts.tls = tls_cert.zip(tls_key);
+            opts.tokens = tokens;
+            opts.resume = resume;
+            opts.session_timeout = seconds(session_timeout)?;
+            let summary = with_progress(rounds, |on_round| {
+                fedweave_net::server::serve(opts, |addr| eprintln!("listening on {addr}"), on_round)
+                    .context("serve failed")
+            })?;
+            print_summary(&summary, &out);
+            Ok(())
+        }
+        Command::Client {
+            config,
+            connect,
+            id,
+            common,
+        } => Ok(fedweave_net::client::run_clients(common.options(
+            &config,
+            connect,
+            vec![id],
+        )?)?),
+        Command::Worker {
+            config,
+            connect,
+            ids,
+            common,
+        } => Ok(fedweave_net::client::run_clients(common.options(
+            &config,
+            connect,
+            parse_ids(&ids)?,
+        )?)?),
+        Command::Peer {
+            config,
+            id,
+            listen,
+            peers,
+            out,
+            tls_cert,
+            tls_key,
+            ca,
+            set,
+        } => {
+            let opts = fedweave_net::peer::PeerOptions {
+                cfg: ExperimentConfig::from_file(&config, &set)?,
+                id,
+                listen,
+                peers: fedweave_net::peer::read_peers(&peers)?,
+                out: out.clone(),
+                tls: tls_cert.zip(tls_key),
+                ca,
+                retry_for: std::time::Duration::from_secs(120),
+                max_message: fedweave_net::wire::DEFAULT_MAX_MESSAGE,
+            };
+            let report =
+                fedweave_net::peer::run_peer(opts, |a| eprintln!("peer {id} listening on {a}"))?;
+            println!(
+                "peer {id} ({}): test acc {:.2}% at its best validation round {}; {}",
+                report.algorithm,
+                100.0 * report.best_test_acc,
+                report.best_round,
+                out.join(format!("peer-{id}.json")).display()
+            );
+            Ok(())
+        }
+        Command::Certs { out, hosts } => {
+            let files = fedweave_net::certs::generate(&out, &hosts)?;
+            println!(
+                "CA {} (clients: --ca), certificate {} and key {} (server: --tls-cert/--tls-key)",
+                files.ca.display(),
+                files.cert.display(),
+                files.key.display()
+            );
             Ok(())
         }
     }

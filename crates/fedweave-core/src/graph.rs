@@ -127,9 +127,13 @@ impl CollaborationGraph {
         let mut weights = vec![0.0; n * n];
         for g in graphs {
             for (w, x) in weights.iter_mut().zip(&g.weights) {
-                *w += x / graphs.len() as f64;
+                *w += x;
             }
         }
+        // Sum, then divide: layers that agree (an absent client's identity
+        // rows) give their common value exactly, not 1 − ε.
+        let k = graphs.len() as f64;
+        weights.iter_mut().for_each(|w| *w /= k);
         Self { n, weights }
     }
 
@@ -160,6 +164,19 @@ mod tests {
         assert_eq!(f.row(2), &p);
         assert_eq!(f.sparsity(), 0.0);
         assert!(f.max_row_sum_error() < 1e-15);
+    }
+
+    #[test]
+    fn the_mean_of_agreeing_layers_is_exact() {
+        // Six per-tensor graphs (pFedLA's MLP) that agree on an absent
+        // client's identity row: 1/6 added six times would be 1 − 2⁻⁵³.
+        let g = CollaborationGraph::mean(&vec![CollaborationGraph::identity(3); 6]);
+        assert_eq!(g, CollaborationGraph::identity(3));
+        let a = CollaborationGraph::from_rows(&[vec![1.0, 0.0], vec![0.0, 1.0]]);
+        let b = CollaborationGraph::from_rows(&[vec![0.0, 1.0], vec![0.5, 0.5]]);
+        let m = CollaborationGraph::mean(&[a, b]);
+        assert_eq!(m.row(0), &[0.5, 0.5]);
+        assert_eq!(m.row(1), &[0.25, 0.75]);
     }
 
     #[test]

@@ -65,6 +65,9 @@ pub struct RoundRecord {
     pub participants: Vec<usize>,
     /// Clients whose upload was rejected (non-finite or wrong size).
     pub rejected: Vec<usize>,
+    /// Clients that did not answer in time (network runtime only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub absent: Vec<usize>,
     /// The round's graph (mean over layers for per-layer methods).
     #[serde(deserialize_with = "matrix")]
     pub graph: Vec<Vec<f64>>,

@@ -11,9 +11,8 @@
 //! bit-identically.
 
 use crate::engine::RunError;
+use crate::packed::{Unpacked, pack};
 use crate::round::RunState;
-use fedweave_core::stash::Stash;
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
@@ -31,7 +30,7 @@ pub(crate) fn path(dir: &Path) -> PathBuf {
 
 /// Identity of the run a checkpoint belongs to: a checkpoint is only
 /// resumed by the same algorithm on the same configuration.
-pub(crate) struct Identity<'a> {
+pub struct Identity<'a> {
     /// The algorithm's name.
     pub algorithm: &'a str,
     /// The resolved configuration, less what may change on resume
@@ -55,18 +54,6 @@ pub(crate) fn save<S: Serialize, C: Serialize>(
     let target = path(dir);
     let folder = target.parent().unwrap_or(dir);
     std::fs::create_dir_all(folder).map_err(|e| fail(folder, e.to_string()))?;
-    let (json, vectors) = Stash::collect(|| serde_json::to_string(state));
-    let json = json.map_err(|e| fail(&target, format!("cannot serialize the state: {e}")))?;
-    let bytes: Vec<Vec<u8>> = vectors
-        .iter()
-        .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
-        .collect();
-    let mut views = Vec::with_capacity(bytes.len());
-    for (k, (v, b)) in vectors.iter().zip(&bytes).enumerate() {
-        let view = TensorView::new(Dtype::F32, vec![v.len()], b)
-            .map_err(|e| fail(&target, e.to_string()))?;
-        views.push((format!("v{k:07}"), view));
-    }
     let metadata = HashMap::from([
         ("format".to_string(), FORMAT.to_string()),
         ("version".to_string(), VERSION.to_string()),
@@ -77,11 +64,10 @@ pub(crate) fn save<S: Serialize, C: Serialize>(
         ("algorithm".to_string(), id.algorithm.to_string()),
         ("config".to_string(), id.config.to_string()),
         ("round".to_string(), state.round.to_string()),
-        ("state".to_string(), json),
     ]);
+    let bytes = pack(state, metadata).map_err(|e| fail(&target, e))?;
     let tmp = folder.join("state.safetensors.tmp");
-    safetensors::tensor::serialize_to_file(views, Some(metadata), &tmp)
-        .map_err(|e| fail(&tmp, e.to_string()))?;
+    std::fs::write(&tmp, bytes).map_err(|e| fail(&tmp, e.to_string()))?;
     let sync = |p: &Path| std::fs::File::open(p).and_then(|f| f.sync_all());
     sync(&tmp).map_err(|e| fail(&tmp, e.to_string()))?;
     std::fs::rename(&tmp, &target).map_err(|e| fail(&target, e.to_string()))?;
@@ -103,32 +89,33 @@ pub(crate) fn load<S: DeserializeOwned, C: DeserializeOwned>(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(fail(&p, e.to_string())),
     };
-    let corrupt = |e: &dyn std::fmt::Display| fail(&p, format!("not a valid checkpoint: {e}"));
-    let tensors = SafeTensors::deserialize(&buffer).map_err(|e| corrupt(&e))?;
-    let (_, header) = SafeTensors::read_metadata(&buffer).map_err(|e| corrupt(&e))?;
-    let meta = header.metadata().clone().unwrap_or_default();
-    let get = |k: &str| meta.get(k).map(String::as_str).unwrap_or("");
+    parse(&buffer, id).map(Some).map_err(|m| fail(&p, m))
+}
+
+/// Checks a checkpoint buffer against the run's identity and decodes it;
+/// the error says what is wrong (the fuzz target feeds it arbitrary bytes).
+pub fn parse<S: DeserializeOwned, C: DeserializeOwned>(
+    buffer: &[u8],
+    id: &Identity,
+) -> Result<RunState<S, C>, String> {
+    let corrupt = |e: &dyn std::fmt::Display| format!("not a valid checkpoint: {e}");
+    let unpacked = Unpacked::parse(buffer).map_err(|e| corrupt(&e))?;
+    let get = |k: &str| unpacked.get(k);
     if get("format") != FORMAT {
-        return Err(fail(&p, "not a fedweave checkpoint"));
+        return Err("not a fedweave checkpoint".into());
     }
     if get("version") != VERSION {
-        return Err(fail(
-            &p,
-            format!(
-                "checkpoint format version {} (written by fedweave {}), this fedweave reads version {VERSION}",
-                get("version"),
-                get("fedweave")
-            ),
+        return Err(format!(
+            "checkpoint format version {} (written by fedweave {}), this fedweave reads version {VERSION}",
+            get("version"),
+            get("fedweave")
         ));
     }
     if get("algorithm") != id.algorithm {
-        return Err(fail(
-            &p,
-            format!(
-                "checkpoint of algorithm `{}`, the run's config says `{}`",
-                get("algorithm"),
-                id.algorithm
-            ),
+        return Err(format!(
+            "checkpoint of algorithm `{}`, the run's config says `{}`",
+            get("algorithm"),
+            id.algorithm
         ));
     }
     if get("config") != id.config {
@@ -138,30 +125,14 @@ pub(crate) fn load<S: DeserializeOwned, C: DeserializeOwned>(
             .find(|(a, b)| a != b)
             .map(|(a, b)| format!(": checkpoint has `{a}`, config has `{b}`"))
             .unwrap_or_default();
-        return Err(fail(
-            &p,
-            format!("the checkpoint belongs to another configuration{first}"),
+        return Err(format!(
+            "the checkpoint belongs to another configuration{first}"
         ));
     }
-    let mut names = tensors.names();
-    names.sort_unstable();
-    let mut vectors = Vec::with_capacity(names.len());
-    for name in names {
-        let t = tensors.tensor(name).map_err(|e| corrupt(&e))?;
-        if t.dtype() != Dtype::F32 || t.shape().len() != 1 {
-            return Err(corrupt(&format!("tensor {name} is not a 1-D f32 vector")));
-        }
-        vectors.push(
-            t.data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-        );
-    }
-    let state: RunState<S, C> =
-        Stash::provide(vectors, || serde_json::from_str(get("state"))).map_err(|e| corrupt(&e))?;
-    if get("round") != state.round.to_string() {
+    let round = get("round").to_string();
+    let state: RunState<S, C> = unpacked.value().map_err(|e| corrupt(&e))?;
+    if round != state.round.to_string() {
         return Err(corrupt(&"round in the metadata and in the state differ"));
     }
-    Ok(Some(state))
+    Ok(state)
 }

@@ -81,6 +81,16 @@ pub struct ExperimentConfig {
     /// while it is the default, so runs hash and resume as before.
     #[serde(skip_serializing_if = "DeviceSection::is_default")]
     pub device: DeviceSection,
+    /// Networked runs (`fedweave serve`): seconds a round waits for the
+    /// clients' answers before it completes with those that arrived (if at
+    /// least `min_clients`). The simulator ignores it; written to
+    /// `config.toml` only when set.
+    #[serde(skip_serializing_if = "is_default_timeout")]
+    pub round_timeout: f64,
+    /// Networked runs: answers a round needs before `round_timeout` may
+    /// complete it.
+    #[serde(skip_serializing_if = "is_one")]
+    pub min_clients: usize,
 }
 
 /// `[device]`: the burn backend local training and evaluation run on.
@@ -96,6 +106,17 @@ impl DeviceSection {
     fn is_default(&self) -> bool {
         *self == Self::default()
     }
+}
+
+/// Default `round_timeout`: ten minutes.
+const DEFAULT_ROUND_TIMEOUT: f64 = 600.0;
+
+fn is_default_timeout(t: &f64) -> bool {
+    *t == DEFAULT_ROUND_TIMEOUT
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
 }
 
 impl Default for ExperimentConfig {
@@ -122,6 +143,8 @@ impl Default for ExperimentConfig {
             eval: EvalSection::default(),
             aggregator: AggregatorConfig::default(),
             device: DeviceSection::default(),
+            round_timeout: DEFAULT_ROUND_TIMEOUT,
+            min_clients: 1,
         }
     }
 }
@@ -515,6 +538,21 @@ impl ExperimentConfig {
         if self.model.embed_dim == Some(0) {
             return Err(key_err("model.embed_dim", "must be at least 1"));
         }
+        if !(self.round_timeout > 0.0 && self.round_timeout.is_finite()) {
+            return Err(key_err(
+                "round_timeout",
+                format!(
+                    "must be a finite number of seconds > 0, got {}",
+                    self.round_timeout
+                ),
+            ));
+        }
+        if self.min_clients == 0 || self.min_clients > self.clients {
+            return Err(key_err(
+                "min_clients",
+                format!("must be in 1..={}, got {}", self.clients, self.min_clients),
+            ));
+        }
         Ok(())
     }
 
@@ -527,6 +565,8 @@ impl ExperimentConfig {
         c.threads = None;
         c.checkpoint_every = 0;
         c.tensorboard = false;
+        c.round_timeout = DEFAULT_ROUND_TIMEOUT;
+        c.min_clients = 1;
         c.to_toml()
     }
 

@@ -6,13 +6,15 @@
 
 use crate::checkpoint::{self, Identity};
 use crate::config::{ConfigError, ExperimentConfig, key_err};
-use crate::protocol::{Trackers, summarize};
+use crate::protocol::{Facts, Trackers, summarize};
 use crate::round::{RunState, run_round};
 use crate::setup::Setup;
 use fedweave_algos::{Algorithm, Topology, Visitor};
 use fedweave_records::{RoundRecord, Summary, tensorboard};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Errors that stop a run before or while it runs.
@@ -133,121 +135,216 @@ impl Visitor for Runner<'_> {
             on_round,
             started,
         } = self;
-        let mut cfg = setup.cfg.clone();
-        if algo.topology() == Topology::PeerToPeer && !cfg.aggregator.is_mean() {
-            return Err(RunError::Config(key_err(
-                "aggregator.kind",
-                format!(
-                    "`{}` has no server to aggregate; robust aggregators need a server method",
-                    algo.name()
-                ),
-            )));
-        }
-        cfg.algorithm = resolved;
-        cfg.algorithm
-            .insert("name".into(), toml::Value::String(algo.name().to_string()));
-        let write = |name: &str, text: &str| -> Result<(), RunError> {
-            let p = out_dir.join(name);
-            std::fs::write(&p, text).map_err(io(&p))
+        let cfg = resolve_config(&setup.cfg, &algo, resolved)?;
+        let partition = serde_json::to_string(&setup.report).unwrap_or_default();
+        let mut dir = RunDir::open(out_dir, &cfg, algo.name(), Some(&partition))?;
+        let facts = Facts {
+            cfg,
+            ..setup.facts()
         };
-        write("config.toml", &cfg.to_toml())?;
-        write(
-            "partition.json",
-            &serde_json::to_string(&setup.report).unwrap_or_default(),
-        )?;
-        let fingerprint = cfg.fingerprint();
-        let identity = Identity {
-            algorithm: algo.name(),
-            config: &fingerprint,
-        };
+        let cfg = &facts.cfg;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(setup.threads())
             .build()
             .map_err(|e| RunError::Threads(e.to_string()))?;
 
         let env = setup.env();
-        let fresh = || RunState {
-            round: 0,
-            server: algo.init_server(&env),
-            clients: (0..cfg.clients)
-                .map(|i| algo.init_client(&env, i))
-                .collect(),
-            trackers: Trackers::new(cfg.clients),
+        let restored = if resume { dir.restore()? } else { None };
+        let (mut state, mut records) = restored.unwrap_or_else(|| {
+            let state = RunState {
+                round: 0,
+                server: algo.init_server(&env),
+                clients: (0..cfg.clients)
+                    .map(|i| algo.init_client(&env, i))
+                    .collect(),
+                trackers: Trackers::new(cfg.clients),
+            };
+            (state, Vec::new())
+        });
+        dir.start_records(&records, state.round)?;
+        while state.round < cfg.rounds {
+            let record = run_round(&algo, setup, &facts, &mut state, &pool);
+            dir.commit(&record, &state)?;
+            on_round(&record);
+            records.push(record);
+        }
+        dir.finish(&facts, algo.name(), &state.trackers, &records, started)
+    }
+}
+
+/// The configuration a run directory records: `cfg` with the algorithm's
+/// resolved parameters; refuses a robust aggregator for a method with no
+/// server.
+pub fn resolve_config<A: Algorithm>(
+    cfg: &ExperimentConfig,
+    algo: &A,
+    resolved: toml::Table,
+) -> Result<ExperimentConfig, RunError> {
+    let mut cfg = cfg.clone();
+    if algo.topology() == Topology::PeerToPeer && !cfg.aggregator.is_mean() {
+        return Err(RunError::Config(key_err(
+            "aggregator.kind",
+            format!(
+                "`{}` has no server to aggregate; robust aggregators need a server method",
+                algo.name()
+            ),
+        )));
+    }
+    cfg.algorithm = resolved;
+    cfg.algorithm
+        .insert("name".into(), toml::Value::String(algo.name().to_string()));
+    Ok(cfg)
+}
+
+/// A run directory being written, the same for every runtime:
+/// `config.toml` (and `partition.json` when the runtime knows it),
+/// `rounds.jsonl` one line per round, the checkpoint, then `summary.json`
+/// and `report.html`.
+pub struct RunDir {
+    dir: PathBuf,
+    algorithm: String,
+    fingerprint: String,
+    checkpoint_every: usize,
+    rounds: usize,
+    rounds_file: Option<std::fs::File>,
+    /// Whether to keep a TensorBoard event file beside `rounds.jsonl`.
+    tensorboard: bool,
+    events: Option<tensorboard::EventWriter>,
+}
+
+impl RunDir {
+    /// Creates `dir` if needed and writes the resolved `cfg` (and the
+    /// partition report) into it.
+    pub fn open(
+        dir: &Path,
+        cfg: &ExperimentConfig,
+        algorithm: &str,
+        partition: Option<&str>,
+    ) -> Result<Self, RunError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let this = Self {
+            dir: dir.to_path_buf(),
+            algorithm: algorithm.to_string(),
+            fingerprint: cfg.fingerprint(),
+            checkpoint_every: cfg.checkpoint_every,
+            rounds: cfg.rounds,
+            rounds_file: None,
+            tensorboard: cfg.tensorboard,
+            events: None,
         };
-        let (mut state, mut records) = match resume {
-            true => match checkpoint::load(out_dir, &identity)? {
-                Some(state) => {
-                    let records = read_records(out_dir, state.round)?;
-                    (state, records)
-                }
-                None => (fresh(), Vec::new()),
-            },
-            false => (fresh(), Vec::new()),
+        this.write("config.toml", &cfg.to_toml())?;
+        if let Some(p) = partition {
+            this.write("partition.json", p)?;
+        }
+        Ok(this)
+    }
+
+    fn write(&self, name: &str, text: &str) -> Result<(), RunError> {
+        let p = self.dir.join(name);
+        std::fs::write(&p, text).map_err(io(&p))
+    }
+
+    fn identity(&self) -> Identity<'_> {
+        Identity {
+            algorithm: &self.algorithm,
+            config: &self.fingerprint,
+        }
+    }
+
+    /// The last checkpoint's state and the records of its rounds; `None`
+    /// when the run has no checkpoint yet. A checkpoint past the configured
+    /// end is an error that says how to extend the run.
+    #[allow(clippy::type_complexity)]
+    pub fn restore<S: DeserializeOwned, C: DeserializeOwned>(
+        &self,
+    ) -> Result<Option<(RunState<S, C>, Vec<RoundRecord>)>, RunError> {
+        let Some(state) = checkpoint::load::<S, C>(&self.dir, &self.identity())? else {
+            return Ok(None);
         };
-        if state.round > cfg.rounds {
+        if state.round > self.rounds {
             return Err(RunError::Checkpoint {
-                path: checkpoint::path(out_dir).display().to_string(),
+                path: checkpoint::path(&self.dir).display().to_string(),
                 message: format!(
                     "the run already has {} rounds; resume with --rounds N for N ≥ {}",
                     state.round, state.round
                 ),
             });
         }
-        // rounds.jsonl holds exactly the checkpointed rounds, then grows.
-        let rounds_path = out_dir.join("rounds.jsonl");
+        let records = read_records(&self.dir, state.round)?;
+        Ok(Some((state, records)))
+    }
+
+    /// Rewrites `rounds.jsonl` to hold exactly `records` (the checkpointed
+    /// rounds 1..=`round`), then appends from there.
+    pub fn start_records(&mut self, records: &[RoundRecord], round: usize) -> Result<(), RunError> {
+        debug_assert_eq!(records.len(), round);
         let mut lines = String::new();
-        for r in &records {
+        for r in records {
             lines.push_str(&serde_json::to_string(r).unwrap_or_default());
             lines.push('\n');
         }
-        write("rounds.jsonl", &lines)?;
-        let mut rounds_file = std::fs::OpenOptions::new()
+        self.write("rounds.jsonl", &lines)?;
+        let p = self.dir.join("rounds.jsonl");
+        let file = std::fs::OpenOptions::new()
             .append(true)
-            .open(&rounds_path)
-            .map_err(io(&rounds_path))?;
-
-        // The event file is rewritten from the kept records, so a resumed
-        // run has one file holding every round once.
-        let mut events = match cfg.tensorboard {
-            true => {
-                let path = out_dir.join(tensorboard::EVENT_FILE);
-                let mut w = tensorboard::EventWriter::create(&path, unix_now())?;
-                for r in &records {
-                    w.round(r, unix_now())?;
-                }
-                Some(w)
+            .open(&p)
+            .map_err(io(&p))?;
+        self.rounds_file = Some(file);
+        // The event file is rewritten from the kept records too, so a
+        // resumed run has one file holding every round once.
+        if self.tensorboard {
+            let path = self.dir.join(tensorboard::EVENT_FILE);
+            let mut w = tensorboard::EventWriter::create(&path, unix_now())?;
+            for r in records {
+                w.round(r, unix_now())?;
             }
-            false => None,
-        };
-
-        while state.round < cfg.rounds {
-            let record = run_round(&algo, setup, &mut state, &pool);
-            if let Some(w) = events.as_mut() {
-                w.round(&record, unix_now())?;
-            }
-            let line = serde_json::to_string(&record).unwrap_or_default();
-            writeln!(rounds_file, "{line}").map_err(io(&rounds_path))?;
-            rounds_file.flush().map_err(io(&rounds_path))?;
-            let every = cfg.checkpoint_every;
-            if every > 0 && (state.round % every == 0 || state.round == cfg.rounds) {
-                checkpoint::save(out_dir, &identity, &state)?;
-            }
-            on_round(&record);
-            records.push(record);
+            self.events = Some(w);
         }
+        Ok(())
+    }
 
-        let summary = summarize(
-            setup,
-            algo.name(),
-            &state.trackers,
-            &records,
-            started.elapsed().as_secs_f64(),
-        );
-        write(
+    /// Appends a finished round's record and checkpoints `state` when due
+    /// (every `checkpoint_every` rounds and at the last one).
+    pub fn commit<S: Serialize, C: Serialize>(
+        &mut self,
+        record: &RoundRecord,
+        state: &RunState<S, C>,
+    ) -> Result<(), RunError> {
+        let p = self.dir.join("rounds.jsonl");
+        let Some(file) = self.rounds_file.as_mut() else {
+            return Err(RunError::Io {
+                path: p.display().to_string(),
+                source: std::io::Error::other("rounds.jsonl not started"),
+            });
+        };
+        if let Some(w) = self.events.as_mut() {
+            w.round(record, unix_now())?;
+        }
+        let line = serde_json::to_string(record).unwrap_or_default();
+        writeln!(file, "{line}").map_err(io(&p))?;
+        file.flush().map_err(io(&p))?;
+        if checkpoint_due(self.checkpoint_every, self.rounds, state.round) {
+            checkpoint::save(&self.dir, &self.identity(), state)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `summary.json` and `report.html` and returns the summary.
+    pub fn finish(
+        &self,
+        facts: &Facts,
+        algorithm: &str,
+        trackers: &Trackers,
+        records: &[RoundRecord],
+        started: Instant,
+    ) -> Result<Summary, RunError> {
+        let elapsed = started.elapsed().as_secs_f64();
+        let summary = summarize(facts, algorithm, trackers, records, elapsed);
+        self.write(
             "summary.json",
             &serde_json::to_string_pretty(&summary).unwrap_or_default(),
         )?;
-        if let Err(e) = fedweave_report::write_report(out_dir) {
+        if let Err(e) = fedweave_report::write_report(&self.dir) {
             tracing::warn!("report.html not written: {e}");
         }
         Ok(summary)
@@ -259,6 +356,13 @@ fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Whether round `round` of a `rounds`-round run is checkpointed: every
+/// `every` rounds and the last (never when `every` is 0). Clients of a
+/// network run keep their states at the same rounds.
+pub fn checkpoint_due(every: usize, rounds: usize, round: usize) -> bool {
+    every > 0 && (round.is_multiple_of(every) || round == rounds)
 }
 
 /// The records of rounds 1..=`round` from `rounds.jsonl`; lines after them

@@ -12,12 +12,14 @@
 
 #![warn(missing_docs)]
 
-mod checkpoint;
+pub mod checkpoint;
 pub mod config;
 mod engine;
+pub mod packed;
 mod peer;
 mod protocol;
 mod round;
+pub mod runtime;
 mod setup;
 
 pub use config::{ConfigError, ExperimentConfig};

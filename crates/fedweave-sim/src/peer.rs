@@ -3,9 +3,10 @@
 //! counted transfer per fetch; each client combines what it fetched by its
 //! own rule and its graph row is its own decision.
 
+use crate::runtime::selection_cx;
 use crate::setup::Setup;
-use fedweave_algos::{Algorithm, ClientCx, Message, PeerNet, PeerStep};
-use fedweave_core::{CollaborationGraph, Purpose, rng_stream};
+use fedweave_algos::{Algorithm, Message, PeerNet, PeerStep};
+use fedweave_core::CollaborationGraph;
 use fedweave_records::SelectionStats;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,13 +86,7 @@ pub(crate) fn exchange<A: Algorithm>(
         .enumerate()
         .filter(|(i, _)| selecting[*i])
         .map(|(i, client)| {
-            let mut cx = ClientCx {
-                client: i,
-                round,
-                data: setup.client_data(i),
-                rng: rng_stream(seed, round as u64, i as u64, Purpose::Selection),
-                origin: None,
-            };
+            let mut cx = selection_cx(setup.client_data(i), seed, round, i);
             (
                 i,
                 algo.peer_step(&setup.client_env(i), &mut cx, client, net),

@@ -3,30 +3,41 @@
 //! and test data; per client the test figure at its best validation score
 //! is kept. The summary reads these trackers and the round records.
 
+use crate::ExperimentConfig;
 use crate::config::SelectionRule;
 use crate::setup::Setup;
-use fedweave_algos::Algorithm;
+use fedweave_algos::{Algorithm, ClientData, Env};
 use fedweave_core::vecmath::{mean, std_dev};
+use fedweave_nn::LocalData;
 use fedweave_records::{PROTOCOL, RoundRecord, Summary};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// What the test split says about one client's model.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
-pub(crate) struct TestMetrics {
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TestMetrics {
+    /// Accuracy (classification).
     pub acc: f64,
+    /// Mean absolute error (regression).
     pub mae: f64,
+    /// Root mean squared error (regression).
     pub rmse: f64,
+    /// Mean absolute percentage error (regression).
     pub mape: f64,
 }
 
 /// One client's evaluation: the validation figure the protocol selects on
 /// (`val_score`, higher is better: accuracy, or −MAE for regression), the
 /// validation figure reported, and the test metrics.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Score {
+/// A client computes it on its own data and reports it; the server only
+/// keeps the books.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Score {
+    /// What best-validation selection compares (higher is better).
     pub val_score: f64,
+    /// The validation figure the records report.
     pub val_reported: f64,
+    /// The test metrics.
     pub test: TestMetrics,
 }
 
@@ -40,12 +51,13 @@ pub(crate) struct BestTracker {
 
 /// The protocol's memory across rounds (checkpointed).
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct Trackers {
-    pub best: Vec<BestTracker>,
-    pub last_test: Vec<TestMetrics>,
+pub struct Trackers {
+    pub(crate) best: Vec<BestTracker>,
+    pub(crate) last_test: Vec<TestMetrics>,
 }
 
 impl Trackers {
+    /// Nothing scored yet, for `clients` clients.
     pub fn new(clients: usize) -> Self {
         Self {
             best: vec![BestTracker::default(); clients],
@@ -53,9 +65,20 @@ impl Trackers {
         }
     }
 
+    /// Records one client's score of round `round` (a peer keeps its own
+    /// books).
+    pub fn record(&mut self, round: usize, client: usize, score: Score) {
+        self.update(round, &[client], &[score]);
+    }
+
+    /// Client `i`'s test metrics at its best validation, and that round.
+    pub fn best(&self, i: usize) -> (TestMetrics, usize) {
+        (self.best[i].test_at_best, self.best[i].round)
+    }
+
     /// Records round `round`'s scores of the `benign` clients (strict
     /// improvement: the earliest round wins ties).
-    pub fn update(&mut self, round: usize, benign: &[usize], scores: &[Score]) {
+    pub(crate) fn update(&mut self, round: usize, benign: &[usize], scores: &[Score]) {
         for (&i, score) in benign.iter().zip(scores) {
             let b = &mut self.best[i];
             if b.best_val.is_none_or(|v| score.val_score > v) {
@@ -82,33 +105,49 @@ pub(crate) fn evaluate_clients<A: Algorithm>(
             .benign
             .par_iter()
             .map(|&i| {
-                let data = setup.client_data(i);
                 let env = setup.env();
-                let state = &clients[i];
-                let val = algo.evaluate(&env, state, &data.train, &data.val);
-                let t = algo.evaluate(&env, state, &data.train, &setup.test_data(i));
-                let test = TestMetrics {
-                    acc: t.accuracy(),
-                    mae: t.mae(),
-                    rmse: t.rmse(),
-                    mape: t.mape(),
-                };
-                if data.val.is_regression() {
-                    Score {
-                        val_score: -val.mae(),
-                        val_reported: val.mae(),
-                        test,
-                    }
-                } else {
-                    Score {
-                        val_score: val.accuracy(),
-                        val_reported: val.accuracy(),
-                        test,
-                    }
-                }
+                score_client(
+                    algo,
+                    &env,
+                    &clients[i],
+                    &setup.client_data(i),
+                    &setup.test_data(i),
+                )
             })
             .collect()
     })
+}
+
+/// Scores one client's personalised model on its validation and test data:
+/// what every runtime calls, wherever the client's data lives.
+pub(crate) fn score_client<A: Algorithm>(
+    algo: &A,
+    env: &Env,
+    state: &A::Client,
+    data: &ClientData,
+    test_data: &LocalData,
+) -> Score {
+    let val = algo.evaluate(env, state, &data.train, &data.val);
+    let t = algo.evaluate(env, state, &data.train, test_data);
+    let test = TestMetrics {
+        acc: t.accuracy(),
+        mae: t.mae(),
+        rmse: t.rmse(),
+        mape: t.mape(),
+    };
+    if data.val.is_regression() {
+        Score {
+            val_score: -val.mae(),
+            val_reported: val.mae(),
+            test,
+        }
+    } else {
+        Score {
+            val_score: val.accuracy(),
+            val_reported: val.accuracy(),
+            test,
+        }
+    }
 }
 
 /// Fills the round record's mean metrics from the round's scores:
@@ -127,17 +166,18 @@ pub(crate) fn fill_means(record: &mut RoundRecord, regression: bool, scores: &[S
 }
 
 /// Test accuracy over the round's benign `participants`, weighted by their
-/// test sizes (`scores` are in `setup.benign` order); `None` when no benign
+/// test sizes (`scores` are in `scored` order); `None` when no benign
 /// client took part.
 pub(crate) fn participant_accuracy(
-    setup: &Setup,
+    facts: &Facts,
+    scored: &[usize],
     participants: &[usize],
     scores: &[Score],
 ) -> Option<f64> {
     let (mut correct, mut total) = (0.0, 0usize);
-    for (&i, score) in setup.benign.iter().zip(scores) {
+    for (&i, score) in scored.iter().zip(scores) {
         if participants.binary_search(&i).is_ok() {
-            let n = setup.test_data(i).len();
+            let n = facts.test_sizes[i];
             correct += score.test.acc * n as f64;
             total += n;
         }
@@ -159,22 +199,46 @@ fn best_round_by_mean_val(records: &[RoundRecord]) -> Option<(usize, f64)> {
     best.map(|(_, round, test)| (round, test))
 }
 
+/// What the books need to know about a federation besides the config: a
+/// simulation reads it off its data, a network server learns it from the
+/// clients' hellos.
+#[derive(Clone, Debug)]
+pub struct Facts {
+    /// The resolved configuration.
+    pub cfg: ExperimentConfig,
+    /// The dataset's name.
+    pub dataset: String,
+    /// Trainable parameters of the model.
+    pub model_parameters: usize,
+    /// Malicious clients (sorted).
+    pub malicious: Vec<usize>,
+    /// Benign clients (sorted): those scored.
+    pub benign: Vec<usize>,
+    /// Each client's test-set size (participant accuracy weights).
+    pub test_sizes: Vec<usize>,
+    /// Regression or forecasting: errors instead of accuracy.
+    pub regression: bool,
+    /// Worker threads reported in the summary.
+    pub threads: usize,
+}
+
 /// `summary.json` from the trackers and every round's record.
 pub(crate) fn summarize(
-    setup: &Setup,
+    facts: &Facts,
     algorithm: &str,
     trackers: &Trackers,
     records: &[RoundRecord],
     wall_seconds: f64,
 ) -> Summary {
-    let cfg = &setup.cfg;
-    let regression = setup.regression;
-    let benign = &setup.benign;
+    let cfg = &facts.cfg;
+    let regression = facts.regression;
+    let benign = &facts.benign;
     let best = &trackers.best;
     // The headline per client: accuracy, or MAE for regression.
     let headline = |m: &TestMetrics| if regression { m.mae } else { m.acc };
+    let is_malicious = |i: usize| facts.malicious.binary_search(&i).is_ok();
     let per_client: Vec<Option<f64>> = (0..cfg.clients)
-        .map(|i| (!setup.is_malicious[i]).then_some(headline(&best[i].test_at_best)))
+        .map(|i| (!is_malicious(i)).then_some(headline(&best[i].test_at_best)))
         .collect();
     let benign_best: Vec<f64> = benign
         .iter()
@@ -225,10 +289,10 @@ pub(crate) fn summarize(
         .unwrap_or_default();
     Summary {
         algorithm: algorithm.to_string(),
-        dataset: setup.dataset.name.clone(),
+        dataset: facts.dataset.clone(),
         partition: cfg.partition.describe(),
         model: format!("{:?}", cfg.model.kind).to_lowercase(),
-        model_parameters: setup.init.len(),
+        model_parameters: facts.model_parameters,
         clients: cfg.clients,
         rounds: records.len(),
         seed: cfg.seed,
@@ -256,19 +320,19 @@ pub(crate) fn summarize(
         per_client_test_mae: regression.then_some(per_client),
         worst10_test_mae: (!sorted.is_empty() && regression).then(|| mean(&sorted[..bottom])),
         per_client_best_round: (0..cfg.clients)
-            .map(|i| (!setup.is_malicious[i]).then_some(best[i].round))
+            .map(|i| (!is_malicious(i)).then_some(best[i].round))
             .collect(),
         mean_test_mae: regression.then(|| benign_mean(|m| m.mae)),
         mean_test_rmse: regression.then(|| benign_mean(|m| m.rmse)),
         mean_test_mape: regression.then(|| benign_mean(|m| m.mape)),
-        malicious: setup.malicious.clone(),
+        malicious: facts.malicious.clone(),
         final_graph: last.map(|r| r.graph.clone()).unwrap_or_default(),
         final_graph_layers: last.map(|r| r.graph_layers.clone()).unwrap_or_default(),
         bytes_up: records.iter().map(|r| r.bytes_up).sum(),
         bytes_down: records.iter().map(|r| r.bytes_down).sum(),
         wall_seconds,
         seconds_per_round_median: secs.get(secs.len() / 2).copied().unwrap_or(0.0),
-        threads: setup.threads(),
+        threads: facts.threads,
         protocol: PROTOCOL.to_string(),
     }
 }

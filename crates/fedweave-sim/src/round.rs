@@ -10,24 +10,29 @@
 //! absent client keeps its model and gets an identity row); and it is
 //! scored every round on its current personalised model, like everyone.
 
+use crate::ExperimentConfig;
 use crate::config::EvalWhen;
 use crate::peer::{SharedMemoryNet, exchange};
-use crate::protocol::{Trackers, evaluate_clients, fill_means, participant_accuracy};
+use crate::protocol::{Facts, Score, Trackers, evaluate_clients, fill_means, participant_accuracy};
 use crate::setup::Setup;
 use fedweave_algos::attack::{AttackKind, poison};
 use fedweave_algos::robust::{AggregatorConfig, AggregatorKind};
-use fedweave_algos::{Algorithm, ClientCx, EvalPoint, Message, RoundOutcome, Topology};
+use fedweave_algos::{
+    Algorithm, ClientCx, ClientData, Env, EvalPoint, Message, RoundOutcome, Topology,
+};
 use fedweave_core::vecmath::mean;
-use fedweave_core::{Purpose, rng_stream};
-use fedweave_records::RoundRecord;
+use fedweave_core::{CollaborationGraph, Purpose, rng_stream};
+use fedweave_records::{RoundRecord, SelectionStats};
 use rand::seq::index::sample;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
 /// Everything that changes from round to round: what a checkpoint holds.
+/// A network server holds no client states (`C = ()`, none stored): the
+/// clients keep and checkpoint their own.
 #[derive(Serialize, Deserialize)]
-pub(crate) struct RunState<S, C> {
+pub struct RunState<S, C> {
     /// Rounds completed.
     pub round: usize,
     /// The algorithm's server state.
@@ -39,18 +44,217 @@ pub(crate) struct RunState<S, C> {
 }
 
 /// One participant's result: its id, upload, training loss, and (under the
-/// `inv_grad` attack) the model its training started from.
-struct Upload<U> {
+/// `inv_grad` attack or norm clipping) the model its training started from.
+pub struct Upload<U> {
+    /// The client.
+    pub client: usize,
+    /// Its message.
+    pub up: U,
+    /// Its mean training loss.
+    pub loss: f64,
+    /// Where its training started, when asked for.
+    pub origin: Option<Vec<f32>>,
+}
+
+/// Client side of a round: participant `client` trains from `state` on its
+/// `data` with its own keyed batch stream, and returns its upload.
+#[allow(clippy::too_many_arguments)]
+pub fn train_client<A: Algorithm>(
+    algo: &A,
+    env: &Env,
+    data: ClientData,
+    seed: u64,
+    round: usize,
     client: usize,
-    up: U,
-    loss: f64,
-    origin: Option<Vec<f32>>,
+    state: &mut A::Client,
+    want_origin: bool,
+) -> Upload<A::Up> {
+    let mut cx = ClientCx {
+        client,
+        round,
+        data,
+        rng: rng_stream(seed, round as u64, client as u64, Purpose::Batches),
+        origin: want_origin.then_some(None),
+    };
+    let t = algo.local_round(env, &mut cx, state);
+    Upload {
+        client,
+        up: t.up,
+        loss: t.train_loss,
+        origin: cx.origin.flatten(),
+    }
+}
+
+/// The uploads the server keeps after checking them.
+pub struct Screened<U> {
+    /// Sound uploads, ascending by client.
+    pub sound: Vec<(usize, U)>,
+    /// Training losses of the sound uploads.
+    pub losses: Vec<f64>,
+    /// Clients whose upload was rejected (malformed, or dropped by the
+    /// robust aggregator), sorted.
+    pub rejected: Vec<usize>,
+    /// Bytes of the sound uploads.
+    pub bytes_up: u64,
+}
+
+/// Server side: checks every upload (shape, finiteness: a bad one is
+/// rejected and its client sits the round out) and, for server methods
+/// with an `[aggregator]` defence, runs it. `uploads` ascend by client.
+pub fn screen<A: Algorithm>(
+    algo: &A,
+    env: &Env,
+    cfg: &ExperimentConfig,
+    round: usize,
+    uploads: Vec<Upload<A::Up>>,
+) -> Screened<A::Up> {
+    let mut rejected = Vec::new();
+    let mut sound = Vec::with_capacity(uploads.len());
+    let mut starts = Vec::with_capacity(uploads.len());
+    let mut losses = Vec::with_capacity(uploads.len());
+    for Upload {
+        client: i,
+        up,
+        loss,
+        origin,
+    } in uploads
+    {
+        match algo.check_upload(env, &up) {
+            Ok(()) => {
+                sound.push((i, up));
+                starts.push(origin);
+                losses.push(loss);
+            }
+            Err(why) => {
+                tracing::warn!(
+                    client = i,
+                    round,
+                    "upload rejected ({why}); client sits this round out"
+                );
+                rejected.push(i);
+            }
+        }
+    }
+    let bytes_up: u64 = sound.iter().map(|(_, u)| u.bytes()).sum();
+    if algo.topology() == Topology::Server && !cfg.aggregator.is_mean() {
+        sound = defend(&cfg.aggregator, sound, &starts, env.init, &mut rejected);
+    }
+    Screened {
+        sound,
+        losses,
+        rejected,
+        bytes_up,
+    }
+}
+
+/// Server side: the round's graph and downloads from the sound uploads
+/// (with none, every client keeps its model).
+pub fn server_outcome<A: Algorithm>(
+    algo: &A,
+    env: &Env,
+    server: &mut A::Server,
+    round: usize,
+    sound: &[(usize, A::Up)],
+) -> RoundOutcome<A::Down> {
+    if sound.is_empty() {
+        // With no sound upload there is nothing to infer a graph from:
+        // every client keeps its model this round.
+        RoundOutcome::keep_all(env.clients())
+    } else {
+        algo.aggregate(env, server, round, sound)
+    }
+}
+
+/// Scores of some clients (ascending ids, benign only) in one round.
+#[derive(Clone, Debug, Default)]
+pub struct Scores {
+    /// The clients scored.
+    pub clients: Vec<usize>,
+    /// Their scores, in the same order.
+    pub scores: Vec<Score>,
+}
+
+/// What a round produced, for the books.
+pub struct RoundBooks<'a> {
+    /// The round, from 1.
+    pub round: usize,
+    /// When it began.
+    pub started: Instant,
+    /// Who was chosen to take part.
+    pub participants: Vec<usize>,
+    /// Absent clients (network runtime: did not answer in time).
+    pub absent: Vec<usize>,
+    /// The screening's result, less the sound uploads.
+    pub losses: &'a [f64],
+    /// Rejected clients, sorted.
+    pub rejected: Vec<usize>,
+    /// Bytes uploaded (peer-to-peer: moved between peers).
+    pub bytes_up: u64,
+    /// Bytes downloaded.
+    pub bytes_down: u64,
+    /// The round's graph.
+    pub graph: &'a CollaborationGraph,
+    /// Per-layer graphs.
+    pub layers: &'a [(String, CollaborationGraph)],
+    /// Peer selection statistics.
+    pub selection: Option<SelectionStats>,
+    /// Scores before training (`eval.when = "before_and_after"`).
+    pub before: Option<Scores>,
+    /// Scores at the algorithm's point.
+    pub after: Scores,
+}
+
+/// Server side: records the round's scores in the trackers (before, then
+/// after) and builds its record.
+pub fn close_round(facts: &Facts, trackers: &mut Trackers, books: RoundBooks) -> RoundRecord {
+    let round = books.round;
+    if let Some(b) = &books.before {
+        trackers.update(round, &b.clients, &b.scores);
+    }
+    trackers.update(round, &books.after.clients, &books.after.scores);
+    let mut record = RoundRecord {
+        round,
+        mean_train_loss: mean(books.losses),
+        seconds: books.started.elapsed().as_secs_f64(),
+        bytes_up: books.bytes_up,
+        bytes_down: books.bytes_down,
+        participants: books.participants,
+        absent: books.absent,
+        rejected: books.rejected,
+        graph: books.graph.to_rows(),
+        graph_layers: books
+            .layers
+            .iter()
+            .map(|(n, g)| (n.clone(), g.to_rows()))
+            .collect(),
+        graph_sparsity: books.graph.sparsity(),
+        graph_symmetry: books.graph.symmetry(),
+        selection: books.selection,
+        ..Default::default()
+    };
+    fill_means(&mut record, facts.regression, &books.after.scores);
+    if let Some(before) = books.before.filter(|_| !facts.regression) {
+        let mut b = RoundRecord::default();
+        fill_means(&mut b, false, &before.scores);
+        record.mean_val_acc_before = b.mean_val_acc;
+        record.mean_test_acc_before = b.mean_test_acc;
+    }
+    if !facts.regression {
+        record.participant_test_acc = participant_accuracy(
+            facts,
+            &books.after.clients,
+            &record.participants,
+            &books.after.scores,
+        );
+    }
+    record
 }
 
 /// Runs round `state.round + 1` and returns its record.
 pub(crate) fn run_round<A: Algorithm>(
     algo: &A,
     setup: &Setup,
+    facts: &Facts,
     state: &mut RunState<A::Server, A::Client>,
     pool: &rayon::ThreadPool,
 ) -> RoundRecord {
@@ -63,16 +267,17 @@ pub(crate) fn run_round<A: Algorithm>(
     participants.iter().for_each(|&i| taking_part[i] = true);
     let attack = cfg.attack.kind;
     let inv_grad = |i: usize| attack == AttackKind::InvGrad && setup.is_malicious[i];
-    // Norm clipping measures updates from where each client's training began.
-    let clipping = cfg.aggregator.kind == AggregatorKind::NormClip;
-    let wants_origin = |i: usize| inv_grad(i) || clipping;
+    let wants_origin = |i: usize| inv_grad(i) || wants_origins(cfg);
+    let benign = || Scores {
+        clients: setup.benign.clone(),
+        scores: Vec::new(),
+    };
 
     // pFedGraph's protocol also scores the models held before training
     // (the received mixes); the best validation is taken over both points.
-    let before = (cfg.eval.when == EvalWhen::BeforeAndAfter).then(|| {
-        let scores = evaluate_clients(algo, setup, &state.clients, pool);
-        state.trackers.update(round, &setup.benign, &scores);
-        scores
+    let before = (cfg.eval.when == EvalWhen::BeforeAndAfter).then(|| Scores {
+        scores: evaluate_clients(algo, setup, &state.clients, pool),
+        ..benign()
     });
 
     // Local training, one task per participant.
@@ -83,20 +288,17 @@ pub(crate) fn run_round<A: Algorithm>(
             .enumerate()
             .filter(|(i, _)| taking_part[*i])
             .map(|(i, client)| {
-                let mut cx = ClientCx {
-                    client: i,
+                let data = setup.client_data(i);
+                train_client(
+                    algo,
+                    &setup.client_env(i),
+                    data,
+                    cfg.seed,
                     round,
-                    data: setup.client_data(i),
-                    rng: rng_stream(cfg.seed, round as u64, i as u64, Purpose::Batches),
-                    origin: wants_origin(i).then_some(None),
-                };
-                let t = algo.local_round(&setup.client_env(i), &mut cx, client);
-                Upload {
-                    client: i,
-                    up: t.up,
-                    loss: t.train_loss,
-                    origin: cx.origin.flatten(),
-                }
+                    i,
+                    client,
+                    wants_origin(i),
+                )
             })
             .collect()
     });
@@ -114,41 +316,16 @@ pub(crate) fn run_round<A: Algorithm>(
             }
         }
     }
-    let mut rejected = Vec::new();
-    let mut sound = Vec::with_capacity(uploads.len());
-    let mut starts = Vec::with_capacity(uploads.len());
-    let mut losses = Vec::with_capacity(uploads.len());
-    for Upload {
-        client: i,
-        up,
-        loss,
-        origin,
-    } in uploads
-    {
-        match algo.check_upload(&env, &up) {
-            Ok(()) => {
-                sound.push((i, up));
-                starts.push(origin);
-                losses.push(loss);
-            }
-            Err(why) => {
-                tracing::warn!(
-                    client = i,
-                    round,
-                    "upload rejected ({why}); client sits this round out"
-                );
-                rejected.push(i);
-            }
-        }
-    }
-    let mut bytes_up: u64 = sound.iter().map(|(_, u)| u.bytes()).sum();
-    if algo.topology() == Topology::Server && !cfg.aggregator.is_mean() {
-        sound = defend(&cfg.aggregator, sound, &starts, &setup.init, &mut rejected);
-    }
+    let Screened {
+        sound,
+        losses,
+        rejected,
+        mut bytes_up,
+    } = screen(algo, &env, cfg, round, uploads);
 
-    let mut scores = Vec::new();
+    let mut after = benign();
     if algo.eval_point() == EvalPoint::AfterTraining {
-        scores = evaluate_clients(algo, setup, &state.clients, pool);
+        after.scores = evaluate_clients(algo, setup, &state.clients, pool);
     }
 
     // Graph inference and mixing: by a server, or by the clients themselves
@@ -165,12 +342,8 @@ pub(crate) fn run_round<A: Algorithm>(
         bytes_up = net.bytes();
         selection = Some(stats);
         RoundOutcome::new(graph, Vec::new())
-    } else if sound.is_empty() {
-        // With no sound upload there is nothing to infer a graph from:
-        // every client keeps its model this round.
-        RoundOutcome::keep_all(cfg.clients)
     } else {
-        algo.aggregate(&env, &mut state.server, round, &sound)
+        server_outcome(algo, &env, &mut state.server, round, &sound)
     };
     let bytes_down = if algo.topology() == Topology::PeerToPeer {
         bytes_up
@@ -179,41 +352,31 @@ pub(crate) fn run_round<A: Algorithm>(
     };
     deliver(algo, setup, &mut state.clients, outcome.downloads, pool);
     if algo.eval_point() == EvalPoint::AfterReceive {
-        scores = evaluate_clients(algo, setup, &state.clients, pool);
+        after.scores = evaluate_clients(algo, setup, &state.clients, pool);
     }
-    state.trackers.update(round, &setup.benign, &scores);
     state.round = round;
-
-    let mut record = RoundRecord {
+    let books = RoundBooks {
         round,
-        mean_train_loss: mean(&losses),
-        seconds: started.elapsed().as_secs_f64(),
+        started,
+        participants,
+        absent: Vec::new(),
+        losses: &losses,
+        rejected,
         bytes_up,
         bytes_down,
-        participants,
-        rejected,
-        graph: outcome.graph.to_rows(),
-        graph_layers: outcome
-            .layers
-            .iter()
-            .map(|(n, g)| (n.clone(), g.to_rows()))
-            .collect(),
-        graph_sparsity: outcome.graph.sparsity(),
-        graph_symmetry: outcome.graph.symmetry(),
+        graph: &outcome.graph,
+        layers: &outcome.layers,
         selection,
-        ..Default::default()
+        before,
+        after,
     };
-    fill_means(&mut record, setup.regression, &scores);
-    if let Some(before) = before.filter(|_| !setup.regression) {
-        let mut b = RoundRecord::default();
-        fill_means(&mut b, false, &before);
-        record.mean_val_acc_before = b.mean_val_acc;
-        record.mean_test_acc_before = b.mean_test_acc;
-    }
-    if !setup.regression {
-        record.participant_test_acc = participant_accuracy(setup, &record.participants, &scores);
-    }
-    record
+    close_round(facts, &mut state.trackers, books)
+}
+
+/// Whether every participant reports where its training started (norm
+/// clipping measures updates from there).
+pub fn wants_origins(cfg: &ExperimentConfig) -> bool {
+    cfg.aggregator.kind == AggregatorKind::NormClip
 }
 
 /// Runs the `[aggregator]` defence on the sound uploads' models; uploads
@@ -282,7 +445,7 @@ fn deliver<A: Algorithm>(
 
 /// The round's participants: everyone, or a seeded subset of
 /// max(1, round(participation·N)) clients, sorted.
-fn choose_participants(cfg: &crate::ExperimentConfig, round: usize) -> Vec<usize> {
+pub fn choose_participants(cfg: &ExperimentConfig, round: usize) -> Vec<usize> {
     if cfg.participation >= 1.0 {
         return (0..cfg.clients).collect();
     }
@@ -333,7 +496,7 @@ mod tests {
             };
             for _ in 0..3 {
                 let before = held(&state);
-                let record = run_round(&algo, setup, &mut state, &pool);
+                let record = run_round(&algo, setup, &setup.facts(), &mut state, &pool);
                 let after = held(&state);
                 assert_eq!(record.participants.len(), n / 2, "{}", algo.name());
                 let received = |i: usize| {

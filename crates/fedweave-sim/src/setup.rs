@@ -5,9 +5,9 @@
 
 use crate::config::{ExperimentConfig, key_err};
 use crate::engine::RunError;
+use crate::protocol::Facts;
 use fedweave_algos::attack::{AttackKind, choose_malicious};
 use fedweave_algos::{ClientData, Env};
-use fedweave_core::{Purpose, rng_stream};
 use fedweave_data::{Dataset, InputKind, Partition, PartitionReport, Task};
 use fedweave_nn::{InputValues, LocalData, ModelInput, ModelSpec, TrainConfig};
 
@@ -77,7 +77,7 @@ impl Setup {
         Ok(Self {
             train: cfg.train.to_train_config(),
             client_train: cfg.train.client_configs(cfg.seed, cfg.clients),
-            init: spec.init(&mut rng_stream(cfg.seed, 0, u64::MAX, Purpose::ModelInit)),
+            init: crate::runtime::initial_model(&spec, cfg.seed),
             sizes: partition.train_sizes(),
             label_counts: report.clients.iter().map(|c| c.train.clone()).collect(),
             benign: (0..cfg.clients).filter(|&i| !is_malicious[i]).collect(),
@@ -116,6 +116,22 @@ impl Setup {
     /// Worker threads.
     pub fn threads(&self) -> usize {
         self.cfg.threads.unwrap_or(1)
+    }
+
+    /// What the books need to know about the federation.
+    pub fn facts(&self) -> Facts {
+        Facts {
+            cfg: self.cfg.clone(),
+            dataset: self.dataset.name.clone(),
+            model_parameters: self.init.len(),
+            malicious: self.malicious.clone(),
+            benign: self.benign.clone(),
+            test_sizes: (0..self.cfg.clients)
+                .map(|i| self.test_data(i).len())
+                .collect(),
+            regression: self.regression,
+            threads: self.threads(),
+        }
     }
 
     /// Label-flipping clients see labels y → C−1−y (train and validation).

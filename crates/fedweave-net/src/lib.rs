@@ -1,0 +1,60 @@
+//! fedweave-net: the network transports. The same algorithm code as the
+//! simulator (the round steps of `fedweave_sim::runtime`) over gRPC (tonic,
+//! prost, HTTP/2, rustls): a server and clients for server methods
+//! (`fedweave serve` / `client` / `worker`), and peers for peer-to-peer
+//! methods (`fedweave peer`). A networked run gives the same per-client
+//! accuracies and graphs as `fedweave run` of the same config.
+
+#![warn(missing_docs)]
+
+pub mod certs;
+pub mod client;
+mod hub;
+pub mod peer;
+pub mod server;
+mod tls;
+pub mod wire;
+
+/// The generated gRPC services.
+#[allow(missing_docs, clippy::all)]
+pub(crate) mod proto {
+    include!(concat!(env!("OUT_DIR"), "/fedweave.Federation.rs"));
+    include!(concat!(env!("OUT_DIR"), "/fedweave.Peers.rs"));
+}
+
+/// Errors of the network runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// The run itself failed (config, data, checkpoint, outputs).
+    #[error(transparent)]
+    Run(#[from] fedweave_sim::RunError),
+    /// A file could not be read or written.
+    #[error("{path}: {message}")]
+    File {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// Transport failure (bind, connect, TLS).
+    #[error("network: {0}")]
+    Transport(String),
+    /// The server refused this client (wrong token, unknown id, id in use).
+    #[error("refused by the server: {0}")]
+    Refused(String),
+    /// A message could not be decoded.
+    #[error(transparent)]
+    Wire(#[from] wire::WireError),
+    /// The configuration does not fit the network runtime.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl NetError {
+    pub(crate) fn file(path: &std::path::Path, e: impl std::fmt::Display) -> Self {
+        Self::File {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! Runs a simulation and a networked run of one config and compares them.
+
+use fedweave_net::NetError;
+use fedweave_net::client::{ClientOptions, run_clients};
+use fedweave_net::server::{ServeOptions, serve};
+use fedweave_sim::{ExperimentConfig, Summary, run_experiment};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// A small federation: 4 digits clients, an MLP, 3 rounds.
+pub const SMALL: &str = "seed = 3\nclients = 4\nrounds = 3\nthreads = 1\n[data]\ndataset = \"digits\"\n[partition]\nkind = \"dirichlet\"\nbeta = 0.5\n[model]\nkind = \"mlp\"\n[train]\nlocal_iterations = 3\nbatch_size = 16\n";
+
+/// The config with `algorithm.name = algo` and `overrides`.
+pub fn config(algo: &str, overrides: &[&str]) -> ExperimentConfig {
+    let mut o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    o.push(format!("algorithm.name=\"{algo}\""));
+    ExperimentConfig::from_toml_str(SMALL, &o).expect("valid config")
+}
+
+/// The simulated run's directory and summary.
+pub fn simulate(cfg: &ExperimentConfig) -> (tempfile::TempDir, Summary) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = run_experiment(cfg, dir.path(), &mut |_| {}).expect("simulation runs");
+    (dir, s)
+}
+
+/// A server running in a thread.
+pub struct Server {
+    pub addr: SocketAddr,
+    pub handle: JoinHandle<Result<Summary, NetError>>,
+    /// Each finished round's record.
+    pub rounds: mpsc::Receiver<fedweave_sim::RoundRecord>,
+}
+
+/// Starts `serve` on a free loopback port.
+pub fn start_server(opts: impl FnOnce(SocketAddr) -> ServeOptions + Send + 'static) -> Server {
+    let (tx, rx) = mpsc::channel();
+    let (round_tx, rounds) = mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        let o = opts("127.0.0.1:0".parse().unwrap());
+        serve(o, |a| tx.send(a).unwrap(), &mut |r| {
+            round_tx.send(r.clone()).ok();
+        })
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("server listening");
+    Server {
+        addr,
+        handle,
+        rounds,
+    }
+}
+
+/// Runs `ids` as one process (a worker, or a single client) in a thread.
+pub fn start_clients(
+    cfg: &ExperimentConfig,
+    url: String,
+    ids: Vec<usize>,
+    tune: impl FnOnce(&mut ClientOptions) + Send + 'static,
+) -> JoinHandle<Result<(), NetError>> {
+    let cfg = cfg.clone();
+    std::thread::spawn(move || {
+        let mut o = ClientOptions::new(cfg, url, ids);
+        o.retry_for = Duration::from_secs(30);
+        tune(&mut o);
+        run_clients(o)
+    })
+}
+
+/// Waits for a thread at most `secs` seconds.
+pub fn join<T: Send + 'static>(h: JoinHandle<T>, secs: u64) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while !h.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {secs}s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    h.join().expect("thread did not panic")
+}
+
+/// Serve options writing into `out`.
+pub fn serve_opts(
+    cfg: &ExperimentConfig,
+    out: &Path,
+) -> impl FnOnce(SocketAddr) -> ServeOptions + Send + 'static {
+    let (cfg, out): (ExperimentConfig, PathBuf) = (cfg.clone(), out.to_path_buf());
+    move |addr| ServeOptions::new(cfg, addr, out)
+}
+
+/// The rounds of a run directory, less wall-clock seconds.
+pub fn rounds(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("rounds.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("seconds");
+            v
+        })
+        .collect()
+}
+
+/// Asserts that two runs agree bit for bit on everything but timing.
+pub fn assert_same(sim_dir: &Path, sim: &Summary, net_dir: &Path, net: &Summary) {
+    assert_eq!(net.per_client_test_acc, sim.per_client_test_acc);
+    assert_eq!(net.per_client_best_round, sim.per_client_best_round);
+    assert_eq!(net.final_graph, sim.final_graph);
+    assert_eq!(net.final_graph_layers, sim.final_graph_layers);
+    assert_eq!(net.mean_test_acc, sim.mean_test_acc);
+    assert_eq!(net.selected_test_acc, sim.selected_test_acc);
+    assert_eq!(
+        (net.bytes_up, net.bytes_down),
+        (sim.bytes_up, sim.bytes_down)
+    );
+    assert_eq!(rounds(net_dir), rounds(sim_dir));
+    for f in ["config.toml", "summary.json", "rounds.jsonl", "report.html"] {
+        assert!(net_dir.join(f).exists(), "{f} written by the server");
+    }
+    assert_eq!(
+        std::fs::read_to_string(net_dir.join("config.toml")).unwrap(),
+        std::fs::read_to_string(sim_dir.join("config.toml")).unwrap()
+    );
+}

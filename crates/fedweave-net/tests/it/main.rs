@@ -1,0 +1,7 @@
+//! End-to-end tests of the network runtime on loopback: the same config
+//! gives the same results over gRPC as in simulation.
+
+mod common;
+mod e2e;
+mod p2p;
+mod security;

@@ -1,0 +1,100 @@
+//! Tokens and refusals, TLS, and a client that stops answering.
+
+use crate::common::*;
+use fedweave_net::NetError;
+use fedweave_net::server::ServeOptions;
+use std::time::Duration;
+
+fn refused(r: Result<(), NetError>, why: &str) {
+    match r {
+        Err(NetError::Refused(m)) => assert!(m.contains(why), "refusal `{m}` lacks `{why}`"),
+        other => panic!("expected a refusal ({why}), got {other:?}"),
+    }
+}
+
+#[test]
+fn wrong_missing_and_unknown_tokens_and_a_second_connection_are_refused_and_the_run_goes_on() {
+    let cfg = config("fedavg", &["rounds=3"]);
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.txt");
+    std::fs::write(&tokens, "# id token\n0 t0\n1 t1\n2 t2\n3 t3\n").unwrap();
+    let out = dir.path().join("run");
+    let (c, t) = (cfg.clone(), tokens.clone());
+    let server = start_server(move |addr| {
+        let mut o = ServeOptions::new(c, addr, out);
+        o.tokens = Some(t);
+        o
+    });
+    let url = format!("http://{}", server.addr);
+    let token = |t: &'static str| {
+        move |o: &mut fedweave_net::client::ClientOptions| o.token = Some(t.into())
+    };
+    refused(
+        join(start_clients(&cfg, url.clone(), vec![0], token("t1")), 60),
+        "wrong token",
+    );
+    refused(
+        join(start_clients(&cfg, url.clone(), vec![1], |_| {}), 60),
+        "token is required",
+    );
+    let five = config("fedavg", &["rounds=3", "clients=5"]);
+    refused(
+        join(start_clients(&five, url.clone(), vec![4], token("t3")), 60),
+        "unknown client id 4",
+    );
+    let good: Vec<_> = [("t0", 0), ("t1", 1), ("t2", 2), ("t3", 3)]
+        .into_iter()
+        .map(|(t, i)| start_clients(&cfg, url.clone(), vec![i], token(t)))
+        .collect();
+    // Once round 1 is done every client is connected: a second connection
+    // for id 2, with the right token, is refused.
+    let first = server
+        .rounds
+        .recv_timeout(Duration::from_secs(120))
+        .unwrap();
+    assert_eq!(first.round, 1);
+    refused(
+        join(start_clients(&cfg, url.clone(), vec![2], token("t2")), 60),
+        "already connected",
+    );
+    let summary = join(server.handle, 300).expect("the run went on");
+    for c in good {
+        join(c, 60).expect("client finished");
+    }
+    let (sim_dir, sim) = simulate(&cfg);
+    assert_same(sim_dir.path(), &sim, &dir.path().join("run"), &summary);
+}
+
+#[test]
+fn tls_with_fedweave_certs_gives_the_same_run_and_plain_clients_cannot_talk_to_it() {
+    let cfg = config("pfedgraph", &["rounds=2"]);
+    let dir = tempfile::tempdir().unwrap();
+    let files =
+        fedweave_net::certs::generate(&dir.path().join("certs"), &["localhost".into()]).unwrap();
+    let out = dir.path().join("run");
+    let (c, cert, key) = (cfg.clone(), files.cert.clone(), files.key.clone());
+    let server = start_server(move |addr| {
+        let mut o = ServeOptions::new(c, addr, out);
+        o.tls = Some((cert, key));
+        o
+    });
+    let port = server.addr.port();
+    // Without TLS the server cannot be reached.
+    let plain = start_clients(&cfg, format!("http://localhost:{port}"), vec![0], |o| {
+        o.retry_for = Duration::from_secs(2);
+    });
+    assert!(matches!(join(plain, 60), Err(NetError::Transport(_))));
+    let ca = files.ca.clone();
+    let clients = start_clients(
+        &cfg,
+        format!("https://localhost:{port}"),
+        vec![0, 1, 2, 3],
+        move |o| {
+            o.ca = Some(ca);
+        },
+    );
+    let summary = join(server.handle, 300).expect("served over TLS");
+    join(clients, 60).expect("clients finished");
+    let (sim_dir, sim) = simulate(&cfg);
+    assert_same(sim_dir.path(), &sim, &dir.path().join("run"), &summary);
+}
