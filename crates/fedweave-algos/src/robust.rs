@@ -2,7 +2,7 @@
 //! composable with every server method because they wrap the uploads
 //! instead of living in the algorithms (Flower's "strategy wrappers").
 //!
-//! The runtime applies a [`RobustAggregator`] to the round's sound uploads
+//! The runtime applies the configured defence ([`AggregatorConfig`]) to the round's sound uploads
 //! (their first vector, the model) before the algorithm aggregates:
 //!
 //! - `median` (Yin et al., ICML 2018) and `trimmed_mean` (β-trimmed mean,
