@@ -58,3 +58,29 @@ impl NetError {
         }
     }
 }
+
+/// Reads a file of `id value` lines (`#` comments, blank lines skipped):
+/// the tokens file of `serve` and the peers file of `peer`. A line that is
+/// not exactly an id and one `what` is an error naming the line.
+pub(crate) fn read_id_lines<K: std::str::FromStr + std::hash::Hash + Eq>(
+    path: &std::path::Path,
+    what: &str,
+) -> Result<std::collections::HashMap<K, String>, NetError> {
+    let text = std::fs::read_to_string(path).map_err(|e| NetError::file(path, e))?;
+    let mut out = std::collections::HashMap::new();
+    for (k, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let bad = || NetError::file(path, format!("line {}: expected `id {what}`", k + 1));
+        let mut parts = line.split_whitespace();
+        let id = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+        let value = parts.next().ok_or_else(bad)?;
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        out.insert(id, value.to_string());
+    }
+    Ok(out)
+}

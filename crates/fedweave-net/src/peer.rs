@@ -51,23 +51,7 @@ pub struct PeerOptions {
 /// Reads a peers file: one `id address` pair a line (`host:port` or a
 /// URL); `#` comments.
 pub fn read_peers(path: &Path) -> Result<HashMap<usize, String>, NetError> {
-    let text = std::fs::read_to_string(path).map_err(|e| NetError::file(path, e))?;
-    let mut peers = HashMap::new();
-    for (k, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let bad = || NetError::file(path, format!("line {}: expected `id url`", k + 1));
-        let mut parts = line.split_whitespace();
-        let id = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-        let url = parts.next().ok_or_else(bad)?;
-        if parts.next().is_some() {
-            return Err(bad());
-        }
-        peers.insert(id, url.to_string());
-    }
-    Ok(peers)
+    crate::read_id_lines(path, "url")
 }
 
 /// A peer's URL: `host:port` gets `http://`, or `https://` with TLS.

@@ -59,23 +59,7 @@ impl ServeOptions {
 
 /// Reads a tokens file: one `id token` pair a line; `#` comments.
 pub fn read_tokens(path: &Path) -> Result<HashMap<u64, String>, NetError> {
-    let text = std::fs::read_to_string(path).map_err(|e| NetError::file(path, e))?;
-    let mut tokens = HashMap::new();
-    for (k, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let bad = || NetError::file(path, format!("line {}: expected `id token`", k + 1));
-        let mut parts = line.split_whitespace();
-        let id = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-        let token = parts.next().ok_or_else(bad)?;
-        if parts.next().is_some() {
-            return Err(bad());
-        }
-        tokens.insert(id, token.to_string());
-    }
-    Ok(tokens)
+    crate::read_id_lines(path, "token")
 }
 
 /// Serves one run to its end and returns its summary. `on_ready` learns
