@@ -16,7 +16,7 @@ use fedweave_sim::ExperimentConfig;
 use fedweave_sim::config::EvalWhen;
 use fedweave_sim::runtime::{Derived, Score, Trackers, choose_participants, train_client};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -122,6 +122,12 @@ pub struct PeerReport {
 struct Board {
     posts: Mutex<BTreeMap<u64, Option<Arc<Vec<u8>>>>>,
     posted: tokio::sync::Notify,
+    /// The "finished" round, once posted, and who has fetched it: a peer
+    /// leaves only when every other peer has seen it finish, or a slower
+    /// peer would find it gone.
+    finished: OnceLock<u64>,
+    seen_finished: Mutex<HashSet<u64>>,
+    seen: tokio::sync::Notify,
 }
 
 impl Board {
@@ -154,6 +160,15 @@ impl Peers for PeerService {
                 let p = self.board.posts.lock().unwrap_or_else(|e| e.into_inner());
                 match p.get(&req.round) {
                     Some(Some(m)) => {
+                        if self.board.finished.get() == Some(&req.round) {
+                            let mut seen = self
+                                .board
+                                .seen_finished
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner());
+                            seen.insert(req.from);
+                            self.board.seen.notify_waiters();
+                        }
                         let payload = if req.probe {
                             Vec::new()
                         } else {
@@ -347,6 +362,45 @@ impl PeerRunner<'_> {
     }
 }
 
+impl PeerRunner<'_> {
+    /// Waits (up to `retry_for`) until every other peer has fetched this
+    /// one's "finished" mark.
+    fn wait_until_seen_finished(&self) -> Result<(), NetError> {
+        let others: Vec<u64> = self.channels.keys().map(|&j| j as u64).collect();
+        let board = self.board;
+        let deadline = tokio::time::Instant::now() + self.opts.retry_for;
+        self.handle.block_on(async move {
+            loop {
+                let notified = board.seen.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                let missing: Vec<u64> = {
+                    let seen = board
+                        .seen_finished
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    others
+                        .iter()
+                        .filter(|j| !seen.contains(j))
+                        .copied()
+                        .collect()
+                };
+                if missing.is_empty() {
+                    return Ok(());
+                }
+                tokio::select! {
+                    _ = &mut notified => {}
+                    _ = tokio::time::sleep_until(deadline) => {
+                        return Err(NetError::Transport(format!(
+                            "peers {missing:?} never asked whether this peer finished"
+                        )));
+                    }
+                }
+            }
+        })
+    }
+}
+
 impl<A: Algorithm> PeerNet<A::Up> for GrpcNet<'_, A> {
     fn fetch(&self, to: usize, peer: usize) -> Option<&A::Up> {
         if peer == to {
@@ -475,12 +529,16 @@ impl Visitor for PeerRunner<'_> {
                 rewards: step.rewards,
             });
         }
-        // Stay until every other peer is done with this one's posts.
+        // Stay until every other peer is done with this one's posts: wait
+        // for each one's "finished" mark, then for each one to have seen
+        // this one's.
         let done = cfg.rounds as u64 + 1;
+        self.board.finished.set(done).ok();
         self.board.post(done, Some(Vec::new()));
         for &j in self.channels.keys() {
             self.fetch(j, done, true)?;
         }
+        self.wait_until_seen_finished()?;
         let (best, best_round) = trackers.best(me);
         Ok(PeerReport {
             id: me,

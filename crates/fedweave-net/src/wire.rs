@@ -225,14 +225,24 @@ pub fn decode<T: DeserializeOwned>(payload: &[u8], limit: usize) -> Result<T, Wi
 mod tests {
     use super::*;
 
+    /// A model as the algorithms' messages carry one: stashed, so it
+    /// travels as raw floats (a plain `Vec<f32>` goes through JSON, where a
+    /// NaN has no spelling).
+    #[derive(Clone, Debug, Serialize, Deserialize)]
+    struct Model {
+        #[serde(with = "fedweave_core::stash::vector")]
+        weights: Vec<f32>,
+    }
+
     #[test]
-    #[ignore = "fails at the deadline (decode of the Receive task); to be fixed"]
     fn tasks_round_trip_with_exact_floats_and_garbage_is_a_typed_error() {
         let down = vec![0.1f32, f32::NAN, -3.5e-40];
         let t = Task::Receive {
             seq: 7,
             round: 3,
-            down: Some(down.clone()),
+            down: Some(Model {
+                weights: down.clone(),
+            }),
             after: true,
         };
         let bytes = encode(&t).unwrap();
@@ -241,30 +251,30 @@ mod tests {
             round,
             down: Some(d),
             after,
-        } = decode::<Task<Vec<f32>>>(&bytes, 1 << 20).unwrap()
+        } = decode::<Task<Model>>(&bytes, 1 << 20).unwrap()
         else {
             panic!("wrong variant");
         };
         assert_eq!((seq, round, after), (7, 3, true));
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&d), bits(&down));
+        assert_eq!(bits(&d.weights), bits(&down));
         assert!(matches!(
-            decode::<Task<Vec<f32>>>(&bytes, 10),
+            decode::<Task<Model>>(&bytes, 10),
             Err(WireError::TooLarge { .. })
         ));
         assert!(matches!(
-            decode::<Task<Vec<f32>>>(b"\x08\0\0\0\0\0\0\0{}      ", 1 << 20),
+            decode::<Task<Model>>(b"\x08\0\0\0\0\0\0\0{}      ", 1 << 20),
             Err(WireError::Format { .. }) | Err(WireError::Malformed(_))
         ));
         let other = pack(&1u8, HashMap::new()).unwrap();
         assert!(matches!(
-            decode::<Task<Vec<f32>>>(&other, 1 << 20),
+            decode::<Task<Model>>(&other, 1 << 20),
             Err(WireError::Format { .. })
         ));
         // The right envelope around the wrong type.
-        let wrong = encode(&Reply::<Vec<f32>>::Received { after: None }).unwrap();
+        let wrong = encode(&Reply::<Model>::Received { after: None }).unwrap();
         assert!(matches!(
-            decode::<Task<Vec<f32>>>(&wrong, 1 << 20),
+            decode::<Task<Model>>(&wrong, 1 << 20),
             Err(WireError::Malformed(_))
         ));
     }

@@ -8,7 +8,6 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 #[test]
-#[ignore = "fails at the deadline (p2p.rs:55); to be fixed"]
 fn dpfl_by_peers_equals_simulation() {
     let cfg = config("dpfl", &["algorithm.init_epochs=1"]);
     let (sim_dir, sim) = simulate(&cfg);
