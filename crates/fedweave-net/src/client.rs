@@ -217,6 +217,19 @@ impl Backoff {
     }
 }
 
+/// Writes `bytes` to `path` through a temporary file, so a crash leaves
+/// the old file or the new one, never half of one.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), NetError> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(|e| NetError::file(d, e))?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes).map_err(|e| NetError::file(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| NetError::file(path, e))
+}
+
 fn pack_state<C: Serialize>(round: usize, state: &C) -> Result<Vec<u8>, NetError> {
     let meta = HashMap::from([("format".to_string(), CLIENT_FORMAT.to_string())]);
     pack(&Saved { round, state }, meta).map_err(NetError::Unsupported)
@@ -358,13 +371,7 @@ impl<A: Algorithm> Host<A> {
         if let Some(p) = self.state_file(i)
             && checkpoint_due(cfg.checkpoint_every, cfg.rounds, round)
         {
-            let bytes = pack_state(round, &local.state)?;
-            let tmp = p.with_extension("tmp");
-            if let Some(d) = p.parent() {
-                std::fs::create_dir_all(d).map_err(|e| NetError::file(d, e))?;
-            }
-            std::fs::write(&tmp, bytes).map_err(|e| NetError::file(&tmp, e))?;
-            std::fs::rename(&tmp, &p).map_err(|e| NetError::file(&p, e))?;
+            write_atomically(&p, &pack_state(round, &local.state)?)?;
         }
         Ok(Reply::Received { after })
     }
@@ -377,7 +384,17 @@ impl<A: Algorithm> Host<A> {
         let mut local = Some(self.load(i)?);
         let info = wire::encode(&self.derived.info(i))?;
         let mut backoff = Backoff::new(self.retry_for);
-        let mut previous = 0;
+        // A client restarted after a crash names the session it had, so the
+        // server lets it take its id back before that session times out.
+        let session_file = self
+            .state_dir
+            .as_ref()
+            .map(|d| d.join(format!("client-{i}.session")));
+        let mut previous = session_file
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0);
         'join: loop {
             let hello = Hello {
                 id: i as u64,
@@ -401,6 +418,9 @@ impl<A: Algorithm> Host<A> {
                 }
             };
             previous = session;
+            if let Some(p) = &session_file {
+                write_atomically(p, session.to_string().as_bytes())?;
+            }
             backoff.reset();
             loop {
                 let poll = Poll {
