@@ -1,17 +1,17 @@
 //! What crosses the network. The gRPC messages are prost structs (no
 //! .proto compile: `build.rs` generates the services from a manual
 //! definition); each carries the typed message of the algorithm (its own
-//! `Up`/`Down` types and the runtime's tasks and answers) as one packed
-//! buffer (`fedweave_sim::packed`: safetensors with raw f32 vectors and a
-//! JSON body), so a model arrives bit-identical. Every payload is checked
-//! on arrival: size limit, format, and shape; a bad one is an error, never
-//! a panic.
+//! `Up`/`Down` types and the runtime's tasks and answers) as one buffer: a
+//! four-byte tag, then the value in postcard (serde's compact binary
+//! format), where an `f32` is its four little-endian bytes — so a model
+//! arrives bit-identical (NaN payloads included) at 4 bytes a parameter,
+//! with no decimal text to format or parse. Every payload is checked on
+//! arrival: size limit, tag, format and trailing bytes; a bad one is an
+//! error, never a panic.
 
-use fedweave_sim::packed::{Unpacked, pack};
 use fedweave_sim::runtime::Score;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 
 /// A client introduces itself.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -162,10 +162,9 @@ pub struct WireUpload<U> {
     pub origin: Option<Vec<f32>>,
 }
 
-/// What a payload says it is.
-const FORMAT: &str = "fedweave-message";
-/// Bumped on incompatible changes of the message layout.
-const VERSION: &str = "1";
+/// What a payload starts with: "fedweave message", layout version 2
+/// (bumped on incompatible changes of the message layout).
+const TAG: [u8; 4] = *b"FWM2";
 
 /// Default limit on one message: 256 MiB.
 pub const DEFAULT_MAX_MESSAGE: usize = 256 << 20;
@@ -181,29 +180,24 @@ pub enum WireError {
         /// The limit.
         limit: usize,
     },
-    /// Not a fedweave message, or of another version.
-    #[error("not a fedweave message (format `{format}`, version `{version}`)")]
+    /// Not a fedweave message, or of another layout version.
+    #[error("not a fedweave message of this version (it starts with {found:?})")]
     Format {
-        /// What it said it was.
-        format: String,
-        /// Its version.
-        version: String,
+        /// Its first bytes.
+        found: Vec<u8>,
     },
     /// Malformed content.
     #[error("malformed message: {0}")]
     Malformed(String),
 }
 
-/// Packs a typed message.
+/// Encodes a typed message.
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, WireError> {
-    let meta = HashMap::from([
-        ("format".to_string(), FORMAT.to_string()),
-        ("version".to_string(), VERSION.to_string()),
-    ]);
-    pack(value, meta).map_err(WireError::Malformed)
+    postcard::to_extend(value, TAG.to_vec()).map_err(|e| WireError::Malformed(e.to_string()))
 }
 
-/// Unpacks a typed message of at most `limit` bytes.
+/// Decodes a typed message of at most `limit` bytes; every byte must belong
+/// to it.
 pub fn decode<T: DeserializeOwned>(payload: &[u8], limit: usize) -> Result<T, WireError> {
     if payload.len() > limit {
         return Err(WireError::TooLarge {
@@ -211,23 +205,28 @@ pub fn decode<T: DeserializeOwned>(payload: &[u8], limit: usize) -> Result<T, Wi
             limit,
         });
     }
-    let u = Unpacked::parse(payload).map_err(WireError::Malformed)?;
-    if u.get("format") != FORMAT || u.get("version") != VERSION {
+    let Some(body) = payload.strip_prefix(&TAG) else {
         return Err(WireError::Format {
-            format: u.get("format").chars().take(64).collect(),
-            version: u.get("version").chars().take(16).collect(),
+            found: payload.iter().take(TAG.len()).copied().collect(),
         });
+    };
+    let (value, rest) =
+        postcard::take_from_bytes(body).map_err(|e| WireError::Malformed(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(WireError::Malformed(format!(
+            "{} bytes after the message",
+            rest.len()
+        )));
     }
-    u.value().map_err(WireError::Malformed)
+    Ok(value)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A model as the algorithms' messages carry one: stashed, so it
-    /// travels as raw floats (a plain `Vec<f32>` goes through JSON, where a
-    /// NaN has no spelling).
+    /// A model as some algorithms' messages carry one (stashed in
+    /// checkpoints, inline on the wire).
     #[derive(Clone, Debug, Serialize, Deserialize)]
     struct Model {
         #[serde(with = "fedweave_core::stash::vector")]
@@ -264,18 +263,49 @@ mod tests {
         ));
         assert!(matches!(
             decode::<Task<Model>>(b"\x08\0\0\0\0\0\0\0{}      ", 1 << 20),
-            Err(WireError::Format { .. }) | Err(WireError::Malformed(_))
-        ));
-        let other = pack(&1u8, HashMap::new()).unwrap();
-        assert!(matches!(
-            decode::<Task<Model>>(&other, 1 << 20),
             Err(WireError::Format { .. })
+        ));
+        // Cut short, or with bytes after the message.
+        assert!(matches!(
+            decode::<Task<Model>>(&bytes[..bytes.len() - 1], 1 << 20),
+            Err(WireError::Malformed(_))
+        ));
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(matches!(
+            decode::<Task<Model>>(&longer, 1 << 20),
+            Err(WireError::Malformed(_))
         ));
         // The right envelope around the wrong type.
         let wrong = encode(&Reply::<Model>::Received { after: None }).unwrap();
-        assert!(matches!(
-            decode::<Task<Model>>(&wrong, 1 << 20),
-            Err(WireError::Malformed(_))
-        ));
+        assert!(decode::<Task<Model>>(&wrong, 1 << 20).is_err());
+    }
+
+    /// A plain `Vec<f32>` (most algorithms' `Up`) costs 4 bytes a
+    /// parameter plus a few bytes of framing, and keeps every bit.
+    #[test]
+    fn a_model_costs_four_bytes_a_parameter() {
+        let model: Vec<f32> = (0..10_000u32)
+            .map(|k| f32::from_bits(0x3f80_0000 ^ k.wrapping_mul(2_654_435_761u32)))
+            .collect();
+        let up = Reply::Trained {
+            upload: Some(WireUpload {
+                up: model.clone(),
+                loss: 0.25,
+                origin: None,
+            }),
+            before: None,
+            after: None,
+        };
+        let bytes = encode(&up).unwrap();
+        assert!(bytes.len() <= 4 * model.len() + 32, "{} bytes", bytes.len());
+        let Reply::Trained {
+            upload: Some(back), ..
+        } = decode::<Reply<Vec<f32>>>(&bytes, 1 << 20).unwrap()
+        else {
+            panic!("wrong variant");
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&back.up), bits(&model));
     }
 }
