@@ -130,6 +130,9 @@ impl Hub {
                         "round timeout: going on without the missing clients"
                     );
                 }
+                // The phase is over: no more tasks handed out, late
+                // answers refused.
+                s.phase.tasks.clear();
                 return std::mem::take(&mut s.phase.answers);
             }
             if elapsed >= timeout && !warned {
@@ -273,7 +276,7 @@ impl Hub {
                 }
                 let p = &s.phase;
                 if let Some(Some(task)) = p.tasks.get(i)
-                    && p.answers[i].is_none()
+                    && p.answers.get(i).is_some_and(Option::is_none)
                 {
                     return Ok(Envelope {
                         payload: task.as_ref().clone(),

@@ -15,9 +15,10 @@ pub mod server;
 mod tls;
 pub mod wire;
 
-/// The generated gRPC services.
+/// The generated gRPC services (`Federation`: Join, Next, Report;
+/// `Peers`: Fetch), for tools that talk to a fedweave server directly.
 #[allow(missing_docs, clippy::all)]
-pub(crate) mod proto {
+pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/fedweave.Federation.rs"));
     include!(concat!(env!("OUT_DIR"), "/fedweave.Peers.rs"));
 }

@@ -98,3 +98,89 @@ fn tls_with_fedweave_certs_gives_the_same_run_and_plain_clients_cannot_talk_to_i
     let (sim_dir, sim) = simulate(&cfg);
     assert_same(sim_dir.path(), &sim, &dir.path().join("run"), &summary);
 }
+
+/// A client that sends a model full of NaN in round 1 and one of the wrong
+/// length in round 2 (a forged client speaking the protocol directly): both
+/// uploads are rejected as in simulation, recorded, and the rounds go on
+/// with the three honest clients.
+#[test]
+fn nan_and_wrong_shape_uploads_are_rejected_without_ending_the_round() {
+    use fedweave_net::proto::federation_client::FederationClient;
+    use fedweave_net::wire::{self, Answer, Hello, Poll, Reply, Task, WireUpload};
+    let cfg = config("fedavg", &["rounds=3", "train.local_iterations=30"]);
+    let out = tempfile::tempdir().unwrap();
+    let server = start_server(serve_opts(&cfg, out.path()));
+    let url = format!("http://{}", server.addr);
+    let honest = start_clients(&cfg, url.clone(), vec![0, 1, 2], |_| {});
+    let derived = fedweave_sim::runtime::Derived::load(&cfg).unwrap();
+    let d = derived.env().init.len();
+    let info = wire::encode(&derived.info(3)).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut rpc = FederationClient::connect(url).await.unwrap();
+        let hello = Hello {
+            id: 3,
+            token: String::new(),
+            info,
+            previous: 0,
+        };
+        let session = rpc.join(hello).await.unwrap().into_inner().session;
+        loop {
+            let poll = Poll { id: 3, session };
+            let payload = rpc.next(poll).await.unwrap().into_inner().payload;
+            let (seq, reply) = match wire::decode::<Task<Vec<f32>>>(&payload, 1 << 30).unwrap() {
+                Task::Wait => continue,
+                Task::Finish => break,
+                Task::Train { seq, round, .. } => {
+                    let up = if round == 1 {
+                        vec![f32::NAN; d]
+                    } else {
+                        vec![0.0; d - 1]
+                    };
+                    let upload = Some(WireUpload {
+                        up,
+                        loss: 0.0,
+                        origin: None,
+                    });
+                    let reply = Reply::Trained {
+                        upload,
+                        before: None,
+                        after: Some(Default::default()),
+                    };
+                    (seq, reply)
+                }
+                Task::Receive { seq, .. } => (
+                    seq,
+                    Reply::Received {
+                        after: Some(Default::default()),
+                    },
+                ),
+            };
+            let answer = Answer {
+                id: 3,
+                session,
+                seq,
+                payload: wire::encode(&reply).unwrap(),
+            };
+            rpc.report(answer).await.unwrap();
+        }
+    });
+    let summary = join(server.handle, 300).expect("the run went on");
+    join(honest, 60).expect("honest clients finished");
+    let recs = rounds(out.path());
+    assert_eq!(recs.len(), 3);
+    for r in &recs {
+        assert_eq!(
+            r["rejected"],
+            serde_json::json!([3]),
+            "round {}",
+            r["round"]
+        );
+    }
+    // The average never took the NaN model in: the honest clients learned
+    // (chance on ten digit classes is 0.1; a NaN model scores about that).
+    for i in 0..3 {
+        let acc = summary.per_client_test_acc[i].unwrap();
+        assert!(acc > 0.5, "client {i}: {acc}");
+    }
+}
