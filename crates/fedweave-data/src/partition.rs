@@ -139,7 +139,7 @@ pub struct PartitionReport {
 }
 
 /// How many samples of each class one client holds.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ClientLabelCounts {
     /// Training samples per class.
     pub train: Vec<usize>,

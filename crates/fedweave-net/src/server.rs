@@ -175,7 +175,7 @@ impl Visitor for Driver<'_> {
             )));
         }
         let cfg = resolve_config(&blueprint.facts().cfg, &algo, resolved)?;
-        let mut dir = RunDir::open(out, &cfg, algo.name(), None)?;
+        let mut dir = RunDir::open(out, &cfg, algo.name(), Some(&blueprint.partition_json()))?;
         let env = blueprint.env();
         let facts = &Facts {
             cfg: cfg.clone(),

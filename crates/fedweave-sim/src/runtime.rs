@@ -12,6 +12,7 @@ use crate::engine::RunError;
 use crate::setup::Setup;
 use fedweave_algos::{Algorithm, ClientCx, ClientData, Env};
 use fedweave_core::{Purpose, rng_stream};
+use fedweave_data::{ClientLabelCounts, PartitionReport};
 use fedweave_nn::{LocalData, ModelSpec, TrainConfig};
 use serde::{Deserialize, Serialize};
 
@@ -30,8 +31,12 @@ pub struct ClientInfo {
     pub size: usize,
     /// Its test-set size.
     pub test_size: usize,
-    /// Its training label counts (oracle graphs only).
-    pub label_counts: Vec<usize>,
+    /// Its samples per class in train, validation and test (oracle graphs
+    /// read the training counts; the server writes them to
+    /// `partition.json`).
+    pub counts: ClientLabelCounts,
+    /// The dataset's number of classes.
+    pub num_classes: usize,
     /// The dataset's name.
     pub dataset: String,
     /// The input shape of one sample.
@@ -95,7 +100,8 @@ impl Derived {
         ClientInfo {
             size: s.sizes[i],
             test_size: s.test_data(i).len(),
-            label_counts: s.label_counts[i].clone(),
+            counts: s.report.clients[i].clone(),
+            num_classes: s.report.num_classes,
             dataset: s.dataset.name.clone(),
             feature_shape: s.dataset.feature_shape.clone(),
             outputs: s.spec.num_classes(),
@@ -143,6 +149,7 @@ pub struct Blueprint {
     init: Vec<f32>,
     sizes: Vec<usize>,
     label_counts: Vec<Vec<usize>>,
+    partition: PartitionReport,
     facts: Facts,
 }
 
@@ -175,7 +182,11 @@ impl Blueprint {
         Ok(Self {
             train: cfg.train.to_train_config(),
             sizes: infos.iter().map(|c| c.size).collect(),
-            label_counts: infos.iter().map(|c| c.label_counts.clone()).collect(),
+            label_counts: infos.iter().map(|c| c.counts.train.clone()).collect(),
+            partition: PartitionReport {
+                num_classes: first.num_classes,
+                clients: infos.iter().map(|c| c.counts.clone()).collect(),
+            },
             facts: Facts {
                 dataset: first.dataset.clone(),
                 model_parameters: init.len(),
@@ -189,6 +200,12 @@ impl Blueprint {
             init,
             spec,
         })
+    }
+
+    /// `partition.json` as the clients reported it: the same file as
+    /// `fedweave run` writes.
+    pub fn partition_json(&self) -> String {
+        serde_json::to_string(&self.partition).unwrap_or_default()
     }
 
     /// What the algorithm may read on the server.

@@ -119,11 +119,14 @@ pub fn assert_same(sim_dir: &Path, sim: &Summary, net_dir: &Path, net: &Summary)
         (sim.bytes_up, sim.bytes_down)
     );
     assert_eq!(rounds(net_dir), rounds(sim_dir));
-    for f in ["config.toml", "summary.json", "rounds.jsonl", "report.html"] {
+    for f in ["config.toml", "partition.json"] {
+        assert_eq!(
+            std::fs::read_to_string(net_dir.join(f)).unwrap(),
+            std::fs::read_to_string(sim_dir.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    for f in ["summary.json", "rounds.jsonl", "report.html"] {
         assert!(net_dir.join(f).exists(), "{f} written by the server");
     }
-    assert_eq!(
-        std::fs::read_to_string(net_dir.join("config.toml")).unwrap(),
-        std::fs::read_to_string(sim_dir.join("config.toml")).unwrap()
-    );
 }
