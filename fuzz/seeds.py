@@ -81,3 +81,29 @@ put("npz", "tiny.npz", buf.getvalue())
 for f in sorted((root.parent / "examples").glob("*.toml")):
     put("config", f.name, f.read_bytes())
 print("seeds written to", corpus)
+
+# Wire payloads: the tag, then postcard. Task::Wait is variant 0; a
+# Task::Train { seq 2, round 1, participate, before, after, origin } is
+# variant 1 with varints and bools; a Reply::Trained with an upload of two
+# floats.
+put("wire", "wait", b"FWM2" + bytes([0]))
+put("wire", "train", b"FWM2" + bytes([1, 2, 1, 1, 0, 1, 0]))
+put("wire", "trained", b"FWM2" + bytes([0, 1, 2]) + struct.pack("<2f", 0.5, -1.0)
+    + struct.pack("<d", 0.25) + bytes([0, 0, 0]))
+
+# Checkpoint: a safetensors buffer with one 2-float tensor and the metadata
+# the checks read; the fuzzer mutates toward a state the body decodes.
+def safetensors(meta, tensors):
+    header, offset, blob = {"__metadata__": meta}, 0, b""
+    for name, floats in tensors.items():
+        data = struct.pack(f"<{len(floats)}f", *floats)
+        header[name] = {"dtype": "F32", "shape": [len(floats)],
+                        "data_offsets": [offset, offset + len(data)]}
+        offset += len(data); blob += data
+    h = json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + blob
+
+put("checkpoint", "pfedgraph", safetensors(
+    {"format": "fedweave-checkpoint", "version": "1", "algorithm": "pfedgraph",
+     "config": "seed = 1\n", "state": '{"round":1,"server":null,"clients":[],"trackers":null}'},
+    {"v0000000": [0.5, -1.0]}))

@@ -51,6 +51,12 @@ pub struct DataConfig {
     /// `yahoo-answers`: tokens kept per sample (the first ones; shorter
     /// texts are padded with `<pad>`). Default 256.
     pub seq_len: usize,
+    /// `csv`: the number of classes (every label is below it; all clients
+    /// must agree, since none sees the others' files).
+    pub classes: Option<usize>,
+    /// `csv`: the shape of one sample, e.g. `[1, 28, 28]` for a CNN
+    /// (default: flat, `[d]`).
+    pub shape: Option<Vec<usize>>,
 }
 
 impl Default for DataConfig {
@@ -68,6 +74,8 @@ impl Default for DataConfig {
             emnist_split: "balanced".to_string(),
             vocab_size: 50_000,
             seq_len: 256,
+            classes: None,
+            shape: None,
         }
     }
 }

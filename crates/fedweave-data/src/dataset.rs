@@ -139,6 +139,10 @@ pub struct NaturalClient {
     pub val: Vec<usize>,
     /// Indices into the dataset's test split.
     pub test: Vec<usize>,
+    /// Held on another machine and not loaded here (a networked client
+    /// process loads only the clients it hosts): empty, and exempt from the
+    /// partition's size checks.
+    pub remote: bool,
 }
 
 /// A loaded dataset: a training pool, a test pool and its shape.
@@ -172,6 +176,23 @@ impl Dataset {
     /// Number of values per sample (the product of `feature_shape`).
     pub fn feature_len(&self) -> usize {
         self.feature_shape.iter().product()
+    }
+}
+
+/// Loads the data of a federation of `clients` clients: [`load_dataset`],
+/// except for `csv` (a directory per client), of which only the `hosted`
+/// clients are read when given (a networked client process), the others
+/// being marked remote.
+pub fn load_federation(
+    cfg: &DataConfig,
+    seed: u64,
+    clients: usize,
+    hosted: Option<&[usize]>,
+) -> Result<Dataset, DataError> {
+    if cfg.dataset == "csv" {
+        crate::csv_clients::load(cfg, clients, hosted)
+    } else {
+        load_dataset(cfg, seed)
     }
 }
 
@@ -238,6 +259,10 @@ pub fn dataset_names() -> &'static [(&'static str, &'static str)] {
             "tiny-imagenet",
             "Tiny-ImageNet 3x64x64 (100k train / 10k val as test, 200 classes) from JPEG folders",
         ),
+        (
+            "csv",
+            "each client's own train.csv and test.csv (rows label,x1,...,xd) in data.path = \"dir/{id}\"; natural clients, data.classes classes",
+        ),
     ]
 }
 
@@ -266,6 +291,12 @@ pub const FASHION_MNIST_DEFAULT_DIR: &str = "/usr/share/datasets/fashion-mnist";
 /// training split drawn from `rng_stream(seed, 1, u64::MAX, Purpose::Dataset)`,
 /// in the original order; natural clients are re-indexed accordingly.
 pub fn load_dataset(cfg: &DataConfig, seed: u64) -> Result<Dataset, DataError> {
+    if cfg.dataset == "csv" {
+        return Err(DataError::config(
+            "data.dataset",
+            "dataset csv is one set of files per client: load it with load_federation",
+        ));
+    }
     if cfg.users.is_some()
         && !matches!(
             cfg.dataset.as_str(),

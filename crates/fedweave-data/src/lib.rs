@@ -22,6 +22,7 @@
 
 mod cifar;
 mod config;
+mod csv_clients;
 mod dataset;
 pub mod digits;
 mod emnist;
@@ -41,7 +42,7 @@ mod yahoo;
 pub use config::{DataConfig, PartitionConfig, PartitionKind, SplitKind, SyntheticConfig};
 pub use dataset::{
     Dataset, FASHION_MNIST_DEFAULT_DIR, InputKind, NaturalClient, Split, TargetScale, Task,
-    dataset_names, load_dataset,
+    dataset_names, load_dataset, load_federation,
 };
 pub use error::DataError;
 pub use leaf::SHAKESPEARE_ALPHABET;

@@ -300,7 +300,16 @@ pub fn partition(
     };
 
     let need = if cfg.val_fraction > 0.0 { 2 } else { 1 };
-    if let Some((i, s)) = shares.iter().enumerate().find(|(_, s)| s.len() < need) {
+    let remote = |i: usize| {
+        ds.natural_clients
+            .as_ref()
+            .is_some_and(|nat| nat.get(i).is_some_and(|c| c.remote))
+    };
+    if let Some((i, s)) = shares
+        .iter()
+        .enumerate()
+        .find(|&(i, s)| s.len() < need && !remote(i))
+    {
         return Err(DataError::config(
             "clients",
             format!(
@@ -325,7 +334,7 @@ pub fn partition(
             let mut r = rng_stream(seed, 0, i as u64, Purpose::ValidationSplit);
             share.shuffle(&mut r);
             let n = share.len();
-            let n_val = if cfg.val_fraction > 0.0 {
+            let n_val = if cfg.val_fraction > 0.0 && n > 0 {
                 ((cfg.val_fraction * n as f64).round() as usize).clamp(1, n - 1)
             } else {
                 0

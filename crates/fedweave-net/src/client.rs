@@ -70,7 +70,7 @@ pub fn run_clients(opts: ClientOptions) -> Result<(), NetError> {
             opts.cfg.clients
         )));
     }
-    let derived = Arc::new(Derived::load(&opts.cfg)?);
+    let derived = Arc::new(Derived::load_hosted(&opts.cfg, &opts.ids)?);
     let cfg = derived.cfg().clone();
     let runner = Runner {
         derived: derived.clone(),

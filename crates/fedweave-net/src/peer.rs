@@ -209,6 +209,11 @@ pub fn run_peer(
             "attacks are a simulation feature; the network runtime runs honest peers".into(),
         ));
     }
+    if opts.cfg.data.dataset == "csv" {
+        return Err(NetError::Unsupported(
+            "peers weigh each other by data size, which per-client files (data.dataset = \"csv\") do not let a peer know: derive the data from the config".into(),
+        ));
+    }
     if opts.id >= opts.cfg.clients {
         return Err(NetError::Unsupported(format!(
             "peer id {} is outside 0..{}",

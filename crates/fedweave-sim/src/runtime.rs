@@ -62,6 +62,16 @@ impl Derived {
         })
     }
 
+    /// Derives the federation of `cfg` on a machine holding only the
+    /// `hosted` clients' data: with per-client files (`data.dataset =
+    /// "csv"`) only theirs are read; the other clients' data is never
+    /// needed there.
+    pub fn load_hosted(cfg: &ExperimentConfig, hosted: &[usize]) -> Result<Self, RunError> {
+        Ok(Self {
+            setup: Setup::load_hosted(cfg, Some(hosted))?,
+        })
+    }
+
     /// The resolved configuration.
     pub fn cfg(&self) -> &ExperimentConfig {
         &self.setup.cfg

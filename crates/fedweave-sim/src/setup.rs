@@ -39,6 +39,13 @@ impl Setup {
     /// Loads and partitions the data, builds the model and the initial
     /// parameters.
     pub fn load(cfg: &ExperimentConfig) -> Result<Self, RunError> {
+        Self::load_hosted(cfg, None)
+    }
+
+    /// [`Self::load`] on a machine that holds only the `hosted` clients'
+    /// data (a networked client process): with per-client files (`csv`)
+    /// only theirs are read.
+    pub fn load_hosted(cfg: &ExperimentConfig, hosted: Option<&[usize]>) -> Result<Self, RunError> {
         let mut cfg = cfg.clone();
         if cfg.data.dataset == "synthetic" {
             cfg.data.synthetic.clients = cfg.clients;
@@ -47,7 +54,7 @@ impl Setup {
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         cfg.threads = Some(threads);
-        let dataset = fedweave_data::load_dataset(&cfg.data, cfg.seed)?;
+        let dataset = fedweave_data::load_federation(&cfg.data, cfg.seed, cfg.clients, hosted)?;
         let (dataset, partition) =
             fedweave_data::prepare(dataset, &cfg.partition, cfg.clients, cfg.seed)?;
         let outputs = match dataset.task {

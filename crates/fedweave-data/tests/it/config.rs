@@ -69,7 +69,8 @@ fn listed_datasets_are_loadable_names() {
             "shakespeare",
             "movielens-100k",
             "yahoo-answers",
-            "tiny-imagenet"
+            "tiny-imagenet",
+            "csv"
         ]
     );
     assert_eq!(partition_kinds().len(), 11);
