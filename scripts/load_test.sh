@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # Loopback load test of the networked runtime (issue 14): CLIENTS clients
-# hosted by WORKERS `fedweave worker` processes, FedAvg on Fashion-MNIST with
-# `cnn-bn` (582,218 parameters, 2.33 MB a model), ROUNDS rounds. Local work is
-# kept tiny (one step of batch 8, 20 training samples a client) so the round
-# time is the runtime's: encoding, gRPC transfer, decoding, checks,
-# aggregation and bookkeeping. Prints the round latencies, the server's peak
-# memory, the payload throughput, and the raw loopback bandwidth of one TCP
-# stream measured here.
+# hosted by WORKERS `fedweave worker` processes, FedAvg with `cnn-bn` on
+# 1x28x28 inputs (582,218 parameters, 2.33 MB a model), ROUNDS rounds. Each
+# client's data is its own small pair of CSV files (`data.dataset = "csv"`:
+# 16 training and 4 test rows of random pixels) and local work is one step of
+# batch 8, so the round time is the runtime's: encoding, gRPC transfer,
+# decoding, checks, aggregation and bookkeeping, plus the clients' small
+# training and scoring. Prints the round latencies, the server's peak memory,
+# the payload throughput, and the raw loopback bandwidth of one TCP stream
+# measured here.
 #
 #   scripts/load_test.sh                 # 200 clients, 4 workers, 4 rounds
 #   CLIENTS=50 ROUNDS=2 scripts/load_test.sh
 #
-# Needs a release build (cargo build --release -p fedweave-cli) and Debian's
-# dataset-fashion-mnist. Bounded: the whole test is killed after LIMIT
-# seconds (default 900).
+# Needs a release build (cargo build --release -p fedweave-cli). Bounded:
+# every process is killed after LIMIT seconds (default 900).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/fedweave}
@@ -24,6 +25,19 @@ LIMIT=${LIMIT:-900}
 dir=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$dir"' EXIT
 
+python3 - "$dir" "$CLIENTS" <<'PY'
+import os, random, sys
+d, n = sys.argv[1], int(sys.argv[2])
+rng = random.Random(1)
+for i in range(n):
+    os.makedirs(f"{d}/data/{i}")
+    for name, rows in (("train", 16), ("test", 4)):
+        with open(f"{d}/data/{i}/{name}.csv", "w") as f:
+            for _ in range(rows):
+                px = ",".join(str(rng.randrange(256) / 255) for _ in range(784))
+                f.write(f"{rng.randrange(10)},{px}\n")
+PY
+
 cat > "$dir/cfg.toml" <<EOF
 seed = 1
 clients = $CLIENTS
@@ -31,10 +45,12 @@ rounds = $ROUNDS
 threads = 1
 round_timeout = $LIMIT
 [data]
-dataset = "fashion-mnist"
-max_train_samples = $((CLIENTS * 20))
+dataset = "csv"
+path = "$dir/data/{id}"
+classes = 10
+shape = [1, 28, 28]
 [partition]
-kind = "iid"
+kind = "natural"
 [model]
 kind = "cnn-bn"
 [train]

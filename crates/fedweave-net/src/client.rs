@@ -11,7 +11,7 @@
 
 use crate::proto::federation_client::FederationClient;
 use crate::wire::{self, Answer, Hello, Poll, Reply, Task, WireUpload};
-use crate::{NetError, tls};
+use crate::{NetError, transport};
 use fedweave_algos::{Algorithm, Visitor};
 use fedweave_sim::ExperimentConfig;
 use fedweave_sim::packed::{Unpacked, pack};
@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// How `fedweave client` / `worker` run.
 pub struct ClientOptions {
@@ -85,20 +85,6 @@ pub fn run_clients(opts: ClientOptions) -> Result<(), NetError> {
     .map_err(fedweave_sim::RunError::from)?
 }
 
-/// A connection to `url` (TLS when a CA is given).
-pub(crate) fn endpoint(url: &str, ca: Option<&Path>) -> Result<Endpoint, NetError> {
-    let mut ep = Endpoint::from_shared(url.to_string())
-        .map_err(|e| NetError::Transport(format!("bad URL {url}: {e}")))?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true);
-    if let Some(ca) = ca {
-        ep = ep
-            .tls_config(tls::client_config(ca)?)
-            .map_err(|e| NetError::Transport(e.to_string()))?;
-    }
-    Ok(ep)
-}
-
 struct Runner {
     derived: Arc<Derived>,
     opts: ClientOptions,
@@ -115,7 +101,7 @@ impl Visitor for Runner {
             .map_err(|e| NetError::Transport(e.to_string()))?;
         // Lazy channels spawn their connection task on this runtime.
         let _entered = runtime.enter();
-        let channel = endpoint(&opts.connect, opts.ca.as_deref())?.connect_lazy();
+        let channel = transport::endpoint(&opts.connect, opts.ca.as_deref())?.connect_lazy();
         let host = Arc::new(Host {
             algo,
             derived,

@@ -4,6 +4,7 @@
 //! the driver, which knows the algorithm's types, does.
 
 use crate::wire::{Ack, Answer, Envelope, Hello, Poll, Welcome};
+use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -23,7 +24,7 @@ struct Session {
 struct Phase {
     seq: u64,
     /// Each client's task (None: nothing for it in this phase).
-    tasks: Vec<Option<Arc<Vec<u8>>>>,
+    tasks: Vec<Option<Bytes>>,
     answers: Vec<Option<Vec<u8>>>,
 }
 
@@ -33,7 +34,7 @@ struct State {
     infos: Vec<Option<Vec<u8>>>,
     phase: Phase,
     /// The packed `Finish` task, once the run is over.
-    finished: Option<Arc<Vec<u8>>>,
+    finished: Option<Bytes>,
     /// Which clients have been told the run is over.
     told: Vec<bool>,
     next_session: u64,
@@ -100,7 +101,7 @@ impl Hub {
     pub fn run_phase(
         &self,
         seq: u64,
-        tasks: Vec<Option<Vec<u8>>>,
+        tasks: Vec<Option<Bytes>>,
         timeout: Duration,
         min_answers: usize,
     ) -> Vec<Option<Vec<u8>>> {
@@ -111,7 +112,7 @@ impl Hub {
         let n = tasks.len();
         s.phase = Phase {
             seq,
-            tasks: tasks.into_iter().map(|t| t.map(Arc::new)).collect(),
+            tasks,
             answers: vec![None; n],
         };
         drop(s);
@@ -159,9 +160,9 @@ impl Hub {
 
     /// Ends the run: every poll from now on gets `finish`. Waits (up to
     /// `grace`) until every client with a session has been told.
-    pub fn finish(&self, finish: Vec<u8>, grace: Duration) {
+    pub fn finish(&self, finish: Bytes, grace: Duration) {
         let mut s = self.lock();
-        s.finished = Some(Arc::new(finish));
+        s.finished = Some(finish);
         s.phase = Phase::default();
         drop(s);
         self.published.notify_waiters();
@@ -257,7 +258,7 @@ impl Hub {
 
     /// `Next`: the client's task in the current phase, waiting up to
     /// [`POLL_WAIT`] for one.
-    pub async fn next(&self, poll: Poll, wait: Vec<u8>) -> Result<Envelope, Status> {
+    pub async fn next(&self, poll: Poll, wait: Bytes) -> Result<Envelope, Status> {
         let deadline = tokio::time::Instant::now() + POLL_WAIT;
         loop {
             let notified = self.published.notified();
@@ -270,16 +271,14 @@ impl Hub {
                     s.told[i] = true;
                     drop(s);
                     self.arrived.notify_all();
-                    return Ok(Envelope {
-                        payload: f.as_ref().clone(),
-                    });
+                    return Ok(Envelope { payload: f.clone() });
                 }
                 let p = &s.phase;
                 if let Some(Some(task)) = p.tasks.get(i)
                     && p.answers.get(i).is_some_and(Option::is_none)
                 {
                     return Ok(Envelope {
-                        payload: task.as_ref().clone(),
+                        payload: task.clone(),
                     });
                 }
             }
@@ -314,7 +313,7 @@ pub struct FederationService {
     /// The hub.
     pub hub: Arc<Hub>,
     /// The packed `Wait` task.
-    pub wait: Vec<u8>,
+    pub wait: Bytes,
 }
 
 #[tonic::async_trait]

@@ -12,7 +12,7 @@ pub mod client;
 mod hub;
 pub mod peer;
 pub mod server;
-mod tls;
+mod transport;
 pub mod wire;
 
 /// The generated gRPC services (`Federation`: Join, Next, Report;

@@ -6,11 +6,11 @@
 //! directory: its graph row, scores and transfers per round, and its
 //! best-validation test accuracy, bit-identical to the simulation's.
 
-use crate::client::endpoint;
 use crate::proto::peers_client::PeersClient;
 use crate::proto::peers_server::{Peers, PeersServer};
 use crate::wire::{self, Envelope, FetchRequest};
-use crate::{NetError, tls};
+use crate::{NetError, transport};
+use bytes::Bytes;
 use fedweave_algos::{Algorithm, EvalPoint, Message, PeerNet, PeerStep, Topology, Visitor};
 use fedweave_sim::ExperimentConfig;
 use fedweave_sim::config::EvalWhen;
@@ -120,7 +120,7 @@ pub struct PeerReport {
 /// round after the last holds the "finished" mark.
 #[derive(Default)]
 struct Board {
-    posts: Mutex<BTreeMap<u64, Option<Arc<Vec<u8>>>>>,
+    posts: Mutex<BTreeMap<u64, Option<Bytes>>>,
     posted: tokio::sync::Notify,
     /// The "finished" round, once posted, and who has fetched it: a peer
     /// leaves only when every other peer has seen it finish, or a slower
@@ -133,7 +133,7 @@ struct Board {
 impl Board {
     fn post(&self, round: u64, message: Option<Vec<u8>>) {
         let mut p = self.posts.lock().unwrap_or_else(|e| e.into_inner());
-        p.insert(round, message.map(Arc::new));
+        p.insert(round, message.map(Bytes::from));
         // Others fetch the current round; older posts are not asked for.
         while p.len() > 4 {
             p.pop_first();
@@ -169,11 +169,7 @@ impl Peers for PeerService {
                             seen.insert(req.from);
                             self.board.seen.notify_waiters();
                         }
-                        let payload = if req.probe {
-                            Vec::new()
-                        } else {
-                            m.as_ref().clone()
-                        };
+                        let payload = if req.probe { Bytes::new() } else { m.clone() };
                         return Ok(Response::new(Envelope { payload }));
                     }
                     Some(None) => {
@@ -243,12 +239,7 @@ pub fn run_peer(
     })
     .max_decoding_message_size(opts.max_message)
     .max_encoding_message_size(opts.max_message);
-    let mut builder = tonic::transport::Server::builder();
-    if let Some((cert, key)) = &opts.tls {
-        builder = builder
-            .tls_config(tls::server_config(cert, key)?)
-            .map_err(|e| NetError::Transport(e.to_string()))?;
-    }
+    let mut builder = transport::server(opts.tls.as_ref())?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
     let serving = runtime.spawn(builder.add_service(service).serve_with_incoming_shutdown(
@@ -264,7 +255,10 @@ pub fn run_peer(
     for (&j, url) in &opts.peers {
         if j != opts.id && j < opts.cfg.clients {
             let url = peer_url(url, opts.ca.is_some());
-            channels.insert(j, endpoint(&url, opts.ca.as_deref())?.connect_lazy());
+            channels.insert(
+                j,
+                transport::endpoint(&url, opts.ca.as_deref())?.connect_lazy(),
+            );
         }
     }
     let derived = Derived::load(&opts.cfg)?;
@@ -340,7 +334,7 @@ impl PeerRunner<'_> {
                     })
                     .await
                 {
-                    Ok(e) => return Ok(Some(e.into_inner().payload)),
+                    Ok(e) => return Ok(Some(e.into_inner().payload.into())),
                     Err(s) if s.code() == Code::NotFound => return Ok(None),
                     Err(s) if s.code() == Code::OutOfRange => {
                         return Err(NetError::Transport(format!("peer {j}: {}", s.message())));

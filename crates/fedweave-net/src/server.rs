@@ -8,7 +8,8 @@
 
 use crate::hub::{Admission, FederationService, Hub};
 use crate::wire::{self, Reply, Task};
-use crate::{NetError, tls};
+use crate::{NetError, transport};
+use bytes::Bytes;
 use fedweave_algos::{Algorithm, EvalPoint, Message, Topology, Visitor};
 use fedweave_sim::config::EvalWhen;
 use fedweave_sim::runtime::{
@@ -96,17 +97,12 @@ pub fn serve(
         .map_err(|e| NetError::Transport(e.to_string()))?;
     let service = FederationService {
         hub: hub.clone(),
-        wait: wire::encode(&Task::<()>::Wait)?,
+        wait: wire::encode(&Task::<()>::Wait)?.into(),
     };
     let server = crate::proto::federation_server::FederationServer::new(service)
         .max_decoding_message_size(opts.max_message)
         .max_encoding_message_size(opts.max_message);
-    let mut builder = tonic::transport::Server::builder();
-    if let Some((cert, key)) = &opts.tls {
-        builder = builder
-            .tls_config(tls::server_config(cert, key)?)
-            .map_err(|e| NetError::Transport(e.to_string()))?;
-    }
+    let mut builder = transport::server(opts.tls.as_ref())?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
     let serving = runtime.spawn(builder.add_service(server).serve_with_incoming_shutdown(
@@ -138,7 +134,10 @@ pub fn serve(
     let result = fedweave_algos::dispatch(&name, &params, &blueprint.env(), driver)
         .map_err(fedweave_sim::RunError::from);
     // Clients learn the run is over, then the server stops.
-    hub.finish(wire::encode(&Task::<()>::Finish)?, Duration::from_secs(10));
+    hub.finish(
+        wire::encode(&Task::<()>::Finish)?.into(),
+        Duration::from_secs(10),
+    );
     stop.send(()).ok();
     runtime.block_on(serving).ok();
     result?
@@ -224,7 +223,7 @@ impl Visitor for Driver<'_> {
                 origin: wants_origins(&cfg),
             };
             let tasks = (0..n)
-                .map(|i| wire::encode(&train(i)).map(Some))
+                .map(|i| wire::encode(&train(i)).map(|t| Some(t.into())))
                 .collect::<Result<Vec<_>, _>>()?;
             let replies = decode_all(hub.run_phase(2 * round as u64, tasks, timeout, min));
 
@@ -266,17 +265,29 @@ impl Visitor for Driver<'_> {
             for (i, d) in outcome.downloads {
                 inbox[i] = Some(d);
             }
-            let tasks = (0..n)
-                .map(|i| {
-                    let task = Task::Receive {
-                        seq: 2 * round as u64 + 1,
-                        round,
-                        down: inbox[i].take(),
-                        after: algo.eval_point() == EvalPoint::AfterReceive,
-                    };
-                    answered[i].then(|| wire::encode(&task)).transpose()
-                })
-                .collect::<Result<Vec<_>, _>>()?;
+            // Methods with one global model send every client the same
+            // bytes: keep one copy.
+            let mut last: Option<Bytes> = None;
+            let mut tasks = Vec::with_capacity(n);
+            for i in 0..n {
+                let task = Task::Receive {
+                    seq: 2 * round as u64 + 1,
+                    round,
+                    down: inbox[i].take(),
+                    after: algo.eval_point() == EvalPoint::AfterReceive,
+                };
+                if !answered[i] {
+                    tasks.push(None);
+                    continue;
+                }
+                let bytes = wire::encode(&task)?;
+                let shared = match &last {
+                    Some(b) if b[..] == bytes[..] => b.clone(),
+                    _ => Bytes::from(bytes),
+                };
+                last = Some(shared.clone());
+                tasks.push(Some(shared));
+            }
             let replies = decode_all(hub.run_phase(2 * round as u64 + 1, tasks, timeout, min));
             let mut absent = Vec::new();
             for (i, r) in replies.into_iter().enumerate() {

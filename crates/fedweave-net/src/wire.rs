@@ -50,12 +50,13 @@ pub struct Poll {
     pub session: u64,
 }
 
-/// A packed typed message.
+/// A packed typed message. Shared bytes: the server hands the same
+/// encoded task to many clients without copying it.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Envelope {
     /// The packed buffer.
-    #[prost(bytes = "vec", tag = "1")]
-    pub payload: Vec<u8>,
+    #[prost(bytes = "bytes", tag = "1")]
+    pub payload: bytes::Bytes,
 }
 
 /// A client's answer to a task.
