@@ -12,6 +12,10 @@
 #
 #   scripts/load_test.sh                 # 200 clients, 4 workers, 4 rounds
 #   CLIENTS=50 ROUNDS=2 scripts/load_test.sh
+#   MODEL=mlp scripts/load_test.sh       # an MLP of the same size (2,699
+#                                        # inputs: 582,210 parameters) whose
+#                                        # compute is ~30x smaller: the round
+#                                        # time is then mostly the runtime's
 #
 # Needs a release build (cargo build --release -p fedweave-cli). Bounded:
 # every process is killed after LIMIT seconds (default 900).
@@ -22,19 +26,21 @@ CLIENTS=${CLIENTS:-200}
 WORKERS=${WORKERS:-4}
 ROUNDS=${ROUNDS:-4}
 LIMIT=${LIMIT:-900}
+MODEL=${MODEL:-cnn-bn}
+if [ "$MODEL" = mlp ]; then FEATURES=2699; SHAPE=""; else FEATURES=784; SHAPE="shape = [1, 28, 28]"; fi
 dir=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$dir"' EXIT
 
-python3 - "$dir" "$CLIENTS" <<'PY'
+python3 - "$dir" "$CLIENTS" "$FEATURES" <<'PY'
 import os, random, sys
-d, n = sys.argv[1], int(sys.argv[2])
+d, n, features = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rng = random.Random(1)
 for i in range(n):
     os.makedirs(f"{d}/data/{i}")
     for name, rows in (("train", 16), ("test", 4)):
         with open(f"{d}/data/{i}/{name}.csv", "w") as f:
             for _ in range(rows):
-                px = ",".join(str(rng.randrange(256) / 255) for _ in range(784))
+                px = ",".join(str(rng.randrange(256) / 255) for _ in range(features))
                 f.write(f"{rng.randrange(10)},{px}\n")
 PY
 
@@ -48,11 +54,11 @@ round_timeout = $LIMIT
 dataset = "csv"
 path = "$dir/data/{id}"
 classes = 10
-shape = [1, 28, 28]
+$SHAPE
 [partition]
 kind = "natural"
 [model]
-kind = "cnn-bn"
+kind = "$MODEL"
 [train]
 local_iterations = 1
 batch_size = 8
@@ -62,7 +68,7 @@ EOF
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 start=$(date +%s.%N)
-timeout "$LIMIT" /usr/bin/time -f "%M" -o "$dir/server.mem" \
+timeout "$LIMIT" /usr/bin/time -f "%M %U %S" -o "$dir/server.mem" \
   "$BIN" serve "$dir/cfg.toml" --listen "127.0.0.1:$port" --out "$dir/run" \
   > "$dir/server.out" 2> "$dir/server.err" &
 server=$!
@@ -81,7 +87,9 @@ python3 - "$dir" "$start" "$end" <<'EOF'
 import json, os, socket, sys, threading, time
 d, start, end = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 rounds = [json.loads(l) for l in open(os.path.join(d, "run", "rounds.jsonl"))]
-mem = lambda f: int(open(os.path.join(d, f)).read().split()[-1]) / 1024
+def fields(f):
+    return open(os.path.join(d, f)).read().split("\n")[-2].split()
+mem = lambda f: int(fields(f)[0]) / 1024
 workers = sorted(f for f in os.listdir(d) if f.startswith("worker") and f.endswith(".mem"))
 print(f"clients {len(rounds[0]['participants'])}, rounds {len(rounds)}, "
       f"wall {end - start:.1f} s (joins and data loading included)")
@@ -93,6 +101,8 @@ steady = rounds[1:] or rounds
 sec = sorted(r["seconds"] for r in steady)[len(steady) // 2]
 mb = (steady[0]["bytes_up"] + steady[0]["bytes_down"]) / 1e6
 print(f"median round (after the first) {sec:.2f} s: {mb / sec:.0f} MB/s of model payload")
+cpu = sum(float(x) for x in fields("server.mem")[1:3])
+print(f"server CPU (user + system) {cpu:.1f} s in all, {cpu / len(rounds):.2f} s a round")
 print(f"server peak RSS {mem('server.mem'):.0f} MiB; workers "
       + ", ".join(f"{mem(w):.0f}" for w in workers) + " MiB")
 

@@ -61,6 +61,7 @@ TABLES = [
 ]
 # Keys that name a row beyond the algorithm (a case's defence, budget, graph).
 ROW_KEYS = ["aggregator.kind", "algorithm.budget", "algorithm.graph"]
+ROW_LABELS = {"aggregator.kind": "aggregator"}
 # Keys that name a column inside one grid file.
 COLUMN_KEYS = ["attack.kind", "partition.kind"]
 
@@ -88,7 +89,8 @@ def rows_of(out):
             with open(summary) as s:
                 s = json.load(s)
             row = rec.get("algorithm.name") or s["algorithm"]
-            extra = [f"{k.split('.')[-1]}={rec[k]}" for k in ROW_KEYS if rec.get(k)]
+            extra = [f"{ROW_LABELS.get(k, k.split('.')[-1])}={rec[k]}" for k in ROW_KEYS
+                     if rec.get(k)]
             if extra:
                 row = " ".join([row] + extra)
             col = " ".join(rec[k] for k in COLUMN_KEYS if rec.get(k))
