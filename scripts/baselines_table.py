@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 11's baselines table from a finished sweep of
+"""Issue 11's and 12's baselines table from a finished sweep of
 experiments/baselines_fmnist.toml (docs/results.md, "Baselines on Fashion-MNIST").
 
 Usage: scripts/baselines_table.py [SWEEP_DIR]   (default runs/baselines_fmnist)
@@ -24,6 +24,7 @@ ORDER = [
     "local", "fedavg", "fedavg-ft", "fedprox-ft", "pfedgraph", "ditto", "apfl", "fedala",
     "fedrep", "fedper", "lg-fedavg", "fedbabu", "fedrod", "fedproto", "knn-per", "fedphp",
     "fedpac", "fedcp", "per-fedavg", "pfedme", "scaffold", "feddyn", "fednova", "moon",
+    "cfl", "ifca", "fedem", "fedamp", "h-fedamp", "fedfomo", "l2c", "apple", "pfedhn", "pfedla",
 ]
 SPLITS = [("pathological", "Severe (2 classes)"), ("dirichlet", "Dir(0.1)")]
 
