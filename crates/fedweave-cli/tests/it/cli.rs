@@ -272,7 +272,7 @@ fn fedaghn_cnn_bn_learns_on_real_fashion_mnist() {
 }
 
 /// `summary.json` without its wall-clock fields.
-fn summary_numbers(dir: &Path) -> serde_json::Value {
+pub(crate) fn summary_numbers(dir: &Path) -> serde_json::Value {
     let mut s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     for k in ["wall_seconds", "seconds_per_round_median"] {

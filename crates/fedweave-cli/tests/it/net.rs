@@ -127,11 +127,6 @@ fn wait_for_rounds(out: &Path, n: usize, secs: u64) {
 
 /// `summary.json` and `rounds.jsonl` without their wall-clock fields.
 fn numbers(dir: &Path) -> (serde_json::Value, Vec<serde_json::Value>) {
-    let mut s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
-    for k in ["wall_seconds", "seconds_per_round_median"] {
-        s[k] = serde_json::Value::Null;
-    }
     let rounds = rounds_done(dir)
         .into_iter()
         .map(|mut r| {
@@ -139,7 +134,7 @@ fn numbers(dir: &Path) -> (serde_json::Value, Vec<serde_json::Value>) {
             r
         })
         .collect();
-    (s, rounds)
+    (crate::cli::summary_numbers(dir), rounds)
 }
 
 /// A list of client ids in a round record (an empty list is left out).
