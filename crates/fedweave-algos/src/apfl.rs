@@ -357,6 +357,7 @@ mod tests {
             },
             rng: rng_stream(3, 1, 0, Purpose::Batches),
             origin: None,
+            batch: None,
         };
         algo.local_round(&env, &mut cx, &mut state);
         // By hand: α − η_α·⟨v − w, ∇L(v̄)⟩ with the gradient from the probe.

@@ -19,6 +19,7 @@
 //!    [`EvalPoint`].
 
 use crate::AlgoError;
+use crate::batching::TrainBatch;
 use crate::params::Validate;
 use fedweave_core::{CollaborationGraph, RelationGraph, RngStream};
 use fedweave_nn::{
@@ -132,6 +133,9 @@ pub struct ClientCx<'a> {
     /// When `Some`, filled with the parameters the first training call of
     /// the round started from.
     pub origin: Option<Option<Vec<f32>>>,
+    /// The group whose plain training calls run batched with this one's
+    /// (`[device] batch_clients`), if any.
+    pub batch: Option<&'a TrainBatch<'a>>,
 }
 
 impl ClientCx<'_> {
@@ -165,6 +169,15 @@ impl ClientCx<'_> {
         objective: Option<&dyn Objective>,
     ) -> TrainStats {
         self.mark_origin(&model.params);
+        if let Some(batch) = self.batch
+            && extras.is_empty()
+            && frozen.is_empty()
+            && sgd.is_none()
+            && objective.is_none()
+            && batch.takes(self.client)
+        {
+            return batch.train(self.client, model, cfg, &mut self.rng);
+        }
         fedweave_nn::train_local_with(
             env.spec,
             &mut model.params,

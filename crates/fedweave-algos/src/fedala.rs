@@ -341,6 +341,7 @@ mod tests {
             },
             rng: rng_stream(3, 1, 0, Purpose::Batches),
             origin: None,
+            batch: None,
         };
         run(&algo, &env, &mut cx, &mut state);
     }

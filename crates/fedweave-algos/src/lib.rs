@@ -25,6 +25,7 @@
 pub mod apfl;
 pub mod apple;
 pub mod attack;
+pub mod batching;
 pub mod cfl;
 pub mod contract;
 pub mod ditto;

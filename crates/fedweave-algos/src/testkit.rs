@@ -83,6 +83,7 @@ impl Tiny {
             },
             rng: rng_stream(9, round as u64, client as u64, Purpose::Batches),
             origin: None,
+            batch: None,
         }
     }
 }

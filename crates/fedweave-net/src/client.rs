@@ -323,6 +323,7 @@ impl<A: Algorithm> Host<A> {
                 i,
                 &mut local.state,
                 origin,
+                None,
             );
             WireUpload {
                 up: u.up,

@@ -200,11 +200,7 @@ pub fn run_peer(
     on_ready: impl FnOnce(SocketAddr),
 ) -> Result<PeerReport, NetError> {
     opts.cfg.validate().map_err(fedweave_sim::RunError::from)?;
-    if opts.cfg.attack.kind != fedweave_algos::attack::AttackKind::None {
-        return Err(NetError::Unsupported(
-            "attacks are a simulation feature; the network runtime runs honest peers".into(),
-        ));
-    }
+    crate::server::refuse_simulation_settings(&opts.cfg)?;
     if opts.cfg.data.dataset == "csv" {
         return Err(NetError::Unsupported(
             "peers weigh each other by data size, which per-client files (data.dataset = \"csv\") do not let a peer know: derive the data from the config".into(),
@@ -473,6 +469,7 @@ impl Visitor for PeerRunner<'_> {
                     me,
                     &mut state,
                     false,
+                    None,
                 );
                 match algo.check_upload(&env, &u.up) {
                     Ok(()) => own = Some(u.up),

@@ -63,6 +63,23 @@ pub fn read_tokens(path: &Path) -> Result<HashMap<u64, String>, NetError> {
     crate::read_id_lines(path, "token")
 }
 
+/// Refuses what only a simulation can do: attacks (the network runs honest
+/// parties) and batched training (each client process trains alone; with
+/// it, the run would differ from `fedweave run` of the same config).
+pub(crate) fn refuse_simulation_settings(cfg: &ExperimentConfig) -> Result<(), NetError> {
+    if cfg.attack.kind != fedweave_algos::attack::AttackKind::None {
+        return Err(NetError::Unsupported(
+            "attacks are a simulation feature; the network runtime runs honest parties".into(),
+        ));
+    }
+    if cfg.device.batch_clients > 0 {
+        return Err(NetError::Unsupported(
+            "`device.batch_clients` is a simulation setting (each networked client trains on its own): remove it".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Serves one run to its end and returns its summary. `on_ready` learns
 /// the bound address (tests listen on port 0); `on_round` sees each
 /// round's record.
@@ -74,11 +91,7 @@ pub fn serve(
     let started = Instant::now();
     let cfg = opts.cfg.clone();
     cfg.validate().map_err(fedweave_sim::RunError::from)?;
-    if cfg.attack.kind != fedweave_algos::attack::AttackKind::None {
-        return Err(NetError::Unsupported(
-            "attacks are a simulation feature; the network runtime runs honest clients".into(),
-        ));
-    }
+    refuse_simulation_settings(&cfg)?;
     let tokens = opts.tokens.as_deref().map(read_tokens).transpose()?;
     let hub = Hub::new(Admission {
         clients: cfg.clients,

@@ -16,6 +16,7 @@ use crate::peer::{SharedMemoryNet, exchange};
 use crate::protocol::{Facts, Score, Trackers, evaluate_clients, fill_means, participant_accuracy};
 use crate::setup::Setup;
 use fedweave_algos::attack::{AttackKind, poison};
+use fedweave_algos::batching::TrainBatch;
 use fedweave_algos::robust::{AggregatorConfig, AggregatorKind};
 use fedweave_algos::{
     Algorithm, ClientCx, ClientData, Env, EvalPoint, Message, RoundOutcome, Topology,
@@ -68,6 +69,7 @@ pub fn train_client<A: Algorithm>(
     client: usize,
     state: &mut A::Client,
     want_origin: bool,
+    batch: Option<&TrainBatch>,
 ) -> Upload<A::Up> {
     let mut cx = ClientCx {
         client,
@@ -75,6 +77,7 @@ pub fn train_client<A: Algorithm>(
         data,
         rng: rng_stream(seed, round as u64, client as u64, Purpose::Batches),
         origin: want_origin.then_some(None),
+        batch,
     };
     let t = algo.local_round(env, &mut cx, state);
     Upload {
@@ -83,6 +86,41 @@ pub fn train_client<A: Algorithm>(
         loss: t.train_loss,
         origin: cx.origin.flatten(),
     }
+}
+
+/// A group's uploads and its batch's (kernel calls, client calls).
+type GroupTrained<U> = (Vec<Upload<U>>, (usize, usize));
+
+/// Trains one group of participants, each `local_round` on a thread of its
+/// own so that their plain training calls can meet in one [`TrainBatch`].
+/// Returns the uploads (in the group's order) and the batch's (kernel
+/// calls, client trainings they held).
+fn train_batched<C: Send, U: Send>(
+    setup: &Setup,
+    group: Vec<(usize, &mut C)>,
+    train: &(impl Fn(usize, &mut C, Option<&TrainBatch>) -> Upload<U> + Sync),
+) -> GroupTrained<U> {
+    let spec = &setup.spec;
+    let members = group.iter().map(|(i, _)| (*i, setup.client_data(*i).train));
+    let batch = TrainBatch::new(spec, spec.device(), members)
+        .expect("`device.batch_clients` is checked against the model at setup");
+    let batch = &batch;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .map(|(i, client)| {
+                s.spawn(move || {
+                    let _seat = batch.seat();
+                    train(i, client, Some(batch))
+                })
+            })
+            .collect();
+        let uploads = handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect();
+        (uploads, batch.counts())
+    })
 }
 
 /// The uploads the server keeps after checking them.
@@ -280,28 +318,57 @@ pub(crate) fn run_round<A: Algorithm>(
         ..benign()
     });
 
-    // Local training, one task per participant.
-    let mut uploads: Vec<Upload<A::Up>> = pool.install(|| {
-        state
-            .clients
-            .par_iter_mut()
-            .enumerate()
-            .filter(|(i, _)| taking_part[*i])
-            .map(|(i, client)| {
-                let data = setup.client_data(i);
-                train_client(
-                    algo,
-                    &setup.client_env(i),
-                    data,
-                    cfg.seed,
-                    round,
-                    i,
-                    client,
-                    wants_origin(i),
-                )
-            })
-            .collect()
-    });
+    // Local training, one task per participant, or one task per group of
+    // `batch_clients` participants whose plain training runs batched.
+    let train = |i: usize, client: &mut A::Client, batch: Option<&TrainBatch>| {
+        let data = setup.client_data(i);
+        let env = setup.client_env(i);
+        train_client(
+            algo,
+            &env,
+            data,
+            cfg.seed,
+            round,
+            i,
+            client,
+            wants_origin(i),
+            batch,
+        )
+    };
+    let taking: Vec<(usize, &mut A::Client)> = state
+        .clients
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| taking_part[*i])
+        .collect();
+    let mut uploads: Vec<Upload<A::Up>> = match cfg.device.batch_clients {
+        0 => pool.install(|| {
+            taking
+                .into_par_iter()
+                .map(|(i, client)| train(i, client, None))
+                .collect()
+        }),
+        k => {
+            let mut groups: Vec<Vec<(usize, &mut A::Client)>> = Vec::new();
+            for member in taking {
+                match groups.last_mut() {
+                    Some(g) if g.len() < k => g.push(member),
+                    _ => groups.push(vec![member]),
+                }
+            }
+            let trained: Vec<GroupTrained<A::Up>> = pool.install(|| {
+                groups
+                    .into_par_iter()
+                    .map(|group| train_batched(setup, group, &train))
+                    .collect()
+            });
+            let (kernels, calls) = trained
+                .iter()
+                .fold((0, 0), |(k, c), (_, (dk, dc))| (k + dk, c + dc));
+            tracing::debug!(round, kernels, calls, "batched training calls");
+            trained.into_iter().flat_map(|(u, _)| u).collect()
+        }
+    };
 
     // Model poisoning wraps the uploads (the model, their first vector);
     // then the server checks what arrived.
@@ -546,6 +613,116 @@ mod tests {
                 AbsentClients { setup: &setup },
             )
             .unwrap();
+        }
+    }
+
+    /// Trains every client of round 1 one at a time and in groups of three
+    /// through [`train_batched`], from the same states, and compares the
+    /// uploads and states; returns the batches' (kernel calls, client calls).
+    struct BatchedLikeOneAtATime<'a> {
+        setup: &'a Setup,
+    }
+
+    impl Visitor for BatchedLikeOneAtATime<'_> {
+        type Output = (usize, usize);
+
+        fn visit<A: Algorithm>(self, algo: A, _: toml::Table) -> (usize, usize) {
+            let setup = self.setup;
+            let env = setup.env();
+            let n = setup.cfg.clients;
+            let init = || -> Vec<A::Client> { (0..n).map(|i| algo.init_client(&env, i)).collect() };
+            let train = |i: usize, client: &mut A::Client, batch: Option<&TrainBatch>| {
+                let env = setup.client_env(i);
+                train_client(
+                    &algo,
+                    &env,
+                    setup.client_data(i),
+                    4,
+                    1,
+                    i,
+                    client,
+                    false,
+                    batch,
+                )
+            };
+            let json = |uploads: &[Upload<A::Up>], states: &[A::Client]| {
+                let ups: Vec<_> = uploads.iter().map(|u| (u.client, &u.up, u.loss)).collect();
+                serde_json::to_value((ups, states)).unwrap()
+            };
+            let mut alone = init();
+            let uploads: Vec<_> = alone
+                .iter_mut()
+                .enumerate()
+                .map(|(i, c)| train(i, c, None))
+                .collect();
+            let expected = json(&uploads, &alone);
+            let mut together = init();
+            let mut uploads = Vec::new();
+            let mut counts = (0, 0);
+            let mut members = together.iter_mut().enumerate().peekable();
+            while members.peek().is_some() {
+                let group: Vec<_> = members.by_ref().take(3).collect();
+                let (u, (k, c)) = train_batched(setup, group, &train);
+                uploads.extend(u);
+                counts = (counts.0 + k, counts.1 + c);
+            }
+            // The batched kernels round differently (not bit for bit).
+            let worst = largest_difference(&json(&uploads, &together), &expected)
+                .unwrap_or_else(|e| panic!("{}: {e}", algo.name()));
+            assert!(worst < 1e-5, "{}: numbers differ by {worst:e}", algo.name());
+            counts
+        }
+    }
+
+    /// The largest difference between two JSON documents' numbers, relative
+    /// to max(1, |number|); `Err` where their shapes or other values differ.
+    fn largest_difference(a: &serde_json::Value, b: &serde_json::Value) -> Result<f64, String> {
+        use serde_json::Value;
+        match (a, b) {
+            (Value::Number(x), Value::Number(y)) => {
+                let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+                Ok((x - y).abs() / x.abs().max(1.0))
+            }
+            (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+                .iter()
+                .zip(y)
+                .try_fold(0.0f64, |m, (x, y)| Ok(m.max(largest_difference(x, y)?))),
+            (Value::Object(x), Value::Object(y)) if x.len() == y.len() => {
+                x.iter().try_fold(0.0f64, |m, (k, v)| match y.get(k) {
+                    Some(w) => Ok(m.max(largest_difference(v, w)?)),
+                    None => Err(format!("key {k} missing")),
+                })
+            }
+            _ if a == b => Ok(0.0),
+            _ => Err(format!("{a} differs from {b}")),
+        }
+    }
+
+    #[test]
+    fn batched_clients_train_as_one_at_a_time_for_every_algorithm() {
+        for info in fedweave_algos::catalogue() {
+            let text = "seed = 4\nclients = 6\n[data]\ndataset = \"digits\"\n[partition]\nkind = \"dirichlet\"\nbeta = 0.5\n[model]\nkind = \"mlp\"\n[train]\nlocal_epochs = 1\nlocal_iterations = 0\nbatch_size = 16\nmomentum = 0.9\n[device]\nbatch_clients = 3\n";
+            let mut overrides = vec![format!("algorithm.name={}", info.name)];
+            if info.name == "dpfl" {
+                overrides.push("algorithm.init_epochs=1".into());
+            }
+            let cfg = ExperimentConfig::from_toml_str(text, &overrides).unwrap();
+            let setup = Setup::load(&cfg).unwrap();
+            let env = setup.env();
+            let (kernels, calls) = fedweave_algos::dispatch(
+                info.name,
+                &cfg.algorithm_params(),
+                &env,
+                BatchedLikeOneAtATime { setup: &setup },
+            )
+            .unwrap();
+            assert!(kernels <= calls, "{}", info.name);
+            // Methods whose first round is plain training on one model per
+            // client batch all six clients, two groups of three: one kernel
+            // call per group (Dirichlet sizes differ, epochs do not).
+            if ["local", "fedavg", "fedavg-ft", "pfedgraph", "cfl"].contains(&info.name) {
+                assert_eq!((kernels, calls), (2, 6), "{}", info.name);
+            }
         }
     }
 }

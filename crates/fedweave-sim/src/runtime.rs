@@ -144,6 +144,7 @@ pub(crate) fn selection_cx(data: ClientData, seed: u64, round: usize, i: usize) 
         data,
         rng: rng_stream(seed, round as u64, i as u64, Purpose::Selection),
         origin: None,
+        batch: None,
     }
 }
 

@@ -129,6 +129,50 @@ fn results_do_not_depend_on_the_thread_count() {
 }
 
 #[test]
+fn batched_clients_end_where_one_at_a_time_ends_at_any_thread_count() {
+    let strip = |s: &Summary| {
+        let mut v = serde_json::to_value(s).unwrap();
+        let o = v.as_object_mut().unwrap();
+        for k in ["wall_seconds", "seconds_per_round_median", "threads"] {
+            o.remove(k);
+        }
+        v
+    };
+    let base = ["algorithm.name=pfedgraph", "rounds=4", "participation=0.8"];
+    let with = |extra: &[&'static str]| {
+        let all: Vec<&str> = base.iter().chain(extra).copied().collect();
+        run(&all)
+    };
+    let (plain, _) = with(&["threads=2"]);
+    let (one, r1) = with(&["device.batch_clients=3", "threads=1"]);
+    let (two, r2) = with(&["device.batch_clients=3", "threads=2"]);
+    // Batched kernels round differently, but the same way at any thread
+    // count: groups are fixed by client order, not by timing.
+    assert_eq!(strip(&one), strip(&two));
+    let untimed = |rounds: Vec<serde_json::Value>| -> Vec<serde_json::Value> {
+        let mut rounds = rounds;
+        rounds.iter_mut().for_each(|r| {
+            r.as_object_mut().unwrap().remove("seconds");
+        });
+        rounds
+    };
+    assert_eq!(untimed(r1), untimed(r2));
+    for (a, b) in plain
+        .per_client_test_acc
+        .iter()
+        .zip(&one.per_client_test_acc)
+    {
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert!((a - b).abs() <= 0.02, "{a} vs {b}");
+    }
+    for (ra, rb) in plain.final_graph.iter().zip(&one.final_graph) {
+        for (a, b) in ra.iter().zip(rb) {
+            assert!((a - b).abs() < 1e-3, "graphs {a} vs {b}");
+        }
+    }
+}
+
+#[test]
 fn partial_participation_is_seeded_and_counted() {
     let (s, rounds) = run(&["algorithm.name=fedavg", "participation=0.3", "rounds=4"]);
     let model_bytes = 4 * s.model_parameters as u64;
