@@ -4,13 +4,122 @@
 //! The trainer adds each term's gradient to the backend's task-loss gradient
 //! before the optimiser step, so FedProx, pFedGraph, Ditto, SFL or FedAMP
 //! only say *what* they add, never how training works.
+//!
+//! Each term has two forms. The host form on flat vectors is the reference
+//! and what the CPU backend runs (its f64 reductions in index order are
+//! what every golden pins). The tensor form ([`ExtraLoss::on_device`], a
+//! [`DeviceTerm`]) keeps the term's constant vectors on the training device
+//! and adds its gradient with tensor operations, so on a GPU the
+//! parameters and gradients never leave the device for a term (only the two
+//! scalars of [`CosinePull`] are read back per step).
 
+use burn::tensor::{Device, Tensor, TensorData};
 use fedweave_core::vecmath::{dot, norm};
+use std::ops::Range;
 
 /// A differentiable term `R(θ)` added to the local loss.
 pub trait ExtraLoss: Sync {
     /// Adds ∇R(θ) to `grad` and returns R(θ).
     fn add_value_and_grad(&self, theta: &[f32], grad: &mut [f32]) -> f64;
+
+    /// The term as tensor operations on `device`, for parameters held as
+    /// one rank-1 tensor per range of `parts` (the model layout's tensors):
+    /// its constant vectors are uploaded here, once. `None` when the term
+    /// has no tensor form; the trainer then runs the host form.
+    fn on_device(&self, _parts: &[Range<usize>], _device: &Device) -> Option<Box<dyn DeviceTerm>> {
+        None
+    }
+}
+
+/// An [`ExtraLoss`] whose constants live on the training device.
+pub trait DeviceTerm {
+    /// Adds ∇R(θ) to `grad`; both are split like the `parts` the term was
+    /// made for.
+    fn add_grad(&self, theta: &[Tensor<1>], grad: &mut [Tensor<1>]);
+}
+
+/// `values` cut into `parts`, each uploaded to `device`.
+fn upload_parts(values: &[f32], parts: &[Range<usize>], device: &Device) -> Vec<Tensor<1>> {
+    parts
+        .iter()
+        .map(|r| {
+            Tensor::from_data(
+                TensorData::new(values[r.clone()].to_vec(), [r.len()]),
+                device,
+            )
+        })
+        .collect()
+}
+
+/// Σ over parts of ⟨a_k, b_k⟩, as a rank-1 tensor of one element.
+fn dot_parts(a: &[Tensor<1>], b: &[Tensor<1>]) -> Tensor<1> {
+    let sums: Vec<Tensor<1>> = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| x.clone().mul(y.clone()).sum())
+        .collect();
+    Tensor::cat(sums, 0).sum()
+}
+
+/// [`Proximal`] on the device: `g += μ (θ − anchor)`.
+struct DeviceProximal {
+    mu: f32,
+    anchor: Vec<Tensor<1>>,
+}
+
+impl DeviceTerm for DeviceProximal {
+    fn add_grad(&self, theta: &[Tensor<1>], grad: &mut [Tensor<1>]) {
+        for ((g, t), a) in grad.iter_mut().zip(theta).zip(&self.anchor) {
+            *g = g.clone().add(t.clone().sub(a.clone()).mul_scalar(self.mu));
+        }
+    }
+}
+
+/// [`Linear`] on the device: `g += v`.
+struct DeviceLinear {
+    coef: Vec<Tensor<1>>,
+}
+
+impl DeviceTerm for DeviceLinear {
+    fn add_grad(&self, _theta: &[Tensor<1>], grad: &mut [Tensor<1>]) {
+        for (g, v) in grad.iter_mut().zip(&self.coef) {
+            *g = g.clone().add(v.clone());
+        }
+    }
+}
+
+/// [`CosinePull`] on the device; ‖target‖ (or 1) is computed once on the
+/// host, ‖θ‖² and ⟨t, θ⟩ on the device and read back as two scalars.
+struct DeviceCosinePull {
+    coef: f32,
+    target: Vec<Tensor<1>>,
+    target_norm: f64,
+}
+
+impl DeviceTerm for DeviceCosinePull {
+    fn add_grad(&self, theta: &[Tensor<1>], grad: &mut [Tensor<1>]) {
+        let k = self.target_norm;
+        let both = Tensor::cat(
+            vec![dot_parts(theta, theta), dot_parts(&self.target, theta)],
+            0,
+        );
+        let data = both.into_data();
+        let Ok(&[nt2, inner]) = data.as_slice::<f32>() else {
+            return;
+        };
+        let (nt, inner) = ((nt2 as f64).sqrt(), inner as f64);
+        if nt == 0.0 || k == 0.0 {
+            return;
+        }
+        let a = (self.coef as f64 / (k * nt)) as f32;
+        let b = (self.coef as f64 * inner / (k * nt * nt * nt)) as f32;
+        for ((g, t), x) in grad.iter_mut().zip(&self.target).zip(theta) {
+            *g = g
+                .clone()
+                .add(t.clone().mul_scalar(a))
+                .sub(x.clone().mul_scalar(b));
+        }
+    }
 }
 
 /// The proximal term `μ/2 · ‖θ − anchor‖²` (FedProx, Ditto, SFL, FedAMP).
@@ -32,6 +141,13 @@ impl ExtraLoss for Proximal<'_> {
         }
         0.5 * self.mu as f64 * value
     }
+
+    fn on_device(&self, parts: &[Range<usize>], device: &Device) -> Option<Box<dyn DeviceTerm>> {
+        Some(Box::new(DeviceProximal {
+            mu: self.mu,
+            anchor: upload_parts(self.anchor, parts, device),
+        }))
+    }
 }
 
 /// The linear term `⟨v, θ⟩`, whose gradient is the constant `v`: the
@@ -51,6 +167,12 @@ impl ExtraLoss for Linear<'_> {
             *g += v;
         }
         dot(self.coef, theta)
+    }
+
+    fn on_device(&self, parts: &[Range<usize>], device: &Device) -> Option<Box<dyn DeviceTerm>> {
+        Some(Box::new(DeviceLinear {
+            coef: upload_parts(self.coef, parts, device),
+        }))
     }
 }
 
@@ -89,6 +211,18 @@ impl ExtraLoss for CosinePull<'_> {
             *g += a * t - b * x;
         }
         self.coef as f64 * inner / (k * nt)
+    }
+
+    fn on_device(&self, parts: &[Range<usize>], device: &Device) -> Option<Box<dyn DeviceTerm>> {
+        Some(Box::new(DeviceCosinePull {
+            coef: self.coef,
+            target: upload_parts(self.target, parts, device),
+            target_norm: if self.divide_by_target_norm {
+                norm(self.target)
+            } else {
+                1.0
+            },
+        }))
     }
 }
 
@@ -144,6 +278,66 @@ mod tests {
                 prop_assert!((*g as f64 - f).abs() < 1e-3);
             }
         }
+    }
+
+    /// Each term's tensor form adds the host form's gradient, for a vector
+    /// cut into uneven parts.
+    #[test]
+    fn tensor_forms_add_the_host_gradient() {
+        let n = 23;
+        let theta: Vec<f32> = (0..n).map(|i| ((i * 37 % 11) as f32 - 5.0) / 4.0).collect();
+        let other: Vec<f32> = (0..n).map(|i| ((i * 13 % 7) as f32 - 3.0) / 2.0).collect();
+        let start: Vec<f32> = (0..n).map(|i| i as f32 * 0.01).collect();
+        let parts = [0..5, 5..6, 6..17, 17..23];
+        let device = Device::flex();
+        let terms: Vec<Box<dyn ExtraLoss>> = vec![
+            Box::new(Proximal {
+                mu: 0.3,
+                anchor: &other,
+            }),
+            Box::new(Linear { coef: &other }),
+            Box::new(CosinePull {
+                coef: -0.7,
+                target: &other,
+                divide_by_target_norm: true,
+            }),
+            Box::new(CosinePull {
+                coef: 0.4,
+                target: &other,
+                divide_by_target_norm: false,
+            }),
+        ];
+        for term in &terms {
+            let mut want = start.clone();
+            term.add_value_and_grad(&theta, &mut want);
+            let device_term = term.on_device(&parts, &device).expect("a tensor form");
+            let mut grad = upload_parts(&start, &parts, &device);
+            device_term.add_grad(&upload_parts(&theta, &parts, &device), &mut grad);
+            let got: Vec<f32> = grad
+                .into_iter()
+                .flat_map(|t| t.into_data().to_vec::<f32>().unwrap())
+                .collect();
+            assert_eq!(got.len(), n);
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-6, "{got:?} vs {want:?}");
+            }
+        }
+        // A zero θ leaves the cosine's gradient alone, as on the host.
+        let zero = vec![0.0f32; n];
+        let cos = CosinePull {
+            coef: 1.0,
+            target: &other,
+            divide_by_target_norm: true,
+        };
+        let mut grad = upload_parts(&start, &parts, &device);
+        cos.on_device(&parts, &device)
+            .unwrap()
+            .add_grad(&upload_parts(&zero, &parts, &device), &mut grad);
+        let got: Vec<f32> = grad
+            .into_iter()
+            .flat_map(|t| t.into_data().to_vec::<f32>().unwrap())
+            .collect();
+        assert_eq!(got, start);
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! local round the model lives in the backend: a [`LocalTrainer`] loads it
 //! once, runs forward/backward and the momentum-SGD steps there, and copies
 //! it back at the end; the algorithms' extra loss terms ([`ExtraLoss`]) are
-//! written on flat vectors. [`train_local`] is the whole round in one call;
+//! written on flat vectors, with a tensor form ([`DeviceTerm`]) that keeps
+//! them on a GPU. [`train_local`] is the whole round in one call;
 //! algorithms that need step-level control drive a [`LocalTrainer`] and a
 //! [`BatchSampler`] themselves.
 //! Objectives with trainable parameters beyond the model ([`AuxObjective`],
@@ -40,7 +41,7 @@ pub use batched::{BatchedClient, BatchedTrainer, train_local_batched};
 /// dependency.
 pub use burn::tensor::Device;
 pub use conditional::{ConditionalPolicy, PolicyObjective};
-pub use extra::{CosinePull, ExtraLoss, Linear, Proximal};
+pub use extra::{CosinePull, DeviceTerm, ExtraLoss, Linear, Proximal};
 pub use model::{
     InputValues, MF_EMBED_DIM, ModelInput, ModelKind, ModelSpec, ModelSplit, RegressionLoss,
     TEXTCNN_EMBED_DIM,
@@ -53,7 +54,7 @@ pub use train::{
     EvalStats, MAPE_MIN_ABS, Predictions, SgdState, TrainConfig, TrainStats, evaluate, predict,
     train_local, train_local_with,
 };
-pub use trainer::{BatchSampler, LocalTrainer, SgdConfig};
+pub use trainer::{BatchSampler, LocalTrainer, SgdConfig, Terms};
 
 /// Errors from model construction.
 #[derive(Debug, thiserror::Error)]

@@ -190,15 +190,13 @@ pub fn train_local_with(
     if data.augment != crate::Augment::None {
         trainer.seed_augmentation(rng);
     }
+    let terms = trainer.prepare(extras);
     let mut loss_total = 0.0;
     let mut samples = 0;
     for _ in 0..steps {
         let batch = sampler.next_batch(rng);
         samples += batch.len();
-        loss_total += match objective {
-            Some(objective) => trainer.loss_and_grad_with(data, batch, extras, objective),
-            None => trainer.loss_and_grad(data, batch, extras),
-        };
+        loss_total += trainer.loss_and_grad_prepared(data, batch, &terms, objective);
         trainer.step(frozen, cfg.lr);
     }
     trainer.store(params, buffers);

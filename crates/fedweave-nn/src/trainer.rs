@@ -31,13 +31,16 @@
 //!   arithmetic of the former host loop (the backend's element-wise kernels
 //!   use no fused multiply-add). Frozen elements get their old θ and buffer
 //!   back by copying, never by arithmetic.
-//! - The [`ExtraLoss`] terms keep their host implementation: the session
+//! - On the CPU the [`ExtraLoss`] terms run in their host form: the session
 //!   reads θ and the gradient to the host, lets each term add its gradient
 //!   and writes the gradient back. Their reductions (norms and dot products
 //!   in f64, in index order) would round differently as backend reductions,
-//!   and their element-wise parts are cheap next to the forward pass. A GPU
-//!   backend should give the terms a tensor form; on the CPU `flex`
-//!   backend, "device" memory is host memory and these copies are memcpys.
+//!   and on `flex` "device" memory is host memory, so these copies are
+//!   memcpys. On a GPU backend the terms run in their tensor form
+//!   ([`ExtraLoss::on_device`]): constants uploaded once per
+//!   [`Terms`], gradients added on the device, so the model stays there for
+//!   the whole round. [`LocalTrainer::terms_on_device`] picks the form
+//!   explicitly (the tests compare the two on the CPU).
 //! - Parameters are leaves of their own contiguous buffers, as before, so
 //!   the backend's kernels see the same shapes and strides.
 //!
@@ -57,7 +60,7 @@
 use crate::Augment;
 use crate::auxiliary::{AuxObjective, Body};
 use crate::batch::{Batch, LocalData};
-use crate::extra::ExtraLoss;
+use crate::extra::{DeviceTerm, ExtraLoss};
 use crate::model::{ModelSpec, Norm, ParamTensor, RegressionLoss};
 use crate::objective::{Objective, Outputs, cross_entropy};
 use crate::train::SgdState;
@@ -146,6 +149,17 @@ pub struct LocalTrainer<'a> {
     augment_key: u64,
     /// Augmented mini-batches so far: the index of the next one's draws.
     augmented: u64,
+    /// Run the extra terms' tensor forms (GPU backends) rather than their
+    /// host forms (the CPU).
+    terms_on_device: bool,
+}
+
+/// A training call's extra terms, made ready for a session by
+/// [`LocalTrainer::prepare`]: tensor forms with their constants on the
+/// device where the session runs terms there, host forms otherwise.
+pub struct Terms<'t> {
+    on_device: Vec<Box<dyn DeviceTerm>>,
+    on_host: Vec<&'t dyn ExtraLoss>,
 }
 
 impl<'a> LocalTrainer<'a> {
@@ -195,7 +209,47 @@ impl<'a> LocalTrainer<'a> {
             y: Batch::default(),
             augment_key: 0,
             augmented: 0,
+            terms_on_device: *device != Device::flex(),
         }
+    }
+
+    /// Runs the extra terms in their tensor form on the session's device
+    /// (`true`) or in their host form (`false`). The default is the tensor
+    /// form on GPU backends and the host form on the CPU, whose results
+    /// every golden pins; the two agree to floating-point tolerance.
+    pub fn terms_on_device(mut self, on: bool) -> Self {
+        self.terms_on_device = on;
+        self
+    }
+
+    /// Makes `extras` ready for this session: on the device, each term's
+    /// constants are uploaded here, so a round that keeps its terms
+    /// prepares them once and calls
+    /// [`loss_and_grad_prepared`](Self::loss_and_grad_prepared).
+    pub fn prepare<'t>(&self, extras: &[&'t dyn ExtraLoss]) -> Terms<'t> {
+        let mut terms = Terms {
+            on_device: Vec::new(),
+            on_host: Vec::new(),
+        };
+        if !self.terms_on_device {
+            terms.on_host = extras.to_vec();
+            return terms;
+        }
+        let parts: Vec<Range<usize>> = self
+            .spec
+            .layout()
+            .tensors()
+            .iter()
+            .map(|t| t.range())
+            .collect();
+        let device = self.device.clone().inner();
+        for &e in extras {
+            match e.on_device(&parts, &device) {
+                Some(t) => terms.on_device.push(t),
+                None => terms.on_host.push(e),
+            }
+        }
+        terms
     }
 
     /// Keys the augmentation of this session's mini-batches with a draw
@@ -235,7 +289,25 @@ impl<'a> LocalTrainer<'a> {
         batch: &[usize],
         extras: &[&dyn ExtraLoss],
     ) -> f64 {
-        self.backward(data, batch, extras, None)
+        let terms = self.prepare(extras);
+        self.backward_with(data, batch, &terms, Loss::Task)
+    }
+
+    /// As [`loss_and_grad`](Self::loss_and_grad) (or
+    /// [`loss_and_grad_with`](Self::loss_and_grad_with) when `objective` is
+    /// given) with terms made ready once by [`prepare`](Self::prepare).
+    pub fn loss_and_grad_prepared(
+        &mut self,
+        data: &LocalData,
+        batch: &[usize],
+        terms: &Terms,
+        objective: Option<&dyn Objective>,
+    ) -> f64 {
+        let loss = match objective {
+            Some(objective) => Loss::Objective(objective),
+            None => Loss::Task,
+        };
+        self.backward_with(data, batch, terms, loss)
     }
 
     /// As [`loss_and_grad`](Self::loss_and_grad), with `objective` in place
@@ -253,7 +325,8 @@ impl<'a> LocalTrainer<'a> {
         extras: &[&dyn ExtraLoss],
         objective: &dyn Objective,
     ) -> f64 {
-        self.backward(data, batch, extras, Some(objective))
+        let terms = self.prepare(extras);
+        self.backward_with(data, batch, &terms, Loss::Objective(objective))
     }
 
     /// As [`loss_and_grad_with`](Self::loss_and_grad_with) for an objective
@@ -278,28 +351,15 @@ impl<'a> LocalTrainer<'a> {
         aux_grad: &mut [f32],
     ) -> f64 {
         assert_eq!(aux.len(), aux_grad.len(), "auxiliary gradient length");
-        self.backward_with(data, batch, extras, Loss::Aux(objective, aux, aux_grad))
-    }
-
-    fn backward(
-        &mut self,
-        data: &LocalData,
-        batch: &[usize],
-        extras: &[&dyn ExtraLoss],
-        objective: Option<&dyn Objective>,
-    ) -> f64 {
-        let loss = match objective {
-            Some(objective) => Loss::Objective(objective),
-            None => Loss::Task,
-        };
-        self.backward_with(data, batch, extras, loss)
+        let terms = self.prepare(extras);
+        self.backward_with(data, batch, &terms, Loss::Aux(objective, aux, aux_grad))
     }
 
     fn backward_with(
         &mut self,
         data: &LocalData,
         batch: &[usize],
-        extras: &[&dyn ExtraLoss],
+        terms: &Terms,
         objective: Loss,
     ) -> f64 {
         assert!(!batch.is_empty(), "a mini-batch needs samples");
@@ -365,10 +425,13 @@ impl<'a> LocalTrainer<'a> {
             .zip(&self.params)
             .map(|(leaf, p)| leaf.grad_flat(&grads).unwrap_or_else(|| p.zeros_like()))
             .collect();
-        if !extras.is_empty() {
+        for t in &terms.on_device {
+            t.add_grad(&self.params, &mut grad);
+        }
+        if !terms.on_host.is_empty() {
             let theta = self.read_all(&self.params);
             let mut g = self.read_all(&grad);
-            for e in extras {
+            for e in &terms.on_host {
                 e.add_value_and_grad(&theta, &mut g);
             }
             grad = self.upload(&g);

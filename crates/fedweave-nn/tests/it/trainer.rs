@@ -4,8 +4,8 @@
 
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_nn::{
-    BatchSampler, CosinePull, Device, ExtraLoss, LocalData, LocalTrainer, ModelKind, ModelSpec,
-    Proximal, SgdState, TrainConfig, train_local,
+    BatchSampler, CosinePull, Device, ExtraLoss, Linear, LocalData, LocalTrainer, ModelKind,
+    ModelSpec, Proximal, SgdState, TrainConfig, train_local,
 };
 use rand::Rng;
 use rand::seq::SliceRandom;
@@ -106,6 +106,74 @@ fn a_manual_loop_equals_train_local() {
         (loss / cfg.iterations as f64).to_bits(),
         stats.mean_loss.to_bits()
     );
+}
+
+/// `c·‖θ‖²/2`, a term with only a host form.
+struct HostOnly(f32);
+
+impl ExtraLoss for HostOnly {
+    fn add_value_and_grad(&self, theta: &[f32], grad: &mut [f32]) -> f64 {
+        grad.iter_mut()
+            .zip(theta)
+            .for_each(|(g, t)| *g += self.0 * t);
+        0.0
+    }
+}
+
+#[test]
+fn extra_terms_on_the_device_train_as_on_the_host() {
+    let data = Data::new(6, 3);
+    let (spec, init) = mlp();
+    let anchor: Vec<f32> = init.iter().map(|p| p * 0.5 - 0.01).collect();
+    let shift: Vec<f32> = (0..init.len()).map(|i| (i % 7) as f32 * 1e-3).collect();
+    let prox = Proximal {
+        mu: 0.2,
+        anchor: &anchor,
+    };
+    let cos = CosinePull {
+        coef: -0.3,
+        target: &anchor,
+        divide_by_target_norm: true,
+    };
+    let code_cos = CosinePull {
+        coef: 0.1,
+        target: &shift,
+        divide_by_target_norm: false,
+    };
+    let lin = Linear { coef: &shift };
+    let host_only = HostOnly(0.05);
+    let extras: [&dyn ExtraLoss; 5] = [&prox, &cos, &code_cos, &lin, &host_only];
+    let cfg = cfg();
+    let train = |on_device: bool| {
+        let mut rng = rng_stream(4, 1, 0, Purpose::Batches);
+        let mut sampler = BatchSampler::new(N, cfg.batch_size, &mut rng);
+        let mut trainer = LocalTrainer::new(&spec, &Device::flex(), &init, &[], cfg.sgd(), None)
+            .terms_on_device(on_device);
+        let terms = trainer.prepare(&extras);
+        let mut losses = Vec::new();
+        for _ in 0..cfg.iterations {
+            let batch = sampler.next_batch(&mut rng);
+            losses.push(trainer.loss_and_grad_prepared(&data.view(), batch, &terms, None));
+            trainer.step(&[], cfg.lr);
+        }
+        let mut params = vec![0.0; init.len()];
+        trainer.store(&mut params, &mut []);
+        (params, losses)
+    };
+    let (host, host_losses) = train(false);
+    let (device, device_losses) = train(true);
+    let moved = host
+        .iter()
+        .zip(&init)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(moved > 1e-2, "training moved the parameters by {moved}");
+    for (a, b) in host.iter().zip(&device) {
+        assert!((a - b).abs() <= 1e-6 * (1.0 + a.abs()), "{a} vs {b}");
+    }
+    for (a, b) in host_losses.iter().zip(&device_losses) {
+        assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+    }
 }
 
 #[test]
