@@ -315,7 +315,7 @@ mod tests {
             device_term.add_grad(&upload_parts(&theta, &parts, &device), &mut grad);
             let got: Vec<f32> = grad
                 .into_iter()
-                .flat_map(|t| t.into_data().to_vec::<f32>().unwrap())
+                .flat_map(|t| t.into_data().try_to_vec::<f32>().unwrap())
                 .collect();
             assert_eq!(got.len(), n);
             for (g, w) in got.iter().zip(&want) {
@@ -335,7 +335,7 @@ mod tests {
             .add_grad(&upload_parts(&zero, &parts, &device), &mut grad);
         let got: Vec<f32> = grad
             .into_iter()
-            .flat_map(|t| t.into_data().to_vec::<f32>().unwrap())
+            .flat_map(|t| t.into_data().try_to_vec::<f32>().unwrap())
             .collect();
         assert_eq!(got, start);
     }
