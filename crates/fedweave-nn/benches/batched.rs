@@ -7,14 +7,16 @@
 //! (momentum 0.9, wd 1e-5). Reported: client-steps per second and samples
 //! per second, sequential and batched, and their ratio. K = 100 runs for
 //! `mlp` and `cnn` only (`cnn-bn` at K = 100 holds ~1 GB of activations).
+//! ResNet-8 (FedDWA's, 3×32×32) has no batched form: its rows give the
+//! one-at-a-time rate only, at K = 1 and 10.
 //!
 //! Run: `cargo bench -p fedweave-nn --bench batched`
 //! (`FEDWEAVE_BENCH_K=1,10` to choose K).
 
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_nn::{
-    BatchedClient, Device, LocalData, ModelKind, ModelSpec, TrainConfig, train_local,
-    train_local_batched,
+    BatchedClient, BatchedTrainer, Device, LocalData, ModelKind, ModelSpec, TrainConfig,
+    train_local, train_local_batched,
 };
 use rand::Rng;
 use std::time::Instant;
@@ -47,8 +49,9 @@ impl Data {
     }
 }
 
-/// Seconds for K clients × `steps` steps: (sequential, batched).
-fn time_case(spec: &ModelSpec, k: usize, steps: usize) -> (f64, f64) {
+/// Seconds for K clients × `steps` steps: (sequential, batched when the
+/// model has a batched form).
+fn time_case(spec: &ModelSpec, k: usize, steps: usize) -> (f64, Option<f64>) {
     let cfg = TrainConfig {
         lr: 0.01,
         momentum: 0.9,
@@ -81,6 +84,9 @@ fn time_case(spec: &ModelSpec, k: usize, steps: usize) -> (f64, f64) {
         );
     }
     let sequential = start.elapsed().as_secs_f64();
+    if !BatchedTrainer::supports(spec.kind()) {
+        return (sequential, None);
+    }
 
     let mut params = vec![init; k];
     let mut buffers = vec![spec.init_buffers(); k];
@@ -99,7 +105,7 @@ fn time_case(spec: &ModelSpec, k: usize, steps: usize) -> (f64, f64) {
         .collect();
     let start = Instant::now();
     train_local_batched(spec, &Device::flex(), &mut clients, &cfg).expect("batched model");
-    (sequential, start.elapsed().as_secs_f64())
+    (sequential, Some(start.elapsed().as_secs_f64()))
 }
 
 fn main() {
@@ -111,25 +117,33 @@ fn main() {
         "| model | K | steps/client | sequential client-steps/s | batched client-steps/s | sequential samples/s | batched samples/s | batched / sequential |"
     );
     println!("|---|---|---|---|---|---|---|---|");
-    for (name, kind, steps) in [
-        ("mlp 1x28x28", ModelKind::Mlp, 20),
-        ("cnn 1x28x28", ModelKind::Cnn, 5),
-        ("cnn-bn 1x28x28", ModelKind::CnnBn, 3),
+    for (name, kind, shape, steps) in [
+        ("mlp 1x28x28", ModelKind::Mlp, [1, 28, 28], 20),
+        ("cnn 1x28x28", ModelKind::Cnn, [1, 28, 28], 5),
+        ("cnn-bn 1x28x28", ModelKind::CnnBn, [1, 28, 28], 3),
+        ("resnet8 3x32x32", ModelKind::ResNet8, [3, 32, 32], 2),
     ] {
-        let spec = ModelSpec::new(kind, &[1, 28, 28], CLASSES).expect("spec");
+        let spec = ModelSpec::new(kind, &shape, CLASSES).expect("spec");
         for &k in &ks {
-            if k >= 100 && kind == ModelKind::CnnBn {
+            let heavy = matches!(kind, ModelKind::CnnBn | ModelKind::ResNet8);
+            if k >= 100 && heavy {
                 continue;
             }
             let (seq, bat) = time_case(&spec, k, steps);
             let client_steps = (k * steps) as f64;
+            let rate = |s: f64| client_steps / s;
+            let (bat_steps, bat_samples, ratio) = match bat {
+                Some(b) => (
+                    format!("{:.1}", rate(b)),
+                    format!("{:.0}", rate(b) * BATCH as f64),
+                    format!("{:.2}×", seq / b),
+                ),
+                None => ("—".into(), "—".into(), "—".into()),
+            };
             println!(
-                "| {name} | {k} | {steps} | {:.1} | {:.1} | {:.0} | {:.0} | {:.2}× |",
-                client_steps / seq,
-                client_steps / bat,
-                client_steps * BATCH as f64 / seq,
-                client_steps * BATCH as f64 / bat,
-                seq / bat
+                "| {name} | {k} | {steps} | {:.1} | {bat_steps} | {:.0} | {bat_samples} | {ratio} |",
+                rate(seq),
+                rate(seq) * BATCH as f64,
             );
         }
     }
