@@ -6,6 +6,7 @@
 //! Checkpoint/resume equality and partial participation are checked for
 //! every catalogue name in `resume.rs` and `fedweave-sim`'s unit tests.
 
+use crate::common;
 use crate::digits::{acc, run};
 use fedweave_sim::Summary;
 
@@ -130,19 +131,11 @@ fn shared_body_baselines_match_fedavg_ft_on_iid_data() {
 
 #[test]
 fn baselines_do_not_depend_on_the_thread_count() {
-    let strip = |s: &Summary| {
-        let mut v = serde_json::to_value(s).unwrap();
-        let o = v.as_object_mut().unwrap();
-        for k in ["wall_seconds", "seconds_per_round_median", "threads"] {
-            o.remove(k);
-        }
-        v
-    };
     for name in ALL {
         let algo = format!("algorithm.name={name}");
         let (one, r1) = run(&[&algo, "threads=1", "rounds=3"]);
         let (two, r2) = run(&[&algo, "threads=2", "rounds=3"]);
-        assert_eq!(strip(&one), strip(&two), "{name}");
+        assert_eq!(common::untimed(&one), common::untimed(&two), "{name}");
         for (a, b) in r1.iter().zip(&r2) {
             assert_eq!(a["graph"], b["graph"], "{name}");
             assert_eq!(a["graph_layers"], b["graph_layers"], "{name}");

@@ -111,17 +111,9 @@ fn sign_flip_attackers_are_cut_off_by_pfedgraph_while_fedavg_collapses() {
 
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
-    let strip = |s: &Summary| {
-        let mut v = serde_json::to_value(s).unwrap();
-        let o = v.as_object_mut().unwrap();
-        for k in ["wall_seconds", "seconds_per_round_median", "threads"] {
-            o.remove(k);
-        }
-        v
-    };
     let (one, r1) = run(&["algorithm.name=pfedgraph", "threads=1", "rounds=4"]);
     let (two, r2) = run(&["algorithm.name=pfedgraph", "threads=2", "rounds=4"]);
-    assert_eq!(strip(&one), strip(&two));
+    assert_eq!(common::untimed(&one), common::untimed(&two));
     for (a, b) in r1.iter().zip(&r2) {
         assert_eq!(a["graph"], b["graph"]);
         assert_eq!(a["mean_val_acc"], b["mean_val_acc"]);
@@ -130,14 +122,6 @@ fn results_do_not_depend_on_the_thread_count() {
 
 #[test]
 fn batched_clients_end_where_one_at_a_time_ends_at_any_thread_count() {
-    let strip = |s: &Summary| {
-        let mut v = serde_json::to_value(s).unwrap();
-        let o = v.as_object_mut().unwrap();
-        for k in ["wall_seconds", "seconds_per_round_median", "threads"] {
-            o.remove(k);
-        }
-        v
-    };
     let base = ["algorithm.name=pfedgraph", "rounds=4", "participation=0.8"];
     let with = |extra: &[&'static str]| {
         let all: Vec<&str> = base.iter().chain(extra).copied().collect();
@@ -148,15 +132,8 @@ fn batched_clients_end_where_one_at_a_time_ends_at_any_thread_count() {
     let (two, r2) = with(&["device.batch_clients=3", "threads=2"]);
     // Batched kernels round differently, but the same way at any thread
     // count: groups are fixed by client order, not by timing.
-    assert_eq!(strip(&one), strip(&two));
-    let untimed = |rounds: Vec<serde_json::Value>| -> Vec<serde_json::Value> {
-        let mut rounds = rounds;
-        rounds.iter_mut().for_each(|r| {
-            r.as_object_mut().unwrap().remove("seconds");
-        });
-        rounds
-    };
-    assert_eq!(untimed(r1), untimed(r2));
+    assert_eq!(common::untimed(&one), common::untimed(&two));
+    assert_eq!(common::untimed_rounds(&r1), common::untimed_rounds(&r2));
     for (a, b) in plain
         .per_client_test_acc
         .iter()

@@ -43,3 +43,25 @@ pub fn run_config(text: &str, overrides: &[&str]) -> Run {
 pub fn graph(round: &serde_json::Value) -> Vec<Vec<f64>> {
     serde_json::from_value(round["graph"].clone()).unwrap()
 }
+
+/// A summary without its timings and thread count: what must be equal
+/// between runs that differ only in how they were scheduled.
+#[allow(dead_code)] // not every test file compares runs
+pub fn untimed(s: &Summary) -> serde_json::Value {
+    let mut v = serde_json::to_value(s).unwrap();
+    let o = v.as_object_mut().unwrap();
+    for k in ["wall_seconds", "seconds_per_round_median", "threads"] {
+        o.remove(k);
+    }
+    v
+}
+
+/// Round records without their timings.
+#[allow(dead_code)] // not every test file compares runs
+pub fn untimed_rounds(rounds: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    let mut rounds = rounds.to_vec();
+    for r in &mut rounds {
+        r.as_object_mut().unwrap().remove("seconds");
+    }
+    rounds
+}
