@@ -5,8 +5,9 @@ comparison of issue 16 (docs/results.md, "Per-core training throughput").
 Same work as `cargo bench -p fedweave-nn --bench train_throughput`: one SGD
 step (lr 0.01, momentum 0.9, dampening 0, weight decay 1e-5) of a batch of 64 random
 1x28x28 images = forward, cross-entropy, backward, update. The models are
-fedweave's `cnn` (pFedGraph's SimpleCNN, 44,426 parameters) and `cnn-bn`
-(PFLlib's FedAvgCNN with batch norm, 582,218). Prints steps/s and
+fedweave's `cnn` (pFedGraph's SimpleCNN, 44,426 parameters), `cnn-bn`
+(PFLlib's FedAvgCNN with batch norm, 582,218) and `resnet8` (FedDWA's, on
+3x32x32). Prints steps/s and
 samples/s at 1 and 2 intra-op threads, median of 5 runs after a warm-up.
 
     python3 scripts/torch_cpu_throughput.py [--steps 50]
@@ -34,10 +35,33 @@ def cnn_bn():
         nn.Flatten(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 10))
 
 
-def steps_per_second(model, steps, batch=64):
+class Basic(nn.Module):
+    """He et al.'s basic block, 1x1-conv shortcut when the shape changes."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+            nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
+        self.short = nn.Identity() if cin == cout and stride == 1 else nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.short(x))
+
+
+def resnet8():
+    """FedDWA's resnet8 as fedweave builds it (crates/fedweave-nn/src/resnet.rs)."""
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.MaxPool2d(3, 2, 1), Basic(16, 16, 1), Basic(16, 32, 2), Basic(32, 64, 2),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+
+
+def steps_per_second(model, steps, shape, batch=64):
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-5)
     loss_fn = nn.CrossEntropyLoss()
-    x = torch.randn(batch, 1, 28, 28)
+    x = torch.randn(batch, *shape)
     y = torch.randint(0, 10, (batch,))
 
     def run(n):
@@ -62,13 +86,14 @@ def main():
     print(f"torch {torch.__version__}")
     print("| model | parameters | threads | steps/s | samples/s |")
     print("|---|---:|---:|---:|---:|")
-    for name, make in [("cnn", simple_cnn), ("cnn-bn", cnn_bn)]:
+    for name, make, shape in [("cnn", simple_cnn, (1, 28, 28)), ("cnn-bn", cnn_bn, (1, 28, 28)),
+                              ("resnet8", resnet8, (3, 32, 32))]:
         for threads in (1, 2):
             torch.set_num_threads(threads)
             torch.manual_seed(0)
             model = make()
             params = sum(p.numel() for p in model.parameters())
-            r = steps_per_second(model, a.steps)
+            r = steps_per_second(model, a.steps, shape)
             print(f"| {name} | {params:,} | {threads} | {r:.1f} | {64 * r:,.0f} |")
 
 
