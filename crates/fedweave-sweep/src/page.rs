@@ -152,12 +152,15 @@ fn padded(lo: f64, hi: f64, zero: bool) -> (f64, f64) {
         return (0.0, 1.0);
     }
     let span = (hi - lo).max(hi.abs() * 0.05).max(1e-9);
+    // A range narrower than `span` (equal values) widens around its middle,
+    // so its ticks are far enough apart to get distinct labels.
+    let widen = (span - (hi - lo)) / 2.0;
     let lo2 = if zero && lo >= 0.0 {
         0.0
     } else {
-        lo - 0.08 * span
+        lo - widen - 0.08 * span
     };
-    (lo2, hi + 0.08 * span)
+    (lo2, hi + widen + 0.08 * span)
 }
 
 /// The metric in its display unit (accuracy in %).
@@ -823,6 +826,20 @@ mod tests {
         let t = ticks(0.37, 0.52);
         assert!(t.len() >= 3 && t.len() <= 7, "{t:?}");
         assert_eq!(quantile(&[1.0, 2.0, 3.0, 4.0], 0.5), 2.5);
+    }
+
+    #[test]
+    fn equal_values_get_distinct_tick_labels() {
+        // Two runs that moved exactly the same bytes (FedAvg and pFedGraph).
+        let (lo, hi) = padded(44_168_000.0, 44_168_000.0, false);
+        assert!(lo < 44_168_000.0 && hi > 44_168_000.0);
+        let labels: Vec<String> = ticks(lo, hi).into_iter().map(human_bytes).collect();
+        assert!(labels.len() >= 3, "{labels:?}");
+        let mut unique = labels.clone();
+        unique.dedup();
+        assert_eq!(unique, labels);
+        // Already wide ranges keep their old padding.
+        assert_eq!(padded(10.0, 20.0, false), (10.0 - 0.8, 20.0 + 0.8));
     }
 
     #[test]
