@@ -184,3 +184,27 @@ fn nan_and_wrong_shape_uploads_are_rejected_without_ending_the_round() {
         assert!(acc > 0.5, "client {i}: {acc}");
     }
 }
+
+/// Settings only a simulation can honour stop `serve` before it listens:
+/// attacks (the network runs honest clients) and batched training (each
+/// networked client trains alone, so the run would differ from `fedweave run`).
+#[test]
+fn simulation_only_settings_are_refused_up_front() {
+    for (extra, why) in [
+        ("attack.kind=sign_flip", "attacks"),
+        ("device.batch_clients=4", "device.batch_clients"),
+    ] {
+        let mut overrides = vec!["rounds=1", extra];
+        if extra.starts_with("attack") {
+            overrides.push("attack.ratio=0.25");
+        }
+        let cfg = config("fedavg", &overrides);
+        let dir = tempfile::tempdir().unwrap();
+        let opts = ServeOptions::new(cfg, "127.0.0.1:0".parse().unwrap(), dir.path().join("run"));
+        let got = fedweave_net::server::serve(opts, |_| panic!("listened"), &mut |_| {});
+        match got {
+            Err(NetError::Unsupported(m)) => assert!(m.contains(why), "`{m}` lacks `{why}`"),
+            other => panic!("{extra}: expected a refusal, got {:?}", other.map(|_| ())),
+        }
+    }
+}
