@@ -83,12 +83,7 @@ impl<'d> TrainBatch<'d> {
         members: impl IntoIterator<Item = (usize, LocalData<'d>)>,
     ) -> Result<Self, NnError> {
         let data: BTreeMap<usize, LocalData<'d>> = members.into_iter().collect();
-        if !BatchedTrainer::supports(spec.kind()) {
-            return Err(NnError::NotBatched {
-                model: format!("{:?}", spec.kind()).to_lowercase(),
-                reason: "no batched formulation (mlp, cnn, cnn-bn, cnn-dwa have one)".into(),
-            });
-        }
+        BatchedTrainer::check(spec.kind())?;
         Ok(Self {
             spec,
             device,

@@ -141,6 +141,22 @@ impl<'a> BatchedTrainer<'a> {
         )
     }
 
+    /// [`supports`](Self::supports) as an error naming the model.
+    ///
+    /// # Errors
+    ///
+    /// [`NnError::NotBatched`] for an architecture without a batched
+    /// formulation.
+    pub fn check(kind: ModelKind) -> Result<(), NnError> {
+        if Self::supports(kind) {
+            return Ok(());
+        }
+        Err(NnError::NotBatched {
+            model: format!("{kind:?}").to_lowercase(),
+            reason: "no batched formulation (mlp, cnn, cnn-bn, cnn-dwa have one)".into(),
+        })
+    }
+
     /// Loads K clients' `params` and batch-norm `buffers` (K = `params.len()`)
     /// onto `device`; momentum starts at zero, as a fresh optimiser.
     ///
@@ -159,11 +175,7 @@ impl<'a> BatchedTrainer<'a> {
             model: format!("{:?}", spec.kind()).to_lowercase(),
             reason,
         };
-        if !Self::supports(spec.kind()) {
-            return Err(bad(
-                "no batched formulation (mlp, cnn, cnn-bn, cnn-dwa have one)".into(),
-            ));
-        }
+        Self::check(spec.kind())?;
         let k = params.len();
         if k == 0 || buffers.len() != k {
             return Err(bad(format!(

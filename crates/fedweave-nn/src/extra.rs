@@ -13,7 +13,8 @@
 //! parameters and gradients never leave the device for a term (only the two
 //! scalars of [`CosinePull`] are read back per step).
 
-use burn::tensor::{Device, Tensor, TensorData};
+use crate::trainer::upload_parts;
+use burn::tensor::{Device, Tensor};
 use fedweave_core::vecmath::{dot, norm};
 use std::ops::Range;
 
@@ -39,16 +40,8 @@ pub trait DeviceTerm {
 }
 
 /// `values` cut into `parts`, each uploaded to `device`.
-fn upload_parts(values: &[f32], parts: &[Range<usize>], device: &Device) -> Vec<Tensor<1>> {
-    parts
-        .iter()
-        .map(|r| {
-            Tensor::from_data(
-                TensorData::new(values[r.clone()].to_vec(), [r.len()]),
-                device,
-            )
-        })
-        .collect()
+fn upload(values: &[f32], parts: &[Range<usize>], device: &Device) -> Vec<Tensor<1>> {
+    upload_parts(values, parts.iter().cloned(), device)
 }
 
 /// Σ over parts of ⟨a_k, b_k⟩, as a rank-1 tensor of one element.
@@ -104,8 +97,8 @@ impl DeviceTerm for DeviceCosinePull {
             0,
         );
         let data = both.into_data();
-        let Ok(&[nt2, inner]) = data.as_slice::<f32>() else {
-            return;
+        let &[nt2, inner] = data.as_slice::<f32>().expect("two f32 scalars") else {
+            unreachable!("two dot products make two scalars");
         };
         let (nt, inner) = ((nt2 as f64).sqrt(), inner as f64);
         if nt == 0.0 || k == 0.0 {
@@ -145,7 +138,7 @@ impl ExtraLoss for Proximal<'_> {
     fn on_device(&self, parts: &[Range<usize>], device: &Device) -> Option<Box<dyn DeviceTerm>> {
         Some(Box::new(DeviceProximal {
             mu: self.mu,
-            anchor: upload_parts(self.anchor, parts, device),
+            anchor: upload(self.anchor, parts, device),
         }))
     }
 }
@@ -171,7 +164,7 @@ impl ExtraLoss for Linear<'_> {
 
     fn on_device(&self, parts: &[Range<usize>], device: &Device) -> Option<Box<dyn DeviceTerm>> {
         Some(Box::new(DeviceLinear {
-            coef: upload_parts(self.coef, parts, device),
+            coef: upload(self.coef, parts, device),
         }))
     }
 }
@@ -216,7 +209,7 @@ impl ExtraLoss for CosinePull<'_> {
     fn on_device(&self, parts: &[Range<usize>], device: &Device) -> Option<Box<dyn DeviceTerm>> {
         Some(Box::new(DeviceCosinePull {
             coef: self.coef,
-            target: upload_parts(self.target, parts, device),
+            target: upload(self.target, parts, device),
             target_norm: if self.divide_by_target_norm {
                 norm(self.target)
             } else {
@@ -311,8 +304,8 @@ mod tests {
             let mut want = start.clone();
             term.add_value_and_grad(&theta, &mut want);
             let device_term = term.on_device(&parts, &device).expect("a tensor form");
-            let mut grad = upload_parts(&start, &parts, &device);
-            device_term.add_grad(&upload_parts(&theta, &parts, &device), &mut grad);
+            let mut grad = upload(&start, &parts, &device);
+            device_term.add_grad(&upload(&theta, &parts, &device), &mut grad);
             let got: Vec<f32> = grad
                 .into_iter()
                 .flat_map(|t| t.into_data().try_to_vec::<f32>().unwrap())
@@ -329,10 +322,10 @@ mod tests {
             target: &other,
             divide_by_target_norm: true,
         };
-        let mut grad = upload_parts(&start, &parts, &device);
+        let mut grad = upload(&start, &parts, &device);
         cos.on_device(&parts, &device)
             .unwrap()
-            .add_grad(&upload_parts(&zero, &parts, &device), &mut grad);
+            .add_grad(&upload(&zero, &parts, &device), &mut grad);
         let got: Vec<f32> = grad
             .into_iter()
             .flat_map(|t| t.into_data().try_to_vec::<f32>().unwrap())

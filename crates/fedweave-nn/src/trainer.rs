@@ -183,13 +183,8 @@ impl<'a> LocalTrainer<'a> {
         assert_eq!(params.len(), layout.len(), "parameter vector length");
         assert_eq!(buffers.len(), spec.buffer_len(), "buffer vector length");
         let inner = device.clone().inner();
-        let upload = |v: &[f32]| {
-            layout
-                .tensors()
-                .iter()
-                .map(|t| flat_tensor(&v[t.range()], &inner))
-                .collect::<Vec<_>>()
-        };
+        let upload =
+            |v: &[f32]| upload_parts(v, layout.tensors().iter().map(|t| t.range()), &inner);
         let momentum = match state {
             Some(s) if s.momentum.len() == params.len() => upload(&s.momentum),
             _ => layout
@@ -554,13 +549,8 @@ impl<'a> LocalTrainer<'a> {
 
     /// One tensor per layout tensor from a flat vector, on the inner device.
     fn upload(&self, flat: &[f32]) -> Vec<Tensor<1>> {
-        let device = self.device.clone().inner();
-        self.spec
-            .layout()
-            .tensors()
-            .iter()
-            .map(|t| flat_tensor(&flat[t.range()], &device))
-            .collect()
+        let ranges = self.spec.layout().tensors().iter().map(|t| t.range());
+        upload_parts(flat, ranges, &self.device.clone().inner())
     }
 
     fn read_all(&self, parts: &[Tensor<1>]) -> Vec<f32> {
@@ -590,6 +580,19 @@ enum Loss<'o> {
     Objective(&'o dyn Objective),
     /// An objective with its own parameters, and where their gradient goes.
     Aux(&'o dyn AuxObjective, &'o [f32], &'o mut [f32]),
+}
+
+/// `values` cut at `parts` (the layout's tensors), one rank-1 tensor each on
+/// `device`.
+pub(crate) fn upload_parts(
+    values: &[f32],
+    parts: impl IntoIterator<Item = Range<usize>>,
+    device: &Device,
+) -> Vec<Tensor<1>> {
+    parts
+        .into_iter()
+        .map(|r| flat_tensor(&values[r], device))
+        .collect()
 }
 
 fn flat_tensor(values: &[f32], device: &Device) -> Tensor<1> {

@@ -478,14 +478,12 @@ impl ExperimentConfig {
         if let Err(e) = self.device.backend.device() {
             return Err(key_err("device.backend", e.to_string()));
         }
-        if self.device.batch_clients > 0 && !fedweave_nn::BatchedTrainer::supports(self.model.kind)
+        if self.device.batch_clients > 0
+            && let Err(e) = fedweave_nn::BatchedTrainer::check(self.model.kind)
         {
-            let kind = format!("{:?}", self.model.kind).to_lowercase();
             return Err(key_err(
                 "device.batch_clients",
-                format!(
-                    "model `{kind}` has no batched formulation (mlp, cnn, cnn-bn and cnn-dwa have one); remove the key"
-                ),
+                format!("{e}; remove the key"),
             ));
         }
         match self.algorithm.get("name") {
