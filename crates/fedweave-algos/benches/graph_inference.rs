@@ -65,7 +65,13 @@ fn random_models(spec: &ModelSpec, n: usize) -> (Vec<f32>, Vec<Vec<f32>>) {
 
 /// What `PFedGraph::aggregate` computes before mixing, on all layers.
 fn server_step(init: &[f32], uploads: &[Vec<f32>], p: &[f64], alpha: f64) -> Vec<Vec<f64>> {
-    let s = similarity_matrix(uploads, init, std::slice::from_ref(&(0..init.len())), 0.9);
+    let s = similarity_matrix(
+        fedweave_core::pairwise::Kernels::cpu(),
+        uploads,
+        init,
+        std::slice::from_ref(&(0..init.len())),
+        0.9,
+    );
     infer_graph(&s, p, alpha)
 }
 
@@ -119,6 +125,7 @@ fn bench_aggregate(c: &mut Criterion) {
             init: &init,
             relation: None,
             label_counts: &[],
+            kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
         let uploads: Vec<(usize, Vec<f32>)> = models.into_iter().enumerate().collect();
         let algo = PFedGraph::new("pfedgraph", PFedGraphParams::default(), &env).expect("builds");

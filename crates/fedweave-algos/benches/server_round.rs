@@ -27,7 +27,9 @@
 //! pFedGraph only, timed once: a 2-core machine needs minutes per method),
 //! with the effective GFLOP/s as a share of this machine's measured
 //! `matrixmultiply` dgemm rate (the kernels run `f64` GEMMs, see
-//! `fedweave_core::pairwise`).
+//! `fedweave_core::pairwise`). `FEDWEAVE_BENCH_KERNELS=device` runs the grid's
+//! products on burn's device instead (`[device] server_kernels = "device"`;
+//! `FEDWEAVE_BENCH_BACKEND=cuda` in a CUDA build, `flex` on the CPU otherwise).
 
 use fedweave_algos::fedaghn::FedAghn;
 use fedweave_algos::fedavg::FedAvg;
@@ -35,11 +37,12 @@ use fedweave_algos::feddwa::{FedDwa, Guided};
 use fedweave_algos::pfedgraph::{PFedGraph, infer_graph, similarity_matrix};
 use fedweave_algos::sfl::Sfl;
 use fedweave_algos::{Algorithm, Env, Message};
-use fedweave_core::pairwise::{GemmThroughput, gemm_throughput};
+use fedweave_core::pairwise::{GemmThroughput, Kernels, gemm_throughput};
 use fedweave_core::{Purpose, RelationGraph, rng_stream};
-use fedweave_nn::{ModelKind, ModelSpec, TrainConfig};
+use fedweave_nn::{Backend, BurnOffload, ModelKind, ModelSpec, TrainConfig};
 use rand_distr::{Distribution, StandardNormal};
 use std::hint::black_box;
+use std::sync::Arc;
 use std::time::Instant;
 
 const GROUPS: usize = 4;
@@ -160,11 +163,29 @@ fn sfl_table() {
                 init: &init,
                 relation: Some(&graph),
                 label_counts: &[],
+                kernels: fedweave_core::pairwise::Kernels::cpu(),
             };
             let (secs, _, _) = time_aggregate::<Sfl>("sfl", &env, &models(&init, n), 3);
             let nnz = graph.with_self_loops_row_normalized(1.0).nnz();
             println!("| {model} | {n} | {} | {nnz} | {:.3} |", init.len(), secs);
         }
+    }
+}
+
+/// The grid's kernels: the host's, or burn's device with
+/// `FEDWEAVE_BENCH_KERNELS=device` (on `FEDWEAVE_BENCH_BACKEND`, default cpu).
+fn bench_kernels() -> Kernels {
+    match std::env::var("FEDWEAVE_BENCH_KERNELS").as_deref() {
+        Ok("device") => {
+            let backend = match std::env::var("FEDWEAVE_BENCH_BACKEND").as_deref() {
+                Ok("cuda") => Backend::Cuda,
+                Ok("wgpu") => Backend::Wgpu,
+                _ => Backend::Cpu,
+            };
+            let dev = BurnOffload::new(backend).expect("the backend computes in f64");
+            Kernels::offloaded(Arc::new(dev), 0.0)
+        }
+        _ => Kernels::cpu().clone(),
     }
 }
 
@@ -184,7 +205,7 @@ fn spec_of(d: &str) -> ModelSpec {
 /// GFLOP/s as a share of the machine's dgemm rate. `only_pfedgraph` skips
 /// the others (N = 1000: minutes per method on 2 cores; at d = 582k FedAGHN
 /// alone keeps four 2.3 GB N×d blocks).
-fn grid_case(n: usize, d: &str, peak: &GemmThroughput, only_pfedgraph: bool) {
+fn grid_case(n: usize, d: &str, peak: &GemmThroughput, kernels: &Kernels, only_pfedgraph: bool) {
     let spec = spec_of(d);
     let init = spec.init(&mut rng_stream(7, 0, 0, Purpose::ModelInit));
     let dim = init.len();
@@ -204,6 +225,7 @@ fn grid_case(n: usize, d: &str, peak: &GemmThroughput, only_pfedgraph: bool) {
         init: &init,
         relation: None,
         label_counts: &[],
+        kernels,
     };
     let trained = models(&init, n);
     let repeats = if n * dim > 20_000_000 { 1 } else { 3 };
@@ -224,7 +246,13 @@ fn grid_case(n: usize, d: &str, peak: &GemmThroughput, only_pfedgraph: bool) {
     let step = (0..warmup + repeats)
         .map(|_| {
             let start = Instant::now();
-            let s = similarity_matrix(&uploads, &init, std::slice::from_ref(&(0..dim)), 0.9);
+            let s = similarity_matrix(
+                kernels,
+                &uploads,
+                &init,
+                std::slice::from_ref(&(0..dim)),
+                0.9,
+            );
             black_box(infer_graph(&s, &p, 0.08 * nn));
             start.elapsed().as_secs_f64()
         })
@@ -278,6 +306,11 @@ fn main() {
         peak.dgemm_one, peak.dgemm_all, peak.threads, peak.sgemm_all, peak.threads
     );
     if let Ok(cases) = std::env::var("FEDWEAVE_BENCH_CASES") {
+        let kernels = bench_kernels();
+        println!(
+            "kernels: {}",
+            kernels.device_name().unwrap_or("host (matrixmultiply)")
+        );
         println!("| step | N | d | s (best) | GFLOP/s | % of dgemm |");
         println!("|---|---|---|---|---|---|");
         for case in cases.split(',') {
@@ -286,7 +319,7 @@ fn main() {
                 .expect("FEDWEAVE_BENCH_CASES looks like 100x44k,1000x582k");
             let n: usize = n.parse().expect("N is a number");
             let large = n >= 1000;
-            grid_case(n, d, &peak, large);
+            grid_case(n, d, &peak, &kernels, large);
         }
         return;
     }
@@ -324,6 +357,7 @@ fn main() {
             init: &init,
             relation: None,
             label_counts: &[],
+            kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
         let trained = models(&init, n);
         let rows = [

@@ -317,6 +317,7 @@ mod tests {
             init: &init,
             relation: None,
             label_counts: &[],
+            kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
         let algo = Apfl {
             params: ApflParams {

@@ -40,7 +40,7 @@ use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
 };
-use fedweave_core::pairwise::{self, View};
+use fedweave_core::pairwise::View;
 use fedweave_core::{CollaborationGraph, vecmath::weighted_sum};
 use serde::{Deserialize, Serialize};
 
@@ -231,14 +231,16 @@ impl Algorithm for Cfl {
             let thetas: Vec<&[f32]> = present.iter().filter_map(|&i| upload_of(i)).collect();
             if present.len() == members.len() && !present.is_empty() {
                 let view = View::all().with_shift(base);
-                let max_norm = pairwise::sq_norms(&thetas, &view)
+                let max_norm = env
+                    .kernels
+                    .sq_norms(&thetas, &view)
                     .into_iter()
                     .fold(0.0, f64::max)
                     .sqrt();
                 let w = self.weights(env, &present);
                 let mean_norm = Self::mean_update_norm(&w, &thetas, base);
                 if should_split(mean_norm, max_norm, members.len(), eps1, eps2) {
-                    let s = pairwise::cosine_matrix_sym(&thetas, &view).into_rows();
+                    let s = env.kernels.cosine_matrix_sym(&thetas, &view).into_rows();
                     let (a, b) = bipartition(&s);
                     for half in [a, b] {
                         clusters.push(half.iter().map(|&k| members[k]).collect());
@@ -323,7 +325,9 @@ mod tests {
             vec![0.9, 0.3],
             vec![-1.0, -0.1],
         ];
-        let s = pairwise::cosine_matrix_sym(&u, &View::all()).into_rows();
+        let s = fedweave_core::pairwise::Kernels::cpu()
+            .cosine_matrix_sym(&u, &View::all())
+            .into_rows();
         assert_eq!(bipartition(&s), (vec![0, 2, 3], vec![1, 4]));
     }
 

@@ -21,6 +21,7 @@
 use crate::AlgoError;
 use crate::batching::TrainBatch;
 use crate::params::Validate;
+use fedweave_core::pairwise::Kernels;
 use fedweave_core::{CollaborationGraph, RelationGraph, RngStream};
 use fedweave_nn::{
     BatchSampler, EvalStats, ExtraLoss, LocalData, LocalTrainer, ModelSpec, Objective, SgdConfig,
@@ -51,6 +52,9 @@ pub struct Env<'a> {
     /// Each client's training label counts (empty for forecasting). Only
     /// oracle graphs read it (SFL's `label_overlap`), and say so.
     pub label_counts: &'a [Vec<usize>],
+    /// Where the server's pairwise products run (the host unless a device
+    /// is configured): every similarity, distance and mixing goes through it.
+    pub kernels: &'a Kernels,
 }
 
 impl Env<'_> {

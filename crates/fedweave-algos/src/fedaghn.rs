@@ -40,7 +40,7 @@ use crate::{
     ids_of, models_of,
 };
 use fedweave_core::LayerGroup;
-use fedweave_core::pairwise::{View, cosine_matrix_sym, mix};
+use fedweave_core::pairwise::{Kernels, View};
 use fedweave_core::vecmath::dot;
 use serde::{Deserialize, Serialize};
 
@@ -211,8 +211,13 @@ impl FedAghnServer {
 
 /// cos(Δ_a, Δ_b) on each group's range for every pair of participants
 /// (`[group][a][b]`), `None` meaning the all-ones vector: one blocked Gram
-/// matrix per layer ([`cosine_matrix_sym`]).
-fn layer_cosines(deltas: &[Option<&[f32]>], groups: &[LayerGroup], d: usize) -> Vec<Vec<Vec<f64>>> {
+/// matrix per layer ([`Kernels::cosine_matrix_sym`]).
+fn layer_cosines(
+    kernels: &Kernels,
+    deltas: &[Option<&[f32]>],
+    groups: &[LayerGroup],
+    d: usize,
+) -> Vec<Vec<Vec<f64>>> {
     let ones = if deltas.iter().any(Option::is_none) {
         vec![1.0f32; d]
     } else {
@@ -222,7 +227,9 @@ fn layer_cosines(deltas: &[Option<&[f32]>], groups: &[LayerGroup], d: usize) -> 
     groups
         .iter()
         .map(|g| {
-            cosine_matrix_sym(&rows, &View::ranges(std::slice::from_ref(&g.range))).into_rows()
+            kernels
+                .cosine_matrix_sym(&rows, &View::ranges(std::slice::from_ref(&g.range)))
+                .into_rows()
         })
         .collect()
 }
@@ -328,7 +335,7 @@ impl Algorithm for FedAghn {
             .map(|&i| server.deltas[i].as_deref())
             .collect();
         let m = participants.len();
-        let cos = layer_cosines(&deltas, &groups, d);
+        let cos = layer_cosines(env.kernels, &deltas, &groups, d);
         let (p, q) = (&server.p, &server.q);
         // Attention α and its q-derivative's coefficients β, per layer and
         // participant, then θ̄ = α·Θ and ∂θ̄/∂q = β·Θ layer by layer as
@@ -349,7 +356,10 @@ impl Algorithm for FedAghn {
                 })
                 .unzip();
             let slices: Vec<&[f32]> = models.iter().map(|x| &x[rg.clone()]).collect();
-            let (mixed, dq) = rayon::join(|| mix(&alpha, &slices), || mix(&beta, &slices));
+            let (mixed, dq) = rayon::join(
+                || env.kernels.mix(&alpha, &slices),
+                || env.kernels.mix(&beta, &slices),
+            );
             for k in 0..m {
                 models_bar[k][rg.clone()].copy_from_slice(mixed.row(k));
                 grads_q[k][rg.clone()].copy_from_slice(dq.row(k));
@@ -493,6 +503,7 @@ mod tests {
             init: &init,
             relation: None,
             label_counts: &[],
+            kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
         let params = FedAghnParams {
             hn_lr: 50.0,

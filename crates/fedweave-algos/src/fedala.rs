@@ -329,6 +329,7 @@ mod tests {
             init: &init,
             relation: None,
             label_counts: &[],
+            kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
         let algo = FedAla { params };
         let mut state = algo.init_client(&env, 0);

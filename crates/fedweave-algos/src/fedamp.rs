@@ -34,7 +34,7 @@
 //! Graph rule: W = ξ over the round's participants (identity rows for
 //! absent clients); each participant receives its u_i. Pairwise distances
 //! and cosines come from the blocked-GEMM kernels of
-//! [`fedweave_core::pairwise`], the mixing from [`pairwise::mix`].
+//! [`fedweave_core::pairwise`], the mixing from [`Kernels::mix`](fedweave_core::pairwise::Kernels::mix).
 //! Evaluation: θ_i after local training (both reference codes score the
 //! trained local model).
 
@@ -44,7 +44,7 @@ use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
     embed_rows, ids_of, models_of,
 };
-use fedweave_core::pairwise::{self, Matrix, View};
+use fedweave_core::pairwise::{Matrix, View};
 use fedweave_nn::{ExtraLoss, Proximal};
 use serde::{Deserialize, Serialize};
 
@@ -138,8 +138,8 @@ impl Attention for FedAmpParams {
         reference: "Huang et al., AAAI 2021",
     }];
 
-    fn rows(&self, _: &Env, models: &[&[f32]]) -> Vec<Vec<f64>> {
-        let d = pairwise::sq_dist_matrix_sym(models, &View::all());
+    fn rows(&self, env: &Env, models: &[&[f32]]) -> Vec<Vec<f64>> {
+        let d = env.kernels.sq_dist_matrix_sym(models, &View::all());
         exp_attention(&d, self.alpha_k, self.sigma)
     }
 
@@ -224,7 +224,9 @@ impl Attention for HeurFedAmpParams {
     }];
 
     fn rows(&self, env: &Env, models: &[&[f32]]) -> Vec<Vec<f64>> {
-        let c = pairwise::cosine_matrix_sym(models, &View::all().with_shift(env.init));
+        let c = env
+            .kernels
+            .cosine_matrix_sym(models, &View::all().with_shift(env.init));
         cosine_attention(&c, self.sigma, self.self_weight)
     }
 
@@ -315,7 +317,7 @@ impl<R: Attention> Algorithm for Amp<R> {
         let participants = ids_of(uploads);
         let models = models_of(uploads);
         let rows = self.params.rows(env, &models);
-        let clouds = pairwise::mix(&rows, &models).into_rows();
+        let clouds = env.kernels.mix(&rows, &models).into_rows();
         RoundOutcome::new(
             embed_rows(env.clients(), &participants, &rows),
             participants.into_iter().zip(clouds).collect(),
@@ -338,7 +340,7 @@ mod tests {
     use fedweave_core::vecmath::sq_dist;
 
     fn matrix(rows: &[&[f32]]) -> Matrix {
-        pairwise::sq_dist_matrix_sym(rows, &View::all())
+        fedweave_core::pairwise::Kernels::cpu().sq_dist_matrix_sym(rows, &View::all())
     }
 
     #[test]
@@ -374,7 +376,7 @@ mod tests {
     #[test]
     fn heuristic_weights_are_a_softmax_of_cosines_around_the_self_weight() {
         // Δ0 = (1,0), Δ1 = (0,1), Δ2 = (1,1): c01 = 0, c02 = c12 = 1/√2.
-        let c = pairwise::cosine_matrix_sym(
+        let c = fedweave_core::pairwise::Kernels::cpu().cosine_matrix_sym(
             &[vec![1.0f32, 0.0], vec![0.0, 1.0], vec![1.0, 1.0]],
             &View::all(),
         );
@@ -389,7 +391,8 @@ mod tests {
         for (x, y) in rows[2].iter().zip(&[0.35, 0.35, 0.3]) {
             assert!((x - y).abs() < 1e-12, "{rows:?}");
         }
-        let lone = pairwise::cosine_matrix_sym(&[vec![1.0f32]], &View::all());
+        let lone = fedweave_core::pairwise::Kernels::cpu()
+            .cosine_matrix_sym(&[vec![1.0f32]], &View::all());
         assert_eq!(cosine_attention(&lone, 10.0, 0.3), vec![vec![1.0]]);
     }
 

@@ -514,6 +514,7 @@ mod tests {
             init: &init,
             relation: None,
             label_counts: &counts,
+            kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
         let algo = FedCp::new("fedcp", FedCpParams::default(), &env).unwrap();
         let a = algo.init_client(&env, 0);
@@ -527,6 +528,7 @@ mod tests {
         // Forecasting data (no label counts) is refused.
         let none = Env {
             label_counts: &[],
+            kernels: fedweave_core::pairwise::Kernels::cpu(),
             ..env
         };
         assert!(FedCp::new("fedcp", FedCpParams::default(), &none).is_err());
@@ -545,6 +547,7 @@ mod tests {
             init: &init,
             relation: None,
             label_counts: &counts,
+            kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
         let algo = FedCp::new("fedcp", FedCpParams::default(), &env).unwrap();
         let l = cpn_len(200);

@@ -33,7 +33,7 @@ use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
     RoundOutcome, Trained, embed_rows, ids_of, mix_rows,
 };
-use fedweave_core::pairwise::{View, sq_dist_matrix};
+use fedweave_core::pairwise::{Kernels, View};
 use fedweave_nn::TrainConfig;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -110,10 +110,16 @@ impl Message for Guided {
 /// Rows of P over the participants: row i ∝ 1/max(‖guidance_i − models_j‖²,
 /// [`MIN_SQ_DIST`]), normalised, cut to its `top_k` largest entries (ties go
 /// to the lower index, so the result is deterministic) and renormalised.
-/// The distances are one blocked GEMM ([`sq_dist_matrix`], each within 1e-9
+/// The distances are one blocked GEMM ([`Kernels::sq_dist_matrix`], each within 1e-9
 /// relative of the exact value).
-pub fn dwa_rows(guidance: &[&[f32]], models: &[&[f32]], top_k: usize) -> Vec<Vec<f64>> {
-    sq_dist_matrix(guidance, models, &View::all())
+pub fn dwa_rows(
+    kernels: &Kernels,
+    guidance: &[&[f32]],
+    models: &[&[f32]],
+    top_k: usize,
+) -> Vec<Vec<f64>> {
+    kernels
+        .sq_dist_matrix(guidance, models, &View::all())
         .into_rows()
         .into_par_iter()
         .map(|dist| {
@@ -200,9 +206,9 @@ impl Algorithm for FedDwa {
         let participants = ids_of(uploads);
         let models: Vec<&[f32]> = uploads.iter().map(|(_, u)| u.model.as_slice()).collect();
         let guidance: Vec<&[f32]> = uploads.iter().map(|(_, u)| u.guidance.as_slice()).collect();
-        let rows = dwa_rows(&guidance, &models, self.params.top_k);
+        let rows = dwa_rows(env.kernels, &guidance, &models, self.params.top_k);
         let graph = embed_rows(env.clients(), &participants, &rows);
-        let downloads = mix_rows(&graph, &participants, &models);
+        let downloads = mix_rows(env.kernels, &graph, &participants, &models);
         RoundOutcome::new(graph, downloads)
     }
 
@@ -239,7 +245,7 @@ mod tests {
     #[test]
     fn row_is_normalised_inverse_squared_distance() {
         let (m, g) = setup();
-        let rows = dwa_rows(&refs(&g), &refs(&m), 5);
+        let rows = dwa_rows(Kernels::cpu(), &refs(&g), &refs(&m), 5);
         // Squared distances from (0.5, 0): 0.25, 0.25, 6.25 → 4, 4, 0.16.
         let total = 4.0 + 4.0 + 0.16;
         let want = [4.0 / total, 4.0 / total, 0.16 / total];
@@ -257,13 +263,13 @@ mod tests {
     #[test]
     fn top_k_keeps_the_nearest_and_renormalises() {
         let (m, g) = setup();
-        let rows = dwa_rows(&refs(&g), &refs(&m), 1);
+        let rows = dwa_rows(Kernels::cpu(), &refs(&g), &refs(&m), 1);
         // Client 0's guidance is equally near 0 and 1: the tie goes to 0.
         assert_eq!(rows[0], vec![1.0, 0.0, 0.0]);
         assert_eq!(rows[1], vec![0.0, 1.0, 0.0]);
         // From (3, 2): 13, 8, 4 → the nearest is client 2.
         assert_eq!(rows[2], vec![0.0, 0.0, 1.0]);
-        let two = dwa_rows(&refs(&g), &refs(&m), 2);
+        let two = dwa_rows(Kernels::cpu(), &refs(&g), &refs(&m), 2);
         assert_eq!(two[1][2], 0.0);
         assert!((two[1][0] - 1.0 / 3.0).abs() < 1e-12, "{:?}", two[1]);
         assert!((two[1][1] - 2.0 / 3.0).abs() < 1e-12, "{:?}", two[1]);
@@ -273,7 +279,7 @@ mod tests {
     fn zero_distance_gives_no_nan() {
         let m = vec![vec![1.0f32, 2.0], vec![1.0, 2.0], vec![5.0, 5.0]];
         let g = vec![vec![1.0f32, 2.0]];
-        let rows = dwa_rows(&refs(&g), &refs(&m), 5);
+        let rows = dwa_rows(Kernels::cpu(), &refs(&g), &refs(&m), 5);
         assert!(rows[0].iter().all(|w| w.is_finite()), "{:?}", rows[0]);
         assert!((rows[0].iter().sum::<f64>() - 1.0).abs() < 1e-12);
         // Two identical models at distance zero share the weight.

@@ -60,7 +60,7 @@ use crate::{
     Trained, embed_rows, ids_of,
 };
 use fedweave_core::CollaborationGraph;
-use fedweave_core::pairwise::{View, mix, sq_dist_matrix_sym};
+use fedweave_core::pairwise::{Kernels, View};
 use fedweave_core::vecmath::{all_finite, weighted_sum};
 use fedweave_nn::{LocalData, Predictions, PrototypePull, TrainConfig};
 use serde::{Deserialize, Serialize};
@@ -313,9 +313,14 @@ pub fn collaboration_matrix(i: usize, sq: &[Vec<f64>], v: &[f64]) -> Vec<Vec<f64
 
 /// The head weights of every participant: α_i = argmin αᵀP_iα on the
 /// simplex, weights below `min_weight` zeroed, the rest renormalised.
-pub fn head_weights(h: &[Vec<f32>], v: &[f64], min_weight: f64) -> Vec<Vec<f64>> {
+pub fn head_weights(
+    kernels: &Kernels,
+    h: &[Vec<f32>],
+    v: &[f64],
+    min_weight: f64,
+) -> Vec<Vec<f64>> {
     let n = h.len();
-    let sq = sq_dist_matrix_sym(h, &View::all()).into_rows();
+    let sq = kernels.sq_dist_matrix_sym(h, &View::all()).into_rows();
     (0..n)
         .map(|i| {
             let p = collaboration_matrix(i, &sq, v);
@@ -753,7 +758,7 @@ impl Algorithm for FedPac {
             .map(|(_, u)| dense_rows(&u.h, &u.counts, d))
             .collect();
         let v: Vec<f64> = uploads.iter().map(|(_, u)| u.v).collect();
-        let alpha = head_weights(&h, &v, self.params.min_weight);
+        let alpha = head_weights(env.kernels, &h, &v, self.params.min_weight);
         let heads: Vec<&[f32]> = uploads
             .iter()
             .map(|(_, u)| &u.model[split.head.clone()])
@@ -771,7 +776,10 @@ impl Algorithm for FedPac {
                 )
             })
             .collect();
-        for (&i, head) in participants.iter().zip(mix(&alpha, &heads).into_rows()) {
+        for (&i, head) in participants
+            .iter()
+            .zip(env.kernels.mix(&alpha, &heads).into_rows())
+        {
             downloads[i].1.head = Some(head);
         }
         let mut row = vec![0.0; env.clients()];
@@ -1173,19 +1181,19 @@ mod tests {
             assert_close(r, w, 1e-15);
         }
         // min 0.5a² + 1.25b² + 5c²: α ∝ (2, 0.8, 0.2) = (0.666…, 0.2666…, 0.0666…).
-        let alpha = head_weights(&h, &v, 0.0);
+        let alpha = head_weights(Kernels::cpu(), &h, &v, 0.0);
         assert_close(&alpha[0], &[2.0 / 3.0, 0.8 / 3.0, 0.2 / 3.0], 1e-12);
         // With V = 0 everyone can only do as well as keeping its own head.
-        let own = head_weights(&h, &[0.0; 3], 0.0);
+        let own = head_weights(Kernels::cpu(), &h, &[0.0; 3], 0.0);
         for (i, row) in own.iter().enumerate() {
             assert!((row[i] - 1.0).abs() < 1e-12, "{own:?}");
         }
         // Identical statistics: weights ∝ 1/V_j.
         let same = vec![vec![1.0f32, 1.0]; 3];
-        let w = head_weights(&same, &[1.0, 2.0, 4.0], 0.0);
+        let w = head_weights(Kernels::cpu(), &same, &[1.0, 2.0, 4.0], 0.0);
         assert_close(&w[1], &[4.0 / 7.0, 2.0 / 7.0, 1.0 / 7.0], 1e-12);
         // Truncation at 0.15 zeroes 1/7 and renormalises the rest.
-        let t = head_weights(&same, &[1.0, 2.0, 4.0], 0.15);
+        let t = head_weights(Kernels::cpu(), &same, &[1.0, 2.0, 4.0], 0.15);
         assert_close(&t[1], &[2.0 / 3.0, 1.0 / 3.0, 0.0], 1e-12);
     }
 

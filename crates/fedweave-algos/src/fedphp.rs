@@ -239,6 +239,7 @@ mod tests {
             init: &init,
             relation: None,
             label_counts: &counts,
+            kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
         let a = FedPhp::new("fedphp", params, &env).unwrap();
         // The server's graph: p over participants 0 and 2, for everyone.

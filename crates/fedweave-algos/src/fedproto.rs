@@ -472,6 +472,7 @@ mod tests {
             init: &init,
             relation: None,
             label_counts: &counts,
+            kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
         let algo = FedProto::new("fedproto", FedProtoParams::default(), &env).unwrap();
         let mut c = algo.init_client(&env, 0);

@@ -370,6 +370,7 @@ mod tests {
             init: &init,
             relation: None,
             label_counts: &counts,
+            kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
         let algo = FedRod::new("fedrod", FedRodParams::default(), &env).unwrap();
         let mut c = algo.init_client(&env, 0);

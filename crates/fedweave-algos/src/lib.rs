@@ -129,9 +129,10 @@ pub(crate) fn ids_of<M>(uploads: &[(usize, M)]) -> Vec<usize> {
 
 /// Mixes the participants' uploads along `graph` rows (indices over all
 /// clients) for every participant, as one blocked product W·Θ
-/// ([`fedweave_core::pairwise::mix`]); bit-identical rows are computed once,
-/// so FedAvg's N equal rows cost one weighted sum.
+/// ([`Kernels::mix`](fedweave_core::pairwise::Kernels::mix)); bit-identical
+/// rows are computed once, so FedAvg's N equal rows cost one weighted sum.
 pub(crate) fn mix_rows(
+    kernels: &fedweave_core::pairwise::Kernels,
     graph: &CollaborationGraph,
     participants: &[usize],
     uploads: &[&[f32]],
@@ -140,7 +141,7 @@ pub(crate) fn mix_rows(
         .iter()
         .map(|&i| participants.iter().map(|&j| graph.get(i, j)).collect())
         .collect();
-    let mixed = fedweave_core::pairwise::mix(&rows, uploads);
+    let mixed = kernels.mix(&rows, uploads);
     participants
         .iter()
         .copied()

@@ -237,6 +237,7 @@ mod tests {
             init: &init,
             relation: None,
             label_counts: &[],
+            kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
         let algo = PartialAvg::new("fedbn", PartialAvgParams {}, &env).unwrap();
         let bn = spec.split().batch_norm;

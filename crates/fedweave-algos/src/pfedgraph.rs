@@ -26,7 +26,7 @@ use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
     Trained, embed_rows, ids_of, mix_rows, models_of,
 };
-use fedweave_core::pairwise::{View, cosine_matrix_sym, mix};
+use fedweave_core::pairwise::{Kernels, View};
 use fedweave_core::project_to_simplex;
 use fedweave_core::vecmath::norm;
 use fedweave_nn::CosinePull;
@@ -156,16 +156,17 @@ impl Message for Mixed {
 
 /// S_ij = cos(θ_i − θ_init, θ_j − θ_init) over the `ranges` of each model,
 /// with values above `threshold` set to 1 (so S_ii = 1): one blocked Gram
-/// matrix ([`cosine_matrix_sym`]) in `f64`, the differences taken on the fly
-/// (no N×d buffer of deltas), deterministic at any thread count.
+/// matrix ([`Kernels::cosine_matrix_sym`]) in `f64`, the differences taken on
+/// the fly (no N×d buffer of deltas), deterministic at any thread count.
 pub fn similarity_matrix<R: AsRef<[f32]> + Sync>(
+    kernels: &Kernels,
     models: &[R],
     init: &[f32],
     ranges: &[Range<usize>],
     threshold: f64,
 ) -> Vec<Vec<f64>> {
     let view = View::ranges(ranges).with_shift(init);
-    let mut s = cosine_matrix_sym(models, &view).into_rows();
+    let mut s = kernels.cosine_matrix_sym(models, &view).into_rows();
     for (i, row) in s.iter_mut().enumerate() {
         for (j, c) in row.iter_mut().enumerate() {
             if i == j || *c > threshold {
@@ -269,11 +270,17 @@ impl Algorithm for PFedGraph {
             SimilarityOn::All => std::iter::once(0..env.init.len()).collect(),
             SimilarityOn::Fc => env.spec.layout().ranges_with_prefix("fc"),
         };
-        let s = similarity_matrix(uploads, env.init, &ranges, self.params.threshold);
+        let s = similarity_matrix(
+            env.kernels,
+            uploads,
+            env.init,
+            &ranges,
+            self.params.threshold,
+        );
         let p = env.size_weights(&participants);
         let rows = infer_graph(&s, &p, self.alpha);
         let graph = embed_rows(env.clients(), &participants, &rows);
-        let mixed = mix_rows(&graph, &participants, uploads);
+        let mixed = mix_rows(env.kernels, &graph, &participants, uploads);
         let normalized: Option<Vec<Vec<f32>>> = (self.params.reg_target == RegTarget::Normalized)
             .then(|| {
                 let unit: Vec<Vec<f32>> = uploads
@@ -283,7 +290,7 @@ impl Algorithm for PFedGraph {
                         u.iter().map(|x| x / nu).collect()
                     })
                     .collect();
-                mix(&rows, &unit).into_rows()
+                env.kernels.mix(&rows, &unit).into_rows()
             });
         let downloads = mixed
             .into_iter()
@@ -362,7 +369,13 @@ mod tests {
             vec![-1.0, 0.0],
         ];
         let zero = [0.0f32; 2];
-        let s = similarity_matrix(&d, &zero, std::slice::from_ref(&(0..2)), 0.9);
+        let s = similarity_matrix(
+            Kernels::cpu(),
+            &d,
+            &zero,
+            std::slice::from_ref(&(0..2)),
+            0.9,
+        );
         assert_eq!(s[0][1], 1.0, "cos 0.995 > 0.9 becomes 1");
         assert!((s[0][2]).abs() < 1e-12);
         assert!((s[0][3] + 1.0).abs() < 1e-12);
@@ -374,10 +387,16 @@ mod tests {
             }
         }
         // Restricting to the first coordinate changes client 2's similarity.
-        let s0 = similarity_matrix(&d, &zero, std::slice::from_ref(&(0..1)), 0.9);
+        let s0 = similarity_matrix(
+            Kernels::cpu(),
+            &d,
+            &zero,
+            std::slice::from_ref(&(0..1)),
+            0.9,
+        );
         // The shift is subtracted first: cos(d − c) with c = (1, 0) differs.
         let c = [1.0f32, 0.0];
-        let sc = similarity_matrix(&d, &c, std::slice::from_ref(&(0..2)), 0.9);
+        let sc = similarity_matrix(Kernels::cpu(), &d, &c, std::slice::from_ref(&(0..2)), 0.9);
         assert_eq!(sc[0][1], 0.0, "θ_0 − c is the zero vector");
         assert!((sc[2][3] - 0.5f64.sqrt()).abs() < 1e-12, "{}", sc[2][3]);
         assert_eq!(s0[0][2], 0.0);

@@ -23,7 +23,7 @@
 //! arrive, not how the server weighs them.
 
 use crate::params::ParamError;
-use fedweave_core::pairwise::{View, sq_dist_matrix_sym};
+use fedweave_core::pairwise::{Kernels, View};
 use fedweave_core::vecmath::sq_dist;
 use serde::{Deserialize, Serialize};
 
@@ -146,8 +146,14 @@ impl AggregatorConfig {
     /// Applies the defence to `models` (the uploads' model vectors, all of
     /// one length) in place; `starts[k]` is the model upload k's training
     /// started from (for `norm_clip`). Returns the positions of the uploads
-    /// to keep (all of them except for Krum).
-    pub fn apply(&self, models: &mut [&mut [f32]], starts: &[&[f32]]) -> Vec<usize> {
+    /// to keep (all of them except for Krum). Krum's distances run on
+    /// `kernels`.
+    pub fn apply(
+        &self,
+        kernels: &Kernels,
+        models: &mut [&mut [f32]],
+        starts: &[&[f32]],
+    ) -> Vec<usize> {
         let n = models.len();
         let all: Vec<usize> = (0..n).collect();
         if n == 0 {
@@ -175,7 +181,7 @@ impl AggregatorConfig {
                     self.m.unwrap_or(n.saturating_sub(f)).clamp(1, n)
                 };
                 let views: Vec<&[f32]> = models.iter().map(|m| &**m).collect();
-                let mut ranked = krum_ranking(&views, f);
+                let mut ranked = krum_ranking(kernels, &views, f);
                 ranked.truncate(keep);
                 ranked.sort_unstable();
                 ranked
@@ -219,10 +225,10 @@ pub fn coordinatewise(models: &[&mut [f32]], trim: Option<f64>) -> Vec<f32> {
 /// Upload positions ordered by Krum score (best first; ties by position):
 /// score(k) = Σ of the squared distances from k to its n − f − 2 nearest
 /// other uploads (at least one).
-pub fn krum_ranking(models: &[&[f32]], f: usize) -> Vec<usize> {
+pub fn krum_ranking(kernels: &Kernels, models: &[&[f32]], f: usize) -> Vec<usize> {
     let n = models.len();
     let neighbours = n.saturating_sub(f + 2).max(1).min(n.saturating_sub(1));
-    let dist = sq_dist_matrix_sym(models, &View::all()).into_rows();
+    let dist = kernels.sq_dist_matrix_sym(models, &View::all()).into_rows();
     let scores: Vec<f64> = (0..n)
         .map(|i| {
             let mut row: Vec<f64> = (0..n).filter(|&j| j != i).map(|j| dist[i][j]).collect();
@@ -280,7 +286,7 @@ mod tests {
             ..AggregatorConfig::default()
         };
         let mut rows = owned(&[&[1.0], &[2.0], &[-50.0]]);
-        let kept = cfg.apply(&mut views(&mut rows), &[]);
+        let kept = cfg.apply(Kernels::cpu(), &mut views(&mut rows), &[]);
         assert_eq!(kept, vec![0, 1, 2]);
         assert_eq!(rows, vec![vec![1.0]; 3]);
     }
@@ -292,14 +298,17 @@ mod tests {
         // 10 → 64 + 81 = 145.
         let rows = owned(&[&[0.0], &[1.0], &[2.0], &[10.0]]);
         let refs: Vec<&[f32]> = rows.iter().map(|r| r.as_slice()).collect();
-        assert_eq!(krum_ranking(&refs, 0), vec![1, 0, 2, 3]);
+        assert_eq!(krum_ranking(Kernels::cpu(), &refs, 0), vec![1, 0, 2, 3]);
         let mut rows2 = rows.clone();
         let krum = AggregatorConfig {
             kind: AggregatorKind::Krum,
             f: Some(0),
             ..AggregatorConfig::default()
         };
-        assert_eq!(krum.apply(&mut views(&mut rows2), &[]), vec![1]);
+        assert_eq!(
+            krum.apply(Kernels::cpu(), &mut views(&mut rows2), &[]),
+            vec![1]
+        );
         let multi = AggregatorConfig {
             kind: AggregatorKind::MultiKrum,
             f: Some(1),
@@ -307,7 +316,10 @@ mod tests {
         };
         // f = 1: one neighbour each; 0 → 1, 1 → 1, 2 → 1, 10 → 64; keep
         // n − f = 3, returned in position order.
-        assert_eq!(multi.apply(&mut views(&mut rows2), &[]), vec![0, 1, 2]);
+        assert_eq!(
+            multi.apply(Kernels::cpu(), &mut views(&mut rows2), &[]),
+            vec![0, 1, 2]
+        );
         assert_eq!(rows2, rows, "Krum never rewrites a model");
     }
 

@@ -58,7 +58,7 @@ use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
     RoundOutcome, Trained,
 };
-use fedweave_core::pairwise::{View, sq_dist_matrix_sym};
+use fedweave_core::pairwise::{Kernels, View};
 use fedweave_core::{CollaborationGraph, RelationGraph};
 use fedweave_nn::Proximal;
 use rayon::prelude::*;
@@ -241,7 +241,7 @@ impl Sfl {
         if self.params.graph != GraphSource::Learned {
             return base.with_self_loops_row_normalized(1.0);
         }
-        let learned = learned_graph(models, self.params.top_k);
+        let learned = learned_graph(env.kernels, models, self.params.top_k);
         blend_with_self_loops(
             &base,
             &learned,
@@ -290,10 +290,10 @@ pub fn label_overlap_graph(label_counts: &[Vec<usize>], top: usize) -> RelationG
 /// SFL*'s learned graph: A_ij = exp(−(‖θ_i − θ_j‖/σ_i)²) for the `top_k`
 /// nearest j ≠ i, σ_i the mean distance from i. Scale-free, so it works for
 /// any model size; the O(N²·d) distances are one blocked GEMM
-/// ([`sq_dist_matrix_sym`]).
-pub fn learned_graph(models: &[Vec<f32>], top_k: usize) -> RelationGraph {
+/// ([`Kernels::sq_dist_matrix_sym`]).
+pub fn learned_graph(kernels: &Kernels, models: &[Vec<f32>], top_k: usize) -> RelationGraph {
     let n = models.len();
-    let all = sq_dist_matrix_sym(models, &View::all());
+    let all = kernels.sq_dist_matrix_sym(models, &View::all());
     let rows: Vec<Vec<(usize, f64)>> = (0..n)
         .into_par_iter()
         .map(|i| {
@@ -544,9 +544,9 @@ mod tests {
             vec![5.0, 5.0],
             vec![5.0, 5.1],
         ];
-        let g = learned_graph(&models, 1);
+        let g = learned_graph(Kernels::cpu(), &models, 1);
         assert_eq!(g.undirected_edges(), vec![(0, 1), (2, 3)]);
-        let g3 = learned_graph(&models, 3);
+        let g3 = learned_graph(Kernels::cpu(), &models, 3);
         // σ_0 = mean distance ≈ 4.77: weights ≈ exp(−0.0004) vs exp(−2.2).
         assert!(g3.get(0, 1) > 8.0 * g3.get(0, 2));
     }

@@ -317,6 +317,7 @@ mod tests {
             init: &init,
             relation: None,
             label_counts: &[],
+            kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
         let fed = Federation::new(Part::range(1..3), 5, "base", "head");
         assert_eq!(fed.kept().ranges(), &[0..1, 3..5]);

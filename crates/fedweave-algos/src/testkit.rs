@@ -69,6 +69,7 @@ impl Tiny {
             init: &self.init,
             relation: None,
             label_counts: &self.label_counts,
+            kernels: fedweave_core::pairwise::Kernels::cpu(),
         }
     }
 

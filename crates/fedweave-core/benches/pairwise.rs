@@ -28,9 +28,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use fedweave_core::pairwise::{
-    View, cosine_matrix_sym, gemm_throughput, mix, sq_dist_matrix, sq_dist_matrix_sym,
-};
+use fedweave_core::pairwise::{Kernels, View, gemm_throughput};
 use fedweave_core::vecmath::{dot, sq_dist, weighted_sum};
 use rayon::prelude::*;
 
@@ -136,7 +134,7 @@ fn bench_case(n: usize, d: usize, peak_all: f64) {
                 .sum::<f64>()
         });
         let new = time(reps, || {
-            cosine_matrix_sym(&theta, &View::all().with_shift(&init))
+            Kernels::cpu().cosine_matrix_sym(&theta, &View::all().with_shift(&init))
         });
         rows_out.push(Row {
             what: "cosine matrix (sym, shifted)",
@@ -160,7 +158,9 @@ fn bench_case(n: usize, d: usize, peak_all: f64) {
                 })
                 .sum::<f64>()
         });
-        let new = time(reps, || sq_dist_matrix_sym(&theta, &View::all()));
+        let new = time(reps, || {
+            Kernels::cpu().sq_dist_matrix_sym(&theta, &View::all())
+        });
         rows_out.push(Row {
             what: "sq-distance matrix (sym)",
             naive: naive * scale,
@@ -181,7 +181,9 @@ fn bench_case(n: usize, d: usize, peak_all: f64) {
                 })
                 .sum::<f64>()
         });
-        let new = time(reps, || sq_dist_matrix(&guidance, &theta, &View::all()));
+        let new = time(reps, || {
+            Kernels::cpu().sq_dist_matrix(&guidance, &theta, &View::all())
+        });
         rows_out.push(Row {
             what: "sq-distance matrix (guidance × models)",
             naive: naive * scale_full,
@@ -202,7 +204,7 @@ fn bench_case(n: usize, d: usize, peak_all: f64) {
                 })
                 .sum::<f32>()
         });
-        let new = time(reps, || mix(&w, &theta));
+        let new = time(reps, || Kernels::cpu().mix(&w, &theta));
         rows_out.push(Row {
             what: "mixing W·Θ (all rows distinct)",
             naive: naive * scale_full,
@@ -221,7 +223,7 @@ fn bench_case(n: usize, d: usize, peak_all: f64) {
             out[0]
         });
         let wb = vec![p.clone(); n];
-        let new = time(5 * reps, || mix(&wb, &theta));
+        let new = time(5 * reps, || Kernels::cpu().mix(&wb, &theta));
         rows_out.push(Row {
             what: "mixing, one distinct row (FedAvg)",
             naive,

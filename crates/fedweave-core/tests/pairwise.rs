@@ -5,9 +5,12 @@
 
 use std::ops::Range;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+
 use fedweave_core::pairwise::{
-    Matrix, SQ_DIST_REL_TOL, View, cosine_matrix, cosine_matrix_sym, gram, gram_error_factor,
-    gram_sym, mix, sq_dist_matrix, sq_dist_matrix_sym, sq_norms,
+    Columns, DeviceGram, Kernels, Matrix, Offload, OffloadError, SQ_DIST_REL_TOL, View,
+    gram_error_factor,
 };
 use fedweave_core::vecmath::{cosine, dot, sq_dist, weighted_sum};
 use rand::{Rng, SeedableRng};
@@ -64,7 +67,7 @@ fn gram_matches_naive_dot_across_tiles() {
     // 300 rows cross the 256-row tile; 1500 columns cross the 512-column chunk.
     let a = rows(1, 300, 1500, 0.0);
     let b = rows(2, 7, 1500, 0.3);
-    let g = gram(&a, &b, &View::all());
+    let g = Kernels::cpu().gram(&a, &b, &View::all());
     assert_eq!((g.rows(), g.cols()), (300, 7));
     for i in 0..300 {
         for j in 0..7 {
@@ -82,7 +85,7 @@ fn gram_matches_naive_dot_across_tiles() {
         }
     }
     // 150 rows: the one symmetric tile is cut in halves.
-    let half = gram_sym(&a[..150], &View::all());
+    let half = Kernels::cpu().gram_sym(&a[..150], &View::all());
     for i in 0..150 {
         for j in 0..150 {
             let naive = dot(&a[i], &a[j]);
@@ -93,7 +96,7 @@ fn gram_matches_naive_dot_across_tiles() {
             assert_eq!(half.get(i, j).to_bits(), half.get(j, i).to_bits());
         }
     }
-    let s = gram_sym(&a, &View::all());
+    let s = Kernels::cpu().gram_sym(&a, &View::all());
     for i in 0..300 {
         for j in 0..300 {
             assert_eq!(s.get(i, j).to_bits(), s.get(j, i).to_bits());
@@ -108,7 +111,7 @@ fn gram_on_long_rows_stays_within_its_bound() {
     // Many chunks and column segments; an offset makes Σ|a·b| ≫ |⟨a,b⟩|.
     let d = 100_003;
     let a = rows(3, 5, d, 0.01);
-    let g = gram_sym(&a, &View::all());
+    let g = Kernels::cpu().gram_sym(&a, &View::all());
     let gamma = gram_error_factor(d);
     assert!(gamma < 2e-13, "{gamma}");
     for i in 0..5 {
@@ -132,8 +135,8 @@ fn ranges_and_shift_match_sums_of_per_range_dots() {
     // Disjoint, unsorted, an empty one and one crossing a chunk boundary.
     let ranges = [1200..1900, 5..17, 300..300, 400..1100];
     let view = View::ranges(&ranges).with_shift(&init);
-    let g = gram(&a, &b, &view);
-    let na = sq_norms(&a, &view);
+    let g = Kernels::cpu().gram(&a, &b, &view);
+    let na = Kernels::cpu().sq_norms(&a, &view);
     for i in 0..9 {
         let x = viewed(&a[i], &ranges, Some(&init));
         assert!((na[i] - dot64(&x, &x)).abs() <= 1e-12 * dot64(&x, &x));
@@ -144,7 +147,7 @@ fn ranges_and_shift_match_sums_of_per_range_dots() {
         }
     }
     // Without a shift: the per-range dots pFedGraph sums today.
-    let g = gram(&a, &b, &View::ranges(&ranges));
+    let g = Kernels::cpu().gram(&a, &b, &View::ranges(&ranges));
     for i in 0..9 {
         for j in 0..11 {
             let naive: f64 = ranges
@@ -156,11 +159,11 @@ fn ranges_and_shift_match_sums_of_per_range_dots() {
     }
     // Nothing to see.
     let none: [Range<usize>; 0] = [];
-    let g = gram(&a, &b, &View::ranges(&none));
+    let g = Kernels::cpu().gram(&a, &b, &View::ranges(&none));
     assert!(g.as_slice().iter().all(|v| *v == 0.0));
     let empty: Vec<Vec<f32>> = Vec::new();
-    assert_eq!(gram(&empty, &b, &View::all()).rows(), 0);
-    assert_eq!(gram_sym(&empty, &View::all()).cols(), 0);
+    assert_eq!(Kernels::cpu().gram(&empty, &b, &View::all()).rows(), 0);
+    assert_eq!(Kernels::cpu().gram_sym(&empty, &View::all()).cols(), 0);
 }
 
 #[test]
@@ -168,8 +171,8 @@ fn cosines_match_vecmath() {
     let mut a = rows(7, 40, 777, 0.1);
     a[3] = vec![0.0; 777];
     let b = rows(8, 3, 777, -0.2);
-    let c = cosine_matrix(&a, &b, &View::all());
-    let s = cosine_matrix_sym(&a, &View::all());
+    let c = Kernels::cpu().cosine_matrix(&a, &b, &View::all());
+    let s = Kernels::cpu().cosine_matrix_sym(&a, &View::all());
     for i in 0..40 {
         for j in 0..3 {
             assert!((c.get(i, j) - cosine(&a[i], &b[j])).abs() < 1e-12);
@@ -209,10 +212,10 @@ fn sq_distances_match_naive() {
             .collect();
         dot64(&d, &d)
     };
-    let d = sq_dist_matrix(&a, &b, &View::all());
+    let d = Kernels::cpu().sq_dist_matrix(&a, &b, &View::all());
     assert_rel(&d, |i, j| exact(&a[i], &b[j]), SQ_DIST_REL_TOL);
     assert_rel(&d, |i, j| sq_dist(&a[i], &b[j]), SQ_DIST_REL_TOL);
-    let s = sq_dist_matrix_sym(&a, &View::all());
+    let s = Kernels::cpu().sq_dist_matrix_sym(&a, &View::all());
     assert_rel(&s, |i, j| exact(&a[i], &a[j]), SQ_DIST_REL_TOL);
     for i in 0..30 {
         assert_eq!(s.get(i, i), 0.0);
@@ -221,7 +224,7 @@ fn sq_distances_match_naive() {
         }
     }
     let ranges = [10..20, 2500..2990];
-    let r = sq_dist_matrix(&a, &b, &View::ranges(&ranges));
+    let r = Kernels::cpu().sq_dist_matrix(&a, &b, &View::ranges(&ranges));
     assert_rel(
         &r,
         |i, j| {
@@ -259,7 +262,7 @@ fn tiny_distances_keep_their_precision() {
             .collect();
         dot64(&d, &d)
     };
-    let got = sq_dist_matrix(&guidance, &models, &View::all());
+    let got = Kernels::cpu().sq_dist_matrix(&guidance, &models, &View::all());
     assert_rel(
         &got,
         |i, j| exact(&guidance[i], &models[j]),
@@ -267,10 +270,10 @@ fn tiny_distances_keep_their_precision() {
     );
     // The guidance–own pair is ~1e-8 of the norms: the naive formula on the
     // same Gram (uncentred) is far off; ours is not.
-    let g = gram(&guidance, &models, &View::all());
+    let g = Kernels::cpu().gram(&guidance, &models, &View::all());
     let (ng, nm) = (
-        sq_norms(&guidance, &View::all()),
-        sq_norms(&models, &View::all()),
+        Kernels::cpu().sq_norms(&guidance, &View::all()),
+        Kernels::cpu().sq_norms(&models, &View::all()),
     );
     let naive_formula = ng[0] + nm[0] - 2.0 * g.get(0, 0);
     let want = exact(&guidance[0], &models[0]);
@@ -279,18 +282,23 @@ fn tiny_distances_keep_their_precision() {
     assert!((naive_formula - want).abs() > 100.0 * SQ_DIST_REL_TOL * want);
     // Identical rows are exactly 0 apart, in both kernels.
     let twin = vec![models[0].clone(), models[0].clone(), models[1].clone()];
-    let s = sq_dist_matrix_sym(&twin, &View::all());
+    let s = Kernels::cpu().sq_dist_matrix_sym(&twin, &View::all());
     assert_eq!(s.get(0, 1), 0.0);
-    assert_eq!(sq_dist_matrix(&twin, &twin, &View::all()).get(1, 0), 0.0);
+    assert_eq!(
+        Kernels::cpu()
+            .sq_dist_matrix(&twin, &twin, &View::all())
+            .get(1, 0),
+        0.0
+    );
 }
 
 #[test]
 fn non_finite_rows_only_poison_their_own_distances() {
     let mut a = rows(13, 6, 1000, 0.0);
     a[2][500] = f32::NAN;
-    let cross = sq_dist_matrix(&a, &a, &View::all());
+    let cross = Kernels::cpu().sq_dist_matrix(&a, &a, &View::all());
     assert!(cross.get(2, 2).is_nan() && cross.get(2, 3).is_nan() && cross.get(1, 1) == 0.0);
-    let s = sq_dist_matrix_sym(&a, &View::all());
+    let s = Kernels::cpu().sq_dist_matrix_sym(&a, &View::all());
     for i in 0..6 {
         for j in 0..6 {
             if i == j {
@@ -332,7 +340,7 @@ fn mixing_matches_weighted_sum() {
     let models = rows(14, 20, 1000, 0.0);
     let refs: Vec<&[f32]> = models.iter().map(Vec::as_slice).collect();
     let w = weight_rows(15, 300, 20);
-    let mixed = mix(&w, &models);
+    let mixed = Kernels::cpu().mix(&w, &models);
     assert_eq!((mixed.len(), mixed.distinct()), (300, 300));
     let mut same = 0usize;
     for (i, wi) in w.iter().enumerate() {
@@ -360,7 +368,7 @@ fn identical_rows_are_mixed_once_and_bit_exactly() {
     let refs: Vec<&[f32]> = models.iter().map(Vec::as_slice).collect();
     let p = weight_rows(17, 1, 50).remove(0);
     let w = vec![p.clone(); 50];
-    let mixed = mix(&w, &refs);
+    let mixed = Kernels::cpu().mix(&w, &refs);
     assert_eq!(mixed.distinct(), 1);
     let mut want = vec![0.0f32; 3000];
     weighted_sum(&p, &refs, &mut want);
@@ -371,7 +379,7 @@ fn identical_rows_are_mixed_once_and_bit_exactly() {
     // Two classes, interleaved.
     let q = weight_rows(18, 1, 50).remove(0);
     let w2 = vec![p.clone(), q.clone(), p, q];
-    let m2 = mix(&w2, &models);
+    let m2 = Kernels::cpu().mix(&w2, &models);
     assert_eq!(m2.distinct(), 2);
     assert_eq!((m2.class_of(2), m2.class_of(3)), (0, 1));
     assert_eq!(m2.row(0), m2.row(2));
@@ -391,7 +399,7 @@ fn zero_weights_skip_non_finite_models() {
             row[7] = 0.0;
         }
         w[0][7] = 0.5;
-        let mixed = mix(&w, &models);
+        let mixed = Kernels::cpu().mix(&w, &models);
         for (i, wi) in w.iter().enumerate() {
             let mut want = vec![0.0f32; 600];
             weighted_sum(wi, &refs, &mut want);
@@ -406,7 +414,7 @@ fn zero_weights_skip_non_finite_models() {
     }
     // No models, no weights.
     let none: Vec<Vec<f32>> = Vec::new();
-    let m = mix(&[Vec::<f64>::new(), Vec::new()], &none);
+    let m = Kernels::cpu().mix(&[Vec::<f64>::new(), Vec::new()], &none);
     assert_eq!((m.len(), m.distinct(), m.row(1).len()), (2, 1, 0));
 }
 
@@ -421,13 +429,14 @@ fn results_do_not_depend_on_the_thread_count() {
     let run = || {
         let view = View::ranges(&ranges);
         (
-            bits(&gram_sym(&a, &View::all())),
-            bits(&gram_sym(&a[..150], &View::all())),
-            bits(&gram(&a, &b, &view)),
-            bits(&cosine_matrix_sym(&a, &view)),
-            bits(&sq_dist_matrix(&a, &close, &View::all())),
-            bits(&sq_dist_matrix_sym(&a, &view)),
-            mix(&w, &a)
+            bits(&Kernels::cpu().gram_sym(&a, &View::all())),
+            bits(&Kernels::cpu().gram_sym(&a[..150], &View::all())),
+            bits(&Kernels::cpu().gram(&a, &b, &view)),
+            bits(&Kernels::cpu().cosine_matrix_sym(&a, &view)),
+            bits(&Kernels::cpu().sq_dist_matrix(&a, &close, &View::all())),
+            bits(&Kernels::cpu().sq_dist_matrix_sym(&a, &view)),
+            Kernels::cpu()
+                .mix(&w, &a)
                 .into_rows()
                 .concat()
                 .iter()
@@ -445,6 +454,169 @@ fn results_do_not_depend_on_the_thread_count() {
     let one = with(1);
     assert!(one == with(4));
     assert!(one == with(3));
+}
+
+/// A stand-in device: fails, answers with the wrong shape, or computes the
+/// exact products naively; counts its calls.
+struct Mock {
+    mode: MockMode,
+    calls: AtomicUsize,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum MockMode {
+    Fail,
+    WrongShape,
+    Naive,
+}
+
+impl Mock {
+    fn kernels(mode: MockMode, min_flops: f64) -> (Arc<Mock>, Kernels) {
+        let mock = Arc::new(Mock {
+            mode,
+            calls: AtomicUsize::new(0),
+        });
+        let kernels = Kernels::offloaded(mock.clone(), min_flops);
+        (mock, kernels)
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(AtomicOrdering::SeqCst)
+    }
+}
+
+impl Offload for Mock {
+    fn name(&self) -> &str {
+        "mock"
+    }
+
+    fn gram(
+        &self,
+        a: &[&[f32]],
+        b: Option<&[&[f32]]>,
+        cols: &Columns,
+    ) -> Result<DeviceGram, OffloadError> {
+        self.calls.fetch_add(1, AtomicOrdering::SeqCst);
+        let view = |x: &[f32]| -> Vec<f64> {
+            let mut raw = vec![0.0f32; cols.k()];
+            cols.gather_f32(x, 0, cols.k(), &mut raw);
+            let mut sh = vec![0.0f32; cols.k()];
+            if let Some(s) = cols.shift() {
+                cols.gather_f32(s, 0, cols.k(), &mut sh);
+            }
+            raw.iter()
+                .zip(&sh)
+                .map(|(x, s)| f64::from(*x) - f64::from(*s))
+                .collect()
+        };
+        let va: Vec<Vec<f64>> = a.iter().map(|x| view(x)).collect();
+        let vb: Vec<Vec<f64>> = b.unwrap_or(a).iter().map(|x| view(x)).collect();
+        let m = if self.mode == MockMode::WrongShape {
+            vb.len() + 1
+        } else {
+            vb.len()
+        };
+        let mut g = vec![0.0; va.len() * m];
+        for (i, x) in va.iter().enumerate() {
+            for (j, y) in vb.iter().enumerate() {
+                g[i * m + j] = dot64(x, y);
+            }
+        }
+        match self.mode {
+            MockMode::Fail => Err(OffloadError("out of memory".into())),
+            _ => Ok(DeviceGram {
+                gram: Matrix::from_vec(va.len(), m, g),
+                norms_a: va.iter().map(|x| dot64(x, x)).collect(),
+                norms_b: if b.is_some() {
+                    vb.iter().map(|x| dot64(x, x)).collect()
+                } else {
+                    Vec::new()
+                },
+            }),
+        }
+    }
+
+    fn gram_error_factor(&self, k: usize) -> f64 {
+        gram_error_factor(k)
+    }
+
+    fn mix(&self, weights: &[&[f64]], models: &[&[f32]]) -> Result<Vec<Vec<f32>>, OffloadError> {
+        self.calls.fetch_add(1, AtomicOrdering::SeqCst);
+        if self.mode == MockMode::Fail {
+            return Err(OffloadError("device lost".into()));
+        }
+        let d = models[0].len();
+        let extra = usize::from(self.mode == MockMode::WrongShape);
+        Ok(weights
+            .iter()
+            .map(|w| {
+                let mut out = vec![0.0f32; d + extra];
+                weighted_sum(w, models, &mut out[..d]);
+                out
+            })
+            .collect())
+    }
+}
+
+/// A device that fails, or answers with the wrong shape, costs time and
+/// never a result: every product is the host's, bit for bit.
+#[test]
+fn a_failing_device_falls_back_to_the_host_bit_for_bit() {
+    let a = rows(31, 9, 700, 0.2);
+    let b = rows(32, 4, 700, -0.3);
+    let w = weight_rows(33, 6, 9);
+    let host = Kernels::cpu();
+    let view = View::all().with_shift(&b[0]);
+    for mode in [MockMode::Fail, MockMode::WrongShape] {
+        let (mock, dev) = Mock::kernels(mode, 0.0);
+        assert_eq!(
+            bits(&dev.cosine_matrix(&a, &b, &view)),
+            bits(&host.cosine_matrix(&a, &b, &view))
+        );
+        assert_eq!(
+            bits(&dev.cosine_matrix_sym(&a, &view)),
+            bits(&host.cosine_matrix_sym(&a, &view))
+        );
+        assert_eq!(
+            bits(&dev.sq_dist_matrix_sym(&a, &view)),
+            bits(&host.sq_dist_matrix_sym(&a, &view))
+        );
+        assert_eq!(dev.mix(&w, &a), host.mix(&w, &a));
+        assert_eq!(
+            mock.calls(),
+            4,
+            "every product was tried on the device first"
+        );
+    }
+}
+
+/// The device's Gram and norms are what the kernels build on: with exact
+/// products the cosines equal the pair loops', and the gates keep small
+/// products and few-row mixings on the host.
+#[test]
+fn device_products_feed_the_kernels_and_the_gates_hold() {
+    let a = rows(41, 6, 500, 0.1);
+    let (mock, dev) = Mock::kernels(MockMode::Naive, 0.0);
+    let c = dev.cosine_matrix(&a, &a[..2], &View::all());
+    for i in 0..6 {
+        for j in 0..2 {
+            assert!((c.get(i, j) - cosine(&a[i], &a[j])).abs() < 1e-12);
+        }
+    }
+    assert_eq!(mock.calls(), 1);
+    // Four distinct weight rows: the host's exact loop, no device call.
+    let four = weight_rows(42, 4, 6);
+    let mixed = dev.mix(&four, &a);
+    assert_eq!(mock.calls(), 1);
+    assert_eq!(mixed, Kernels::cpu().mix(&four, &a));
+    // Five: the device.
+    dev.mix(&weight_rows(43, 5, 6), &a);
+    assert_eq!(mock.calls(), 2);
+    // Under the flop gate: the host.
+    let (gated_mock, gated) = Mock::kernels(MockMode::Naive, 1e9);
+    gated.cosine_matrix_sym(&a, &View::all());
+    gated.mix(&weight_rows(43, 5, 6), &a);
+    assert_eq!(gated_mock.calls(), 0);
 }
 
 mod random_shapes {
@@ -483,8 +655,8 @@ mod random_shapes {
                     (s + dot(x, y), ab + abs)
                 })
             };
-            let g = gram(&a, &b, &view);
-            let d2 = sq_dist_matrix(&a, &b, &view);
+            let g = Kernels::cpu().gram(&a, &b, &view);
+            let d2 = Kernels::cpu().sq_dist_matrix(&a, &b, &view);
             prop_assert_eq!((g.rows(), g.cols()), (a.len(), b.len()));
             for i in 0..a.len() {
                 for j in 0..b.len() {
@@ -494,7 +666,7 @@ mod random_shapes {
                     prop_assert!((d2.get(i, j) - diff).abs() <= 2.0 * SQ_DIST_REL_TOL * diff);
                 }
             }
-            let s = gram_sym(&a, &view);
+            let s = Kernels::cpu().gram_sym(&a, &view);
             for i in 0..a.len() {
                 for j in 0..a.len() {
                     let (want, abs) = on(&a[i], &a[j]);
@@ -507,7 +679,7 @@ mod random_shapes {
                 let w: Vec<Vec<f64>> = (0..b.len() + 5)
                     .map(|i| (0..a.len()).map(|j| ((i * 7 + j * 3) % 5) as f64 * 0.1).collect())
                     .collect();
-                let mixed = mix(&w, &a);
+                let mixed = Kernels::cpu().mix(&w, &a);
                 for (i, wi) in w.iter().enumerate() {
                     let mut want = vec![0.0f32; a[0].len()];
                     weighted_sum(wi, &refs, &mut want);

@@ -27,6 +27,7 @@ mod embed;
 pub mod extra;
 pub mod model;
 pub mod objective;
+pub mod offload;
 mod resnet;
 pub mod train;
 pub mod trainer;
@@ -50,6 +51,7 @@ pub use objective::{
     BalancedSoftmax, CrossEntropy, Objective, Outputs, PrototypePull, WeightedCrossEntropy,
 };
 pub use objective::{InheritedMmd, ModelContrastive, mmd_rbf};
+pub use offload::BurnOffload;
 pub use train::{
     EvalStats, MAPE_MIN_ABS, Predictions, SgdState, TrainConfig, TrainStats, evaluate, predict,
     train_local, train_local_with,
@@ -83,6 +85,15 @@ pub enum NnError {
         "backend `{backend}` is built in but its device does not work here (no GPU or no driver library found)"
     )]
     DeviceUnavailable {
+        /// The backend's configuration name.
+        backend: &'static str,
+    },
+    /// The backend's device cannot multiply `f64` matrices, which the
+    /// server kernels need (wgpu on most GPUs).
+    #[error(
+        "backend `{backend}` cannot compute in f64, which the server kernels need: set `device.server_kernels = \"host\"`"
+    )]
+    NoF64 {
         /// The backend's configuration name.
         backend: &'static str,
     },

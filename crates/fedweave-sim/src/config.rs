@@ -3,11 +3,13 @@
 
 use fedweave_algos::attack::AttackKind;
 use fedweave_algos::robust::AggregatorConfig;
+use fedweave_core::pairwise::Kernels;
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_data::{DataConfig, PartitionConfig, PartitionKind};
 use fedweave_nn::{Augment, Backend, ModelKind, TrainConfig};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// Errors reading or checking a configuration.
 #[derive(Debug, thiserror::Error)]
@@ -107,10 +109,65 @@ pub struct DeviceSection {
     /// small model cannot fill the device; on the CPU it is slower.
     #[serde(skip_serializing_if = "is_zero")]
     pub batch_clients: usize,
+    /// Where the server's pairwise products run (similarities, distances,
+    /// the mixing W·Θ): see [`ServerKernels`].
+    #[serde(skip_serializing_if = "ServerKernels::is_auto")]
+    pub server_kernels: ServerKernels,
 }
 
 fn is_zero(n: &usize) -> bool {
     *n == 0
+}
+
+/// `[device] server_kernels`: where `fedweave_core::pairwise` computes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerKernels {
+    /// On a GPU backend that computes in `f64`, products of at least
+    /// [`OFFLOAD_MIN_FLOPS`] go to the GPU; otherwise everything stays on
+    /// the host.
+    #[default]
+    Auto,
+    /// Always the host's blocked GEMMs (bit-identical at any thread count).
+    Host,
+    /// Every Gram and many-row mixing on the `backend`'s device, even on
+    /// `cpu` (burn's `flex`; how the offload path is tested without a GPU).
+    /// Agrees with the host to the kernels' error bounds, not bit for bit.
+    Device,
+}
+
+/// Smallest product (flops) `auto` hands to a GPU: ~10 ms of one CPU core;
+/// below it the transfers cost more than they save.
+pub const OFFLOAD_MIN_FLOPS: f64 = 1e8;
+
+impl ServerKernels {
+    fn is_auto(&self) -> bool {
+        *self == Self::Auto
+    }
+
+    /// The kernels a run with these `[device]` settings uses.
+    ///
+    /// # Errors
+    ///
+    /// `device` on a backend whose device cannot compute in `f64` (or does
+    /// not work).
+    pub fn build(device: &DeviceSection) -> Result<Kernels, ConfigError> {
+        let offload = |min_flops| {
+            fedweave_nn::BurnOffload::new(device.backend)
+                .map(|dev| Kernels::offloaded(Arc::new(dev), min_flops))
+        };
+        match device.server_kernels {
+            ServerKernels::Host => Ok(Kernels::cpu().clone()),
+            ServerKernels::Device => {
+                offload(0.0).map_err(|e| key_err("device.server_kernels", e.to_string()))
+            }
+            ServerKernels::Auto if device.backend == Backend::Cpu => Ok(Kernels::cpu().clone()),
+            ServerKernels::Auto => Ok(offload(OFFLOAD_MIN_FLOPS).unwrap_or_else(|e| {
+                tracing::info!("server kernels stay on the host: {e}");
+                Kernels::cpu().clone()
+            })),
+        }
+    }
 }
 
 impl DeviceSection {
@@ -713,6 +770,30 @@ mod tests {
         }
         let e = ExperimentConfig::from_toml_str("[device]\nbackend = \"tpu\"\n", &[]).unwrap_err();
         assert!(e.to_string().contains("device.backend"), "{e}");
+    }
+
+    #[test]
+    fn server_kernels_parse_build_and_are_written_out() {
+        let parse = |v: &str| {
+            ExperimentConfig::from_toml_str(&format!("[device]\nserver_kernels = \"{v}\"\n"), &[])
+        };
+        let auto = ExperimentConfig::from_toml_str("", &[]).unwrap();
+        assert_eq!(auto.device.server_kernels, ServerKernels::Auto);
+        assert!(!auto.to_toml().contains("server_kernels"));
+        // `auto` and `host` on the CPU backend: the host kernels.
+        for cfg in [auto, parse("host").unwrap()] {
+            let k = ServerKernels::build(&cfg.device).unwrap();
+            assert_eq!(k.device_name(), None);
+        }
+        let dev = parse("device").unwrap();
+        assert!(dev.to_toml().contains("server_kernels = \"device\""));
+        let k = ServerKernels::build(&dev.device).unwrap();
+        assert_eq!(k.device_name(), Some("cpu"));
+        let e = parse("gpu").unwrap_err().to_string();
+        assert!(
+            e.contains("server_kernels") || e.contains("unknown variant"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -22,6 +22,6 @@ mod round;
 pub mod runtime;
 mod setup;
 
-pub use config::{ConfigError, ExperimentConfig};
+pub use config::{ConfigError, ExperimentConfig, ServerKernels};
 pub use engine::{RunError, resume_experiment, run_experiment};
 pub use fedweave_records::{PROTOCOL, RoundRecord, SelectionStats, Summary};

@@ -175,7 +175,7 @@ pub fn screen<A: Algorithm>(
     }
     let bytes_up: u64 = sound.iter().map(|(_, u)| u.bytes()).sum();
     if algo.topology() == Topology::Server && !cfg.aggregator.is_mean() {
-        sound = defend(&cfg.aggregator, sound, &starts, env.init, &mut rejected);
+        sound = defend(&cfg.aggregator, sound, &starts, env, &mut rejected);
     }
     Screened {
         sound,
@@ -452,12 +452,12 @@ fn defend<U: Message>(
     aggregator: &AggregatorConfig,
     mut sound: Vec<(usize, U)>,
     starts: &[Option<Vec<f32>>],
-    init: &[f32],
+    env: &Env,
     rejected: &mut Vec<usize>,
 ) -> Vec<(usize, U)> {
     let starts: Vec<&[f32]> = starts
         .iter()
-        .map(|s| s.as_deref().unwrap_or(init))
+        .map(|s| s.as_deref().unwrap_or(env.init))
         .collect();
     let mut models: Vec<&mut [f32]> = sound
         .iter_mut()
@@ -468,7 +468,7 @@ fn defend<U: Message>(
         // nothing a model-space defence can act on.
         return sound;
     }
-    let keep = aggregator.apply(&mut models, &starts);
+    let keep = aggregator.apply(env.kernels, &mut models, &starts);
     if keep.len() == sound.len() {
         return sound;
     }

@@ -7,10 +7,11 @@
 //! aggregation, scoring and bookkeeping functions, so a networked run is
 //! bit-identical to a simulated one by construction.
 
-use crate::config::ExperimentConfig;
+use crate::config::{ExperimentConfig, ServerKernels};
 use crate::engine::RunError;
 use crate::setup::Setup;
 use fedweave_algos::{Algorithm, ClientCx, ClientData, Env};
+use fedweave_core::pairwise::Kernels;
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_data::{ClientLabelCounts, PartitionReport};
 use fedweave_nn::{LocalData, ModelSpec, TrainConfig};
@@ -162,6 +163,8 @@ pub struct Blueprint {
     label_counts: Vec<Vec<usize>>,
     partition: PartitionReport,
     facts: Facts,
+    /// Where the server's pairwise products run (`[device] server_kernels`).
+    kernels: Kernels,
 }
 
 impl Blueprint {
@@ -191,6 +194,7 @@ impl Blueprint {
         cfg.threads = Some(cfg.threads.unwrap_or(1));
         let init = initial_model(&spec, cfg.seed);
         Ok(Self {
+            kernels: ServerKernels::build(&cfg.device)?,
             train: cfg.train.to_train_config(),
             sizes: infos.iter().map(|c| c.size).collect(),
             label_counts: infos.iter().map(|c| c.counts.train.clone()).collect(),
@@ -228,6 +232,7 @@ impl Blueprint {
             init: &self.init,
             relation: None,
             label_counts: &self.label_counts,
+            kernels: &self.kernels,
         }
     }
 

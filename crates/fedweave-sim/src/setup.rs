@@ -3,11 +3,12 @@
 //! malicious. Built once from the config, before any training, so every
 //! check fails early.
 
-use crate::config::{ExperimentConfig, key_err};
+use crate::config::{ExperimentConfig, ServerKernels, key_err};
 use crate::engine::RunError;
 use crate::protocol::Facts;
 use fedweave_algos::attack::{AttackKind, choose_malicious};
 use fedweave_algos::{ClientData, Env};
+use fedweave_core::pairwise::Kernels;
 use fedweave_data::{Dataset, InputKind, Partition, PartitionReport, Task};
 use fedweave_nn::{InputValues, LocalData, ModelInput, ModelSpec, TrainConfig};
 
@@ -33,6 +34,8 @@ pub(crate) struct Setup {
     pub benign: Vec<usize>,
     /// Forecasting or rating regression: errors instead of accuracy.
     pub regression: bool,
+    /// Where the server's pairwise products run (`[device] server_kernels`).
+    pub kernels: Kernels,
 }
 
 impl Setup {
@@ -82,6 +85,7 @@ impl Setup {
         let malicious = choose_malicious(cfg.seed, cfg.clients, cfg.attack.ratio);
         let is_malicious: Vec<bool> = (0..cfg.clients).map(|i| malicious.contains(&i)).collect();
         Ok(Self {
+            kernels: ServerKernels::build(&cfg.device)?,
             train: cfg.train.to_train_config(),
             client_train: cfg.train.client_configs(cfg.seed, cfg.clients),
             init: crate::runtime::initial_model(&spec, cfg.seed),
@@ -108,6 +112,7 @@ impl Setup {
             init: &self.init,
             relation: self.dataset.relation_graph.as_ref(),
             label_counts: &self.label_counts,
+            kernels: &self.kernels,
         }
     }
 

@@ -149,6 +149,46 @@ fn batched_clients_end_where_one_at_a_time_ends_at_any_thread_count() {
     }
 }
 
+/// `server_kernels = "device"` on the CPU backend runs every Gram and
+/// mixing through burn's `flex` in `f64`: the same at any thread count, and
+/// where the host's kernels end up to floating-point tolerance.
+#[test]
+fn server_kernels_on_the_device_end_where_the_host_ends() {
+    for algo in ["algorithm.name=pfedgraph", "algorithm.name=feddwa"] {
+        let with = |extra: &[&'static str]| {
+            let all: Vec<&str> = [algo, "rounds=3"].iter().chain(extra).copied().collect();
+            run(&all)
+        };
+        let (host, _) = with(&["threads=2"]);
+        let (one, r1) = with(&["device.server_kernels=device", "threads=1"]);
+        let (two, r2) = with(&["device.server_kernels=device", "threads=2"]);
+        assert_eq!(common::untimed(&one), common::untimed(&two), "{algo}");
+        assert_eq!(
+            common::untimed_rounds(&r1),
+            common::untimed_rounds(&r2),
+            "{algo}"
+        );
+        let mut worst = 0.0f64;
+        for (ra, rb) in host.final_graph.iter().zip(&one.final_graph) {
+            for (a, b) in ra.iter().zip(rb) {
+                worst = worst.max((a - b).abs());
+            }
+        }
+        // Measured: 0 (pFedGraph) and 4e-19 (FedDWA) after three rounds;
+        // the mixed models differ by at most an ulp, which training has not
+        // amplified yet.
+        assert!(worst < 1e-9, "{algo}: graphs differ by {worst:e}");
+        for (a, b) in host
+            .per_client_test_acc
+            .iter()
+            .zip(&one.per_client_test_acc)
+        {
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert!((a - b).abs() <= 0.01, "{algo}: {a} vs {b}");
+        }
+    }
+}
+
 #[test]
 fn partial_participation_is_seeded_and_counted() {
     let (s, rounds) = run(&["algorithm.name=fedavg", "participation=0.3", "rounds=4"]);

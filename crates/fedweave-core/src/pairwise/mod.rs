@@ -2,15 +2,24 @@
 //! Gram, cosine and squared-distance matrices, and the mixing product W·Θ.
 //!
 //! They compute what the pair-by-pair loops over [`crate::vecmath`] compute
-//! (`dot`, `cosine`, `sq_dist`, `weighted_sum`), as blocked `f64` GEMMs:
+//! (`dot`, `cosine`, `sq_dist`, `weighted_sum`), as blocked `f64` GEMMs,
+//! through a [`Kernels`] handle (`env.kernels` in an algorithm):
 //!
-//! | today | here |
+//! | pair by pair | here |
 //! |---|---|
-//! | pFedGraph `similarity_matrix(deltas, ranges, t)` | [`cosine_matrix_sym`]`(deltas, &View::ranges(ranges))`, then the threshold (or pass the models with `.with_shift(θ_init)`) |
-//! | FedDWA `sq_dist(g_i, m_j)` | [`sq_dist_matrix`]`(guidance, models, &View::all())` |
-//! | FedAGHN per-layer `dot`s | [`gram`] / [`sq_norms`] with `View::ranges(&[layer])` |
-//! | SFL `sq_dist(θ_i, θ_j).sqrt()` | [`sq_dist_matrix_sym`]`(models, &View::all())` |
-//! | `mix_rows` (`weighted_sum` per distinct row) | [`mix`]`(rows, uploads)` |
+//! | pFedGraph `similarity_matrix(deltas, ranges, t)` | [`Kernels::cosine_matrix_sym`]`(deltas, &View::ranges(ranges))`, then the threshold (or pass the models with `.with_shift(θ_init)`) |
+//! | FedDWA `sq_dist(g_i, m_j)` | [`Kernels::sq_dist_matrix`]`(guidance, models, &View::all())` |
+//! | FedAGHN per-layer `dot`s | [`Kernels::gram`] / [`Kernels::sq_norms`] with `View::ranges(&[layer])` |
+//! | SFL `sq_dist(θ_i, θ_j).sqrt()` | [`Kernels::sq_dist_matrix_sym`]`(models, &View::all())` |
+//! | `mix_rows` (`weighted_sum` per distinct row) | [`Kernels::mix`]`(rows, uploads)` |
+//!
+//! **Where they run.** [`Kernels::cpu`] computes everything on the host as
+//! described below. [`Kernels::offloaded`] hands the `O(N²·d)` products (the
+//! Gram of a cosine or distance matrix, a mixing of more than
+//! [`MIX_DIRECT_ROWS`] distinct rows) to an [`Offload`] device, a GPU through
+//! burn in `fedweave-nn`; centring, norms where the device gave none,
+//! the direct recomputation of close distances and non-finite rows stay on
+//! the host, and every bound below holds with the device's own error factor.
 //!
 //! **Blocking.** Models stay separate `Vec<f32>`s. A task gathers at most
 //! `TILE` (256) rows × `KC` (512) columns of them (optionally restricted to
@@ -55,7 +64,13 @@
 //! so the last bits of Gram entries may differ between machines.)
 
 use std::collections::HashMap;
+use std::fmt;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+mod offload;
+pub use offload::{DeviceGram, Offload, OffloadError, depth_error_factor};
 
 use rayon::prelude::*;
 
@@ -132,6 +147,16 @@ impl Matrix {
         }
     }
 
+    /// A `rows × cols` matrix of row-major `data` (what a device returns).
+    ///
+    /// # Panics
+    ///
+    /// When `data` does not hold `rows · cols` entries.
+    pub fn from_vec(rows: usize, cols: usize, data: Vec<f64>) -> Self {
+        assert_eq!(data.len(), rows * cols, "matrix data of the wrong length");
+        Self { rows, cols, data }
+    }
+
     pub fn rows(&self) -> usize {
         self.rows
     }
@@ -166,15 +191,17 @@ impl Matrix {
     }
 }
 
-/// The columns of a [`View`] as logical columns `0..k`.
-struct Cols<'a> {
+/// The columns of a [`View`] resolved against rows of one length: logical
+/// columns `0..k`, the concatenation of the view's ranges. An [`Offload`]
+/// device gathers its column blocks through it.
+pub struct Columns<'a> {
     /// (start in the row, length, logical offset) of each non-empty range.
     segs: Vec<(usize, usize, usize)>,
     k: usize,
     shift: Option<&'a [f32]>,
 }
 
-impl<'a> Cols<'a> {
+impl<'a> Columns<'a> {
     /// `d`: the rows' length; without rows (`None`) nothing is seen.
     fn new(ranges: Option<&[Range<usize>]>, shift: Option<&'a [f32]>, d: Option<usize>) -> Self {
         let Some(d) = d else {
@@ -204,19 +231,51 @@ impl<'a> Cols<'a> {
         Self { segs, k, shift }
     }
 
+    /// Number of logical columns.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The vector subtracted from every row (in `f64`), if any.
+    pub fn shift(&self) -> Option<&'a [f32]> {
+        self.shift
+    }
+
     fn chunks(&self) -> usize {
         self.k.div_ceil(KC)
     }
 
-    /// out[..k1 − k0] ← x − shift on logical columns k0..k1, in f64.
-    fn gather(&self, x: &[f32], k0: usize, k1: usize, out: &mut [f64]) {
+    /// Calls `f(lo, take, o)` for each piece of logical columns `k0..k1`:
+    /// `take` columns starting at `lo` in the row go to `o..o + take` of
+    /// the block.
+    fn pieces(&self, k0: usize, k1: usize, mut f: impl FnMut(usize, usize, usize)) {
+        if k0 >= k1 {
+            return;
+        }
         let mut s = self.segs.partition_point(|seg| seg.2 <= k0) - 1;
         let (mut k, mut o) = (k0, 0);
         while k < k1 {
             let (start, len, off) = self.segs[s];
             let within = k - off;
             let take = (len - within).min(k1 - k);
-            let lo = start + within;
+            f(start + within, take, o);
+            k += take;
+            o += take;
+            s += 1;
+        }
+    }
+
+    /// out[..k1 − k0] ← x on logical columns k0..k1, unshifted and in
+    /// `f32` (what a device uploads; apply it to the shift as to a row).
+    pub fn gather_f32(&self, x: &[f32], k0: usize, k1: usize, out: &mut [f32]) {
+        self.pieces(k0, k1, |lo, take, o| {
+            out[o..o + take].copy_from_slice(&x[lo..lo + take]);
+        });
+    }
+
+    /// out[..k1 − k0] ← x − shift on logical columns k0..k1, in f64.
+    fn gather(&self, x: &[f32], k0: usize, k1: usize, out: &mut [f64]) {
+        self.pieces(k0, k1, |lo, take, o| {
             let src = &x[lo..lo + take];
             let dst = &mut out[o..o + take];
             match self.shift {
@@ -230,10 +289,7 @@ impl<'a> Cols<'a> {
                     .zip(&sh[lo..lo + take])
                     .for_each(|((d, v), c)| *d = f64::from(*v) - f64::from(*c)),
             }
-            k += take;
-            o += take;
-            s += 1;
-        }
+        });
     }
 
     /// Σ over chunks (in order) of `f(chunk)`: the blocked reduction the
@@ -300,7 +356,7 @@ fn dims<A: AsRef<[f32]>, B: AsRef<[f32]>>(a: &[A], b: &[B]) -> Option<usize> {
 }
 
 /// The (symmetric when `b` is `None`) Gram matrix of the views of `a` and `b`.
-fn gram_impl<A, B>(a: &[A], b: Option<&[B]>, cols: &Cols) -> Matrix
+fn gram_impl<A, B>(a: &[A], b: Option<&[B]>, cols: &Columns) -> Matrix
 where
     A: AsRef<[f32]> + Sync,
     B: AsRef<[f32]> + Sync,
@@ -422,7 +478,7 @@ where
     out
 }
 
-fn sq_norms_impl<R: AsRef<[f32]> + Sync>(a: &[R], cols: &Cols) -> Vec<f64> {
+fn sq_norms_impl<R: AsRef<[f32]> + Sync>(a: &[R], cols: &Columns) -> Vec<f64> {
     a.par_iter()
         .map(|row| {
             let mut buf = vec![0.0f64; KC];
@@ -435,27 +491,296 @@ fn sq_norms_impl<R: AsRef<[f32]> + Sync>(a: &[R], cols: &Cols) -> Vec<f64> {
         .collect()
 }
 
-/// G_ij = ⟨view(a_i), view(b_j)⟩ (n × m). Error: see [`gram_error_factor`].
-pub fn gram<A, B>(a: &[A], b: &[B], view: &View) -> Matrix
-where
-    A: AsRef<[f32]> + Sync,
-    B: AsRef<[f32]> + Sync,
-{
-    let cols = Cols::new(view.ranges, view.shift, dims(a, b));
-    gram_impl(a, Some(b), &cols)
+/// A Gram matrix as [`Kernels`] computed it: with the norms when a device
+/// gave them, and the bound factor of whoever computed it.
+struct GramParts {
+    g: Matrix,
+    norms: Option<(Vec<f64>, Vec<f64>)>,
+    gamma: f64,
 }
 
-/// G_ij = ⟨view(a_i), view(a_j)⟩, exactly symmetric, at half the cost of
-/// [`gram`]`(a, a, view)`.
-pub fn gram_sym<R: AsRef<[f32]> + Sync>(a: &[R], view: &View) -> Matrix {
-    let cols = Cols::new(view.ranges, view.shift, row_len(&[a]));
-    gram_impl::<R, R>(a, None, &cols)
+/// Where the pairwise kernels run: on the host ([`Kernels::cpu`], the
+/// default, bit-identical at any thread count), or with their `O(N²·d)`
+/// products offloaded to a device ([`Kernels::offloaded`]) when they are
+/// large enough to pay for the transfers. Algorithms reach it through
+/// their `Env`, so the choice is the run's, not the algorithm's.
+#[derive(Clone)]
+pub struct Kernels {
+    offload: Option<Arc<dyn Offload>>,
+    /// Products of fewer flops stay on the host.
+    min_flops: f64,
+    /// Set once a device failure has been logged.
+    warned: Arc<AtomicBool>,
 }
 
-/// ‖view(a_i)‖² for each row.
-pub fn sq_norms<R: AsRef<[f32]> + Sync>(a: &[R], view: &View) -> Vec<f64> {
-    let cols = Cols::new(view.ranges, view.shift, row_len(&[a]));
-    sq_norms_impl(a, &cols)
+impl fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Kernels")
+            .field("offload", &self.device_name())
+            .field("min_flops", &self.min_flops)
+            .finish()
+    }
+}
+
+impl Default for Kernels {
+    fn default() -> Self {
+        Self::cpu().clone()
+    }
+}
+
+impl Kernels {
+    /// The host kernels.
+    pub fn cpu() -> &'static Kernels {
+        static CPU: OnceLock<Kernels> = OnceLock::new();
+        CPU.get_or_init(|| Kernels {
+            offload: None,
+            min_flops: 0.0,
+            warned: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// Gram and mixing products of at least `min_flops` (2 per
+    /// multiply-add) run on `device`; smaller ones, few-row mixings and
+    /// everything after a device failure of that call run on the host.
+    pub fn offloaded(device: Arc<dyn Offload>, min_flops: f64) -> Self {
+        Self {
+            offload: Some(device),
+            min_flops,
+            warned: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The device's name, when products are offloaded.
+    pub fn device_name(&self) -> Option<&str> {
+        self.offload.as_deref().map(Offload::name)
+    }
+
+    fn device(&self, flops: f64) -> Option<&dyn Offload> {
+        self.offload.as_deref().filter(|_| flops >= self.min_flops)
+    }
+
+    /// Logs a device failure once per handle; the caller falls back.
+    fn fell_back(&self, what: &str, err: &OffloadError) {
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                device = self.device_name().unwrap_or_default(),
+                "{what} on the device failed ({err}); computing it on the host (logged once)"
+            );
+        }
+    }
+
+    /// G of `a` and `b` (`None`: symmetric), on the device when it pays.
+    fn gram_parts<A, B>(&self, a: &[A], b: Option<&[B]>, cols: &Columns) -> GramParts
+    where
+        A: AsRef<[f32]> + Sync,
+        B: AsRef<[f32]> + Sync,
+    {
+        let n = a.len();
+        let m = b.map_or(n, <[B]>::len);
+        let flops = (n * m * cols.k) as f64 * if b.is_some() { 2.0 } else { 1.0 };
+        if let Some(dev) = self.device(flops).filter(|_| n > 0 && m > 0 && cols.k > 0) {
+            let ra: Vec<&[f32]> = a.iter().map(AsRef::as_ref).collect();
+            let rb: Option<Vec<&[f32]>> = b.map(|b| b.iter().map(AsRef::as_ref).collect());
+            let got = dev.gram(&ra, rb.as_deref(), cols).and_then(|out| {
+                let fits = out.gram.rows == n
+                    && out.gram.cols == m
+                    && out.norms_a.len() == n
+                    && out.norms_b.len() == if b.is_some() { m } else { 0 };
+                if fits {
+                    Ok(out)
+                } else {
+                    Err(OffloadError(format!(
+                        "the device returned a {}×{} Gram for {n}×{m}",
+                        out.gram.rows, out.gram.cols
+                    )))
+                }
+            });
+            match got {
+                Ok(DeviceGram {
+                    mut gram,
+                    norms_a,
+                    norms_b,
+                }) => {
+                    let norms = if b.is_some() {
+                        Some((norms_a, norms_b))
+                    } else {
+                        // Exactly symmetric, as on the host: the upper
+                        // triangle is the result.
+                        for i in 0..n {
+                            for j in 0..i {
+                                let v = gram.get(j, i);
+                                gram.set(i, j, v);
+                            }
+                        }
+                        None
+                    };
+                    return GramParts {
+                        g: gram,
+                        norms,
+                        gamma: dev.gram_error_factor(cols.k),
+                    };
+                }
+                Err(e) => self.fell_back("a Gram matrix", &e),
+            }
+        }
+        GramParts {
+            g: gram_impl(a, b, cols),
+            norms: None,
+            gamma: gram_error_factor(cols.k),
+        }
+    }
+
+    /// G_ij = ⟨view(a_i), view(b_j)⟩ (n × m). Error: see
+    /// [`gram_error_factor`] (or the device's factor).
+    pub fn gram<A, B>(&self, a: &[A], b: &[B], view: &View) -> Matrix
+    where
+        A: AsRef<[f32]> + Sync,
+        B: AsRef<[f32]> + Sync,
+    {
+        let cols = Columns::new(view.ranges, view.shift, dims(a, b));
+        self.gram_parts(a, Some(b), &cols).g
+    }
+
+    /// G_ij = ⟨view(a_i), view(a_j)⟩, exactly symmetric, at half the cost
+    /// of [`Kernels::gram`]`(a, a, view)`.
+    pub fn gram_sym<R: AsRef<[f32]> + Sync>(&self, a: &[R], view: &View) -> Matrix {
+        let cols = Columns::new(view.ranges, view.shift, row_len(&[a]));
+        self.gram_parts::<R, R>(a, None, &cols).g
+    }
+
+    /// ‖view(a_i)‖² for each row (memory-bound: always on the host).
+    pub fn sq_norms<R: AsRef<[f32]> + Sync>(&self, a: &[R], view: &View) -> Vec<f64> {
+        let cols = Columns::new(view.ranges, view.shift, row_len(&[a]));
+        sq_norms_impl(a, &cols)
+    }
+
+    /// C_ij = cos(view(a_i), view(b_j)), 0 when either is the zero vector
+    /// (as `vecmath::cosine`).
+    pub fn cosine_matrix<A, B>(&self, a: &[A], b: &[B], view: &View) -> Matrix
+    where
+        A: AsRef<[f32]> + Sync,
+        B: AsRef<[f32]> + Sync,
+    {
+        let cols = Columns::new(view.ranges, view.shift, dims(a, b));
+        let GramParts { mut g, norms, .. } = self.gram_parts(a, Some(b), &cols);
+        let (na, nb) = norms.unwrap_or_else(|| (sq_norms_impl(a, &cols), sq_norms_impl(b, &cols)));
+        let m = g.cols;
+        for (idx, v) in g.data.iter_mut().enumerate() {
+            *v = cos_of(*v, na[idx / m], nb[idx % m]);
+        }
+        g
+    }
+
+    /// C_ij = cos(view(a_i), view(a_j)), exactly symmetric; the diagonal is
+    /// exactly 1 (0 for a zero row).
+    pub fn cosine_matrix_sym<R: AsRef<[f32]> + Sync>(&self, a: &[R], view: &View) -> Matrix {
+        let mut g = self.gram_sym(a, view);
+        let n = g.rows;
+        let norms: Vec<f64> = (0..n).map(|i| g.get(i, i)).collect();
+        for i in 0..n {
+            for j in 0..n {
+                let v = if i == j {
+                    if norms[i] == 0.0 { 0.0 } else { 1.0 }
+                } else {
+                    cos_of(g.get(i, j), norms[i], norms[j])
+                };
+                g.set(i, j, v);
+            }
+        }
+        g
+    }
+
+    /// D_ij = ‖view(a_i) − view(b_j)‖² (the view's shift cancels and is
+    /// ignored), each entry within [`SQ_DIST_REL_TOL`] relative of the exact
+    /// value (NaN where `vecmath::sq_dist` gives NaN).
+    pub fn sq_dist_matrix<A, B>(&self, a: &[A], b: &[B], view: &View) -> Matrix
+    where
+        A: AsRef<[f32]> + Sync,
+        B: AsRef<[f32]> + Sync,
+    {
+        sq_dist_impl(self, a, Some(b), view)
+    }
+
+    /// D_ij = ‖view(a_i) − view(a_j)‖², exactly symmetric with a zero
+    /// diagonal, at half the cost of [`Kernels::sq_dist_matrix`]`(a, a, view)`.
+    pub fn sq_dist_matrix_sym<R: AsRef<[f32]> + Sync>(&self, a: &[R], view: &View) -> Matrix {
+        sq_dist_impl::<R, R>(self, a, None, view)
+    }
+
+    /// M_i = Σ_j W_ij·θ_j for each weight row W_i (length `models.len()`),
+    /// with the semantics of `vecmath::weighted_sum`: `f64` accumulation, one
+    /// rounding to `f32`, zero weights skipped (a non-finite model with
+    /// weight 0 does not poison the row). Rows with bit-identical weights
+    /// are computed once; the output rows have the models' length (0
+    /// without models). At most [`MIX_DIRECT_ROWS`] distinct rows always
+    /// run on the host (memory-bound; bit-identical to `weighted_sum`).
+    pub fn mix<W, R>(&self, weights: &[W], models: &[R]) -> Mixed
+    where
+        W: AsRef<[f64]>,
+        R: AsRef<[f32]> + Sync,
+    {
+        let m = models.len();
+        let d = row_len(&[models]).unwrap_or(0);
+        // Distinct weight rows, by bits.
+        let mut seen: HashMap<Vec<u64>, usize> = HashMap::new();
+        let mut which = Vec::with_capacity(weights.len());
+        let mut distinct_w: Vec<&[f64]> = Vec::new();
+        for w in weights {
+            let w = w.as_ref();
+            assert_eq!(
+                w.len(),
+                m,
+                "weight row length differs from the number of models"
+            );
+            let key: Vec<u64> = w.iter().map(|x| x.to_bits()).collect();
+            let next = distinct_w.len();
+            let k = *seen.entry(key).or_insert(next);
+            if k == next {
+                distinct_w.push(w);
+            }
+            which.push(k);
+        }
+        let p = distinct_w.len();
+        // Models some row uses; the others are never read.
+        let active: Vec<usize> = (0..m)
+            .filter(|&j| distinct_w.iter().any(|w| w[j] != 0.0))
+            .collect();
+        let na = active.len();
+        let wd: Vec<f64> = distinct_w
+            .iter()
+            .flat_map(|w| active.iter().map(move |&j| w[j]))
+            .collect();
+        let used: Vec<&[f32]> = active.iter().map(|&j| models[j].as_ref()).collect();
+        let mut distinct = vec![vec![0.0f32; d]; p];
+        if na == 0 || d == 0 {
+            return Mixed { distinct, which };
+        }
+        let flops = 2.0 * (p * na * d) as f64;
+        if let Some(dev) = self.device(flops).filter(|_| p > MIX_DIRECT_ROWS) {
+            let rows: Vec<&[f64]> = wd.chunks(na).collect();
+            match dev.mix(&rows, &used) {
+                Ok(out) if out.len() == p && out.iter().all(|r| r.len() == d) => {
+                    distinct = out;
+                    // A non-finite entry may come from 0·∞ of a skipped
+                    // model: such rows take the reference loop.
+                    let mut acc = vec![0.0f64; d];
+                    for (r, row) in distinct.iter_mut().enumerate() {
+                        if !row.iter().all(|x| x.is_finite()) {
+                            weighted_block(rows[r], &used, 0, row, &mut acc);
+                        }
+                    }
+                    return Mixed { distinct, which };
+                }
+                Ok(out) => self.fell_back(
+                    "a mixing",
+                    &OffloadError(format!("the device returned {} rows for {p}", out.len())),
+                ),
+                Err(e) => self.fell_back("a mixing", &e),
+            }
+        }
+        mix_host(&wd, &used, &mut distinct);
+        Mixed { distinct, which }
+    }
 }
 
 fn cos_of(g: f64, na: f64, nb: f64) -> f64 {
@@ -466,46 +791,9 @@ fn cos_of(g: f64, na: f64, nb: f64) -> f64 {
     }
 }
 
-/// C_ij = cos(view(a_i), view(b_j)), 0 when either is the zero vector (as
-/// `vecmath::cosine`).
-pub fn cosine_matrix<A, B>(a: &[A], b: &[B], view: &View) -> Matrix
-where
-    A: AsRef<[f32]> + Sync,
-    B: AsRef<[f32]> + Sync,
-{
-    let cols = Cols::new(view.ranges, view.shift, dims(a, b));
-    let mut g = gram_impl(a, Some(b), &cols);
-    let na = sq_norms_impl(a, &cols);
-    let nb = sq_norms_impl(b, &cols);
-    let m = g.cols;
-    for (idx, v) in g.data.iter_mut().enumerate() {
-        *v = cos_of(*v, na[idx / m], nb[idx % m]);
-    }
-    g
-}
-
-/// C_ij = cos(view(a_i), view(a_j)), exactly symmetric; the diagonal is
-/// exactly 1 (0 for a zero row).
-pub fn cosine_matrix_sym<R: AsRef<[f32]> + Sync>(a: &[R], view: &View) -> Matrix {
-    let mut g = gram_sym(a, view);
-    let n = g.rows;
-    let norms: Vec<f64> = (0..n).map(|i| g.get(i, i)).collect();
-    for i in 0..n {
-        for j in 0..n {
-            let v = if i == j {
-                if norms[i] == 0.0 { 0.0 } else { 1.0 }
-            } else {
-                cos_of(g.get(i, j), norms[i], norms[j])
-            };
-            g.set(i, j, v);
-        }
-    }
-    g
-}
-
 /// The mean of the rows of `a` and `b` on the columns of `cols`, rounded to
 /// f32 (0 elsewhere and where non-finite): a centre for the distance kernels.
-fn mean_center<A, B>(a: &[A], b: &[B], cols: &Cols, d: usize) -> Vec<f32>
+fn mean_center<A, B>(a: &[A], b: &[B], cols: &Columns, d: usize) -> Vec<f32>
 where
     A: AsRef<[f32]> + Sync,
     B: AsRef<[f32]> + Sync,
@@ -540,7 +828,7 @@ where
 }
 
 /// Σ_c (x_c − y_c)² on the view's columns (no shift), blocked like the GEMMs.
-fn direct_sq_dist(x: &[f32], y: &[f32], cols: &Cols, buf: &mut [f64]) -> f64 {
+fn direct_sq_dist(x: &[f32], y: &[f32], cols: &Columns, buf: &mut [f64]) -> f64 {
     let (bx, by) = buf.split_at_mut(KC);
     cols.blocked_sum(|k0, k1| {
         let (bx, by) = (&mut bx[..k1 - k0], &mut by[..k1 - k0]);
@@ -553,26 +841,34 @@ fn direct_sq_dist(x: &[f32], y: &[f32], cols: &Cols, buf: &mut [f64]) -> f64 {
     })
 }
 
-fn sq_dist_impl<A, B>(a: &[A], b: Option<&[B]>, view: &View) -> Matrix
+/// D_ij on the columns of `view` from a Gram of the rows centred at their
+/// mean, with every entry too close for the Gram's bound recomputed
+/// directly (see the module's "Precision").
+fn sq_dist_impl<A, B>(kernels: &Kernels, a: &[A], b: Option<&[B]>, view: &View) -> Matrix
 where
     A: AsRef<[f32]> + Sync,
     B: AsRef<[f32]> + Sync,
 {
     let empty: &[B] = &[];
     let d = dims(a, b.unwrap_or(empty));
-    let plain = Cols::new(view.ranges, None, d);
+    let plain = Columns::new(view.ranges, None, d);
     let center = mean_center(a, b.unwrap_or(empty), &plain, d.unwrap_or(0));
-    let cols = Cols::new(view.ranges, Some(&center), d);
-    let mut g = gram_impl(a, b, &cols);
-    let (na, nb) = match b {
-        Some(b) => (sq_norms_impl(a, &cols), sq_norms_impl(b, &cols)),
-        None => {
+    let cols = Columns::new(view.ranges, Some(&center), d);
+    let GramParts {
+        mut g,
+        norms,
+        gamma,
+    } = kernels.gram_parts(a, b, &cols);
+    let (na, nb) = match (norms, b) {
+        (Some(norms), _) => norms,
+        (None, Some(b)) => (sq_norms_impl(a, &cols), sq_norms_impl(b, &cols)),
+        (None, None) => {
             let diag: Vec<f64> = (0..a.len()).map(|i| g.get(i, i)).collect();
             (diag.clone(), diag)
         }
     };
     // The bound is on exact norms; computed ones are within γ of them.
-    let gamma = gram_error_factor(cols.k) * (1.0 + 1e-6);
+    let gamma = gamma * (1.0 + 1e-6);
     let mut direct = Vec::new();
     for (i, ni) in na.iter().enumerate() {
         for (j, nj) in nb.iter().enumerate() {
@@ -618,24 +914,7 @@ where
     g
 }
 
-/// D_ij = ‖view(a_i) − view(b_j)‖² (the view's shift cancels and is
-/// ignored), each entry within [`SQ_DIST_REL_TOL`] relative of the exact
-/// value (NaN where `vecmath::sq_dist` gives NaN).
-pub fn sq_dist_matrix<A, B>(a: &[A], b: &[B], view: &View) -> Matrix
-where
-    A: AsRef<[f32]> + Sync,
-    B: AsRef<[f32]> + Sync,
-{
-    sq_dist_impl(a, Some(b), view)
-}
-
-/// D_ij = ‖view(a_i) − view(a_j)‖², exactly symmetric with a zero diagonal,
-/// at half the cost of [`sq_dist_matrix`]`(a, a, view)`.
-pub fn sq_dist_matrix_sym<R: AsRef<[f32]> + Sync>(a: &[R], view: &View) -> Matrix {
-    sq_dist_impl::<R, R>(a, None, view)
-}
-
-/// The result of [`mix`]: one row per weight row, stored once per distinct
+/// The result of [`Kernels::mix`]: one row per weight row, stored once per distinct
 /// weight row.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mixed {
@@ -696,51 +975,50 @@ impl Mixed {
     }
 }
 
-/// M_i = Σ_j W_ij·θ_j for each weight row W_i (length `models.len()`), with
-/// the semantics of `vecmath::weighted_sum`: `f64` accumulation, one rounding
-/// to `f32`, zero weights skipped (a non-finite model with weight 0 does not
-/// poison the row). Rows with bit-identical weights are computed once; the
-/// output rows have the models' length (0 without models).
-pub fn mix<W, R>(weights: &[W], models: &[R]) -> Mixed
-where
-    W: AsRef<[f64]>,
-    R: AsRef<[f32]> + Sync,
-{
-    let m = models.len();
-    let d = row_len(&[models]).unwrap_or(0);
-    // Distinct weight rows, by bits.
-    let mut seen: HashMap<Vec<u64>, usize> = HashMap::new();
-    let mut which = Vec::with_capacity(weights.len());
-    let mut distinct_w: Vec<&[f64]> = Vec::new();
-    for w in weights {
-        let w = w.as_ref();
-        assert_eq!(
-            w.len(),
-            m,
-            "weight row length differs from the number of models"
-        );
-        let key: Vec<u64> = w.iter().map(|x| x.to_bits()).collect();
-        let next = distinct_w.len();
-        let k = *seen.entry(key).or_insert(next);
-        if k == next {
-            distinct_w.push(w);
-        }
-        which.push(k);
-    }
-    let p = distinct_w.len();
-    // Models some row uses; the others are never read.
-    let active: Vec<usize> = (0..m)
-        .filter(|&j| distinct_w.iter().any(|w| w[j] != 0.0))
-        .collect();
-    let na = active.len();
-    let wd: Vec<f64> = distinct_w
+/// `weighted_sum` on one block of one output row: the reference semantics.
+/// Four models per pass with the same per-element order of additions, so
+/// the result is bit-identical to `weighted_sum` with a quarter of the
+/// traffic on the accumulator. `w[j]` weighs `models[j]`; zero weights are
+/// skipped.
+fn weighted_block(w: &[f64], models: &[&[f32]], c0: usize, out: &mut [f32], acc: &mut [f64]) {
+    let len = out.len();
+    let acc = &mut acc[..len];
+    acc.fill(0.0);
+    let terms: Vec<(f64, &[f32])> = w
         .iter()
-        .flat_map(|w| active.iter().map(move |&j| w[j]))
+        .zip(models)
+        .filter(|(w, _)| **w != 0.0)
+        .map(|(w, x)| (*w, &x[c0..c0 + len]))
         .collect();
-    let mut distinct = vec![vec![0.0f32; d]; p];
-    if na == 0 || d == 0 {
-        return Mixed { distinct, which };
+    let mut quads = terms.chunks_exact(4);
+    for q in &mut quads {
+        let [(w0, x0), (w1, x1), (w2, x2), (w3, x3)] = [q[0], q[1], q[2], q[3]];
+        let (x0, x1, x2, x3) = (&x0[..len], &x1[..len], &x2[..len], &x3[..len]);
+        for e in 0..len {
+            let mut s = acc[e];
+            s += w0 * f64::from(x0[e]);
+            s += w1 * f64::from(x1[e]);
+            s += w2 * f64::from(x2[e]);
+            s += w3 * f64::from(x3[e]);
+            acc[e] = s;
+        }
     }
+    for &(w, x) in quads.remainder() {
+        for (s, v) in acc.iter_mut().zip(x) {
+            *s += w * f64::from(*v);
+        }
+    }
+    for (o, s) in out.iter_mut().zip(acc.iter()) {
+        *o = *s as f32;
+    }
+}
+
+/// The host's W·Θ on `p` distinct rows `wd` (row-major, `models.len()`
+/// columns) into `distinct`: blocks of columns in parallel, each a GEMM
+/// (or `weighted_block` for few rows).
+fn mix_host(wd: &[f64], models: &[&[f32]], distinct: &mut [Vec<f32>]) {
+    let (p, na) = (distinct.len(), models.len());
+    let d = distinct.first().map_or(0, Vec::len);
     // Few rows: long blocks stream each model; many: short blocks keep the
     // converted block of Θ in cache across the GEMM's row tiles.
     let width = if p <= MIX_DIRECT_ROWS { DIRECT_DC } else { DC };
@@ -750,42 +1028,7 @@ where
             blocks[c].push(chunk);
         }
     }
-    // `weighted_sum` on one block of one row: the reference semantics. Four
-    // models per pass with the same per-element order of additions, so the
-    // result is bit-identical to `weighted_sum` with a quarter of the traffic
-    // on the accumulator.
-    let exact = |r: usize, c0: usize, out: &mut [f32], acc: &mut [f64]| {
-        let len = out.len();
-        let acc = &mut acc[..len];
-        acc.fill(0.0);
-        let terms: Vec<(f64, &[f32])> = active
-            .iter()
-            .enumerate()
-            .map(|(jj, &j)| (wd[r * na + jj], &models[j].as_ref()[c0..c0 + len]))
-            .filter(|(w, _)| *w != 0.0)
-            .collect();
-        let mut quads = terms.chunks_exact(4);
-        for q in &mut quads {
-            let [(w0, x0), (w1, x1), (w2, x2), (w3, x3)] = [q[0], q[1], q[2], q[3]];
-            let (x0, x1, x2, x3) = (&x0[..len], &x1[..len], &x2[..len], &x3[..len]);
-            for e in 0..len {
-                let mut s = acc[e];
-                s += w0 * f64::from(x0[e]);
-                s += w1 * f64::from(x1[e]);
-                s += w2 * f64::from(x2[e]);
-                s += w3 * f64::from(x3[e]);
-                acc[e] = s;
-            }
-        }
-        for &(w, x) in quads.remainder() {
-            for (s, v) in acc.iter_mut().zip(x) {
-                *s += w * f64::from(*v);
-            }
-        }
-        for (o, s) in out.iter_mut().zip(acc.iter()) {
-            *o = *s as f32;
-        }
-    };
+    let w_row = |r: usize| &wd[r * na..(r + 1) * na];
     blocks
         .into_par_iter()
         .enumerate()
@@ -795,14 +1038,16 @@ where
             let mut acc = vec![0.0f64; TILE.min(p) * dc];
             if p <= MIX_DIRECT_ROWS {
                 for (r, out) in outs.iter_mut().enumerate() {
-                    exact(r, c0, out, &mut acc);
+                    weighted_block(w_row(r), models, c0, out, &mut acc);
                 }
                 return;
             }
             let mut theta = vec![0.0f64; na * dc];
-            for (jj, &j) in active.iter().enumerate() {
-                let x = &models[j].as_ref()[c0..c0 + dc];
-                for (t, v) in theta[jj * dc..(jj + 1) * dc].iter_mut().zip(x) {
+            for (jj, x) in models.iter().enumerate() {
+                for (t, v) in theta[jj * dc..(jj + 1) * dc]
+                    .iter_mut()
+                    .zip(&x[c0..c0 + dc])
+                {
                     *t = f64::from(*v);
                 }
             }
@@ -843,11 +1088,10 @@ where
                 // A non-finite entry may come from 0·∞ of a skipped model:
                 // such rows take the reference loop.
                 for r in redo {
-                    exact(r, c0, outs[r], &mut acc);
+                    weighted_block(w_row(r), models, c0, outs[r], &mut acc);
                 }
             }
         });
-    Mixed { distinct, which }
 }
 
 /// This machine's matrix-multiply throughput with the same crate the
