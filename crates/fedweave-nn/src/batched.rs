@@ -25,8 +25,9 @@
 //! compute (the same momentum SGD, `g ← grad + wd·θ; buf ← m·buf + g;
 //! θ ← θ − lr·buf`), up to the summation order inside the kernels: results
 //! agree to floating-point tolerance, not bit for bit (tested against
-//! [`train_local`](crate::train_local)). Supported: `mlp`, `cnn`, `cnn-bn`
-//! and `cnn-dwa`, classification, the task loss only (no extra terms,
+//! [`train_local`](crate::train_local)). Supported: `mlp`, `cnn`, `cnn-bn`,
+//! `cnn-dwa` and the three ResNets (their body plan walked with grouped,
+//! strided, padded convolutions), classification, the task loss only (no extra terms,
 //! objectives or frozen ranges): the local round of FedAvg-like methods.
 //!
 //! On the CPU backend this is a throughput experiment (one big kernel
@@ -35,7 +36,8 @@
 
 use crate::NnError;
 use crate::batch::{Batch, LocalData};
-use crate::model::{ModelKind, ModelSpec, Norm};
+use crate::model::{ModelKind, ModelSpec, Norm, RESNET9_SCALE};
+use crate::resnet::{GlobalPool, Plan, Stage};
 use crate::train::{TrainConfig, TrainStats};
 use crate::trainer::{BatchSampler, SgdConfig};
 use burn::tensor::activation::{log_softmax, relu};
@@ -92,17 +94,27 @@ impl Stack<'_> {
     /// `[B, K·C, H, W]` through conv layer (`i`, `i + 1`) as one grouped
     /// convolution.
     fn conv(&self, x: Tensor<4>, i: usize) -> Tensor<4> {
+        let b = self.leaves[i + 1]
+            .clone()
+            .reshape([self.k * self.shapes[i][0]]);
+        self.grouped_conv(x, i, Some(b), 1, 0)
+    }
+
+    /// Conv weight `i` as one grouped convolution with `stride` and `pad`.
+    fn grouped_conv(
+        &self,
+        x: Tensor<4>,
+        i: usize,
+        bias: Option<Tensor<1>>,
+        stride: usize,
+        pad: usize,
+    ) -> Tensor<4> {
         let s = self.shapes[i];
         let w = self.leaves[i]
             .clone()
             .reshape([self.k * s[0], s[1], s[2], s[3]]);
-        let b = self.leaves[i + 1].clone().reshape([self.k * s[0]]);
-        conv2d(
-            x,
-            w,
-            Some(b),
-            ConvOptions::new([1, 1], [0, 0], [1, 1], self.k),
-        )
+        let options = ConvOptions::new([stride, stride], [pad, pad], [1, 1], self.k);
+        conv2d(x, w, bias, options)
     }
 
     /// Scale or shift `i` of a batch norm as `[1, K·C, 1, 1]`.
@@ -137,7 +149,13 @@ impl<'a> BatchedTrainer<'a> {
     pub fn supports(kind: ModelKind) -> bool {
         matches!(
             kind,
-            ModelKind::Mlp | ModelKind::Cnn | ModelKind::CnnBn | ModelKind::CnnDwa
+            ModelKind::Mlp
+                | ModelKind::Cnn
+                | ModelKind::CnnBn
+                | ModelKind::CnnDwa
+                | ModelKind::ResNet8
+                | ModelKind::ResNet9
+                | ModelKind::ResNet18
         )
     }
 
@@ -153,7 +171,8 @@ impl<'a> BatchedTrainer<'a> {
         }
         Err(NnError::NotBatched {
             model: format!("{kind:?}").to_lowercase(),
-            reason: "no batched formulation (mlp, cnn, cnn-bn, cnn-dwa have one)".into(),
+            reason: "no batched formulation (mlp, cnn, cnn-bn, cnn-dwa and the ResNets have one)"
+                .into(),
         })
     }
 
@@ -332,6 +351,9 @@ impl<'a> BatchedTrainer<'a> {
         let [c, hh, ww] = <[usize; 3]>::try_from(self.spec.input_shape())
             .expect("image models take C×H×W inputs");
         let x: Tensor<4> = Tensor::from_data(TensorData::new(x, [b, k * c, hh, ww]), dev);
+        if let Some(plan) = self.spec.plan() {
+            return self.resnet(p, plan, x, step, record);
+        }
         let pool = |y: Tensor<4>| max_pool2d(y, MaxPoolOptions::new([2, 2]));
         let mut bn = |y: Tensor<4>, i: usize| batch_norm(y, p, i, step, k, record);
         let y = match self.spec.kind() {
@@ -354,6 +376,67 @@ impl<'a> BatchedTrainer<'a> {
         };
         let y = relu(p.linear(flatten(y, k), 8));
         p.linear(y, 10)
+    }
+
+    /// A ResNet's stacked forward pass: the walk of `Plan::features` with
+    /// grouped convolutions and per-client batch norm, then the head.
+    fn resnet(
+        &self,
+        p: &Stack,
+        plan: &Plan,
+        x: Tensor<4>,
+        step: &Step,
+        record: &mut Vec<(Vec<f32>, Vec<f32>, usize)>,
+    ) -> Tensor<3> {
+        let k = self.k;
+        // Tensors in layout order: each conv's weight, then its batch
+        // norm's scale and shift.
+        let mut at = 0;
+        let mut conv_bn = |x: Tensor<4>, stride: usize, pad: usize, then_relu: bool| {
+            let y = p.grouped_conv(x, at, None, stride, pad);
+            let y = batch_norm(y, p, at + 1, step, k, record);
+            at += 3;
+            if then_relu { relu(y) } else { y }
+        };
+        let mut x = x;
+        for (_, stage) in &plan.stages {
+            x = match *stage {
+                Stage::ConvBn { stride, pad, .. } => conv_bn(x, stride, pad, true),
+                Stage::MaxPool { k, stride, pad } => max_pool2d(
+                    x,
+                    MaxPoolOptions::new([k, k])
+                        .with_stride([stride, stride])
+                        .with_padding([pad, pad]),
+                ),
+                Stage::Basic { cin, cout, stride } => {
+                    let y = conv_bn(x.clone(), stride, 1, true);
+                    let y = conv_bn(y, 1, 1, false);
+                    let shortcut = if stride != 1 || cin != cout {
+                        conv_bn(x, stride, 0, false)
+                    } else {
+                        x
+                    };
+                    relu(y + shortcut)
+                }
+                Stage::Residual { .. } => {
+                    let y = conv_bn(x.clone(), 1, 1, true);
+                    x + conv_bn(y, 1, 1, true)
+                }
+            };
+        }
+        let [b, kc, _, _] = x.dims();
+        let pooled = match plan.pool {
+            GlobalPool::Avg => x.mean_dims(&[2, 3]),
+            GlobalPool::Max => x.max_dim(2).max_dim(3),
+        };
+        // [B, K·C] to [K, B, C].
+        let features = pooled.reshape([b, k, kc / k]).swap_dims(0, 1);
+        let last = p.leaves.len() - 1;
+        if self.spec.head_bias() {
+            p.linear(features, last - 1)
+        } else {
+            features.matmul(p.lin_w(last)) * RESNET9_SCALE
+        }
     }
 
     /// Momentum SGD on every stacked tensor; clients without samples this

@@ -160,7 +160,7 @@ pub const MF_EMBED_DIM: usize = 32;
 /// Smallest image side the ResNets take (three halvings leave a 1×1 map).
 const RESNET_MIN_SIDE: usize = 8;
 /// ResNet-9's logit scale (SFL's `Mul(0.2)` after the head).
-const RESNET9_SCALE: f32 = 0.2;
+pub(crate) const RESNET9_SCALE: f32 = 0.2;
 /// Std of matrix factorisation's initial embeddings, N(0, 0.1²).
 const MF_INIT_STD: f32 = 0.1;
 /// Bound of TextCNN's initial embeddings, U(−0.1, 0.1) (pFedGraph).
@@ -459,6 +459,16 @@ impl ModelSpec {
     /// The device this model trains and is evaluated on.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// A ResNet's body plan (what the batched trainer walks).
+    pub(crate) fn plan(&self) -> Option<&Plan> {
+        self.resnet.as_ref()
+    }
+
+    /// Whether the head has a bias (all models but ResNet-9).
+    pub(crate) fn head_bias(&self) -> bool {
+        self.head_bias
     }
 
     /// The architecture.

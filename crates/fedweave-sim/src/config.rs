@@ -810,13 +810,13 @@ mod tests {
             cfg.to_toml()
         );
         let e = ExperimentConfig::from_toml_str(
-            "[model]\nkind = \"resnet8\"\n[device]\nbatch_clients = 8\n",
+            "[model]\nkind = \"gru\"\n[device]\nbatch_clients = 8\n",
             &[],
         )
         .unwrap_err()
         .to_string();
         assert!(
-            e.contains("device.batch_clients") && e.contains("resnet8"),
+            e.contains("device.batch_clients") && e.contains("gru"),
             "{e}"
         );
     }
