@@ -21,7 +21,7 @@
 //! on.
 
 use crate::{Backend, NnError};
-use burn::tensor::{DType, Device, FloatDType, Tensor, TensorCreationOptions, TensorData};
+use burn::tensor::{DType, Device, Element, FloatDType, Tensor, TensorCreationOptions, TensorData};
 use fedweave_core::pairwise::{
     Columns, DeviceGram, Matrix, Offload, OffloadError, depth_error_factor,
 };
@@ -108,11 +108,16 @@ impl BurnOffload {
     }
 }
 
+/// A tensor's entries as `E` (the tensor's own element type).
+fn read<E: Element, const D: usize>(t: Tensor<D>) -> Result<Vec<E>, OffloadError> {
+    t.into_data()
+        .try_to_vec::<E>()
+        .map_err(|e| OffloadError(format!("reading a result back: {e:?}")))
+}
+
 /// A tensor's entries as `f64`.
 fn read_f64<const D: usize>(t: Tensor<D>) -> Result<Vec<f64>, OffloadError> {
-    t.into_data()
-        .try_to_vec::<f64>()
-        .map_err(|e| OffloadError(format!("reading a result back: {e:?}")))
+    read(t)
 }
 
 /// Row-wise squared norms of an n×kc block, as an `[n]` tensor.
@@ -196,10 +201,7 @@ impl Offload for BurnOffload {
                     .cast(FloatDType::F64);
                 // One rounding to f32, of the f64 sum, on the device.
                 let mixed = w.clone().matmul(theta).cast(FloatDType::F32);
-                let block = mixed
-                    .into_data()
-                    .try_to_vec::<f32>()
-                    .map_err(|e| OffloadError(format!("reading a result back: {e:?}")))?;
+                let block: Vec<f32> = read(mixed)?;
                 for (row, src) in out.iter_mut().zip(block.chunks(dc)) {
                     row[c0..c1].copy_from_slice(src);
                 }
