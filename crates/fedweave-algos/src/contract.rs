@@ -454,20 +454,22 @@ pub trait Algorithm: Sized + Send + Sync + 'static {
     /// The client's personalised model: what the protocol scores.
     fn personalized<'c>(&self, state: &'c Self::Client) -> ModelRef<'c>;
 
-    /// Scores client `state`'s personalised model on `on` (its validation or
-    /// test data). The default evaluates [`Algorithm::personalized`];
-    /// methods whose prediction is more than one model's output (kNN-Per
-    /// interpolates with a datastore built from the client's `train` data)
-    /// override it.
+    /// Scores client `state`'s personalised model on each of `sets` (its
+    /// validation and test data), in order. The default evaluates
+    /// [`Algorithm::personalized`]; methods whose prediction is more than one
+    /// model's output (kNN-Per interpolates with a datastore built from the
+    /// client's `train` data, once for all sets) override it.
     fn evaluate(
         &self,
         env: &Env,
         state: &Self::Client,
         _train: &LocalData,
-        on: &LocalData,
-    ) -> EvalStats {
+        sets: &[&LocalData],
+    ) -> Vec<EvalStats> {
         let model = self.personalized(state);
-        fedweave_nn::evaluate(env.spec, &model.params, model.buffers, on)
+        sets.iter()
+            .map(|on| fedweave_nn::evaluate(env.spec, &model.params, model.buffers, on))
+            .collect()
     }
 
     /// When the protocol scores it.

@@ -416,16 +416,21 @@ impl Algorithm for FedCp {
         env: &Env,
         state: &FedCpClient,
         _train: &LocalData,
-        on: &LocalData,
-    ) -> EvalStats {
-        evaluate_policy(
-            env.spec,
-            &state.model.params,
-            &state.model.buffers,
-            on,
-            &self.policy(state),
-            &state.cpn,
-        )
+        sets: &[&LocalData],
+    ) -> Vec<EvalStats> {
+        let policy = self.policy(state);
+        sets.iter()
+            .map(|on| {
+                evaluate_policy(
+                    env.spec,
+                    &state.model.params,
+                    &state.model.buffers,
+                    on,
+                    &policy,
+                    &state.cpn,
+                )
+            })
+            .collect()
     }
 
     fn eval_point(&self) -> EvalPoint {

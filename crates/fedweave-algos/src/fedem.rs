@@ -325,35 +325,49 @@ impl Algorithm for FedEm {
         state.components[best].view()
     }
 
-    fn evaluate(&self, env: &Env, state: &FedEmClient, _: &LocalData, on: &LocalData) -> EvalStats {
-        let outs: Vec<_> = state
-            .components
-            .iter()
-            .map(|c| predict(env.spec, &c.params, &c.buffers, on))
-            .collect();
-        let classes = env.spec.num_classes();
-        let mut stats = EvalStats::default();
-        for k in 0..on.len() {
-            let mut p = vec![0.0f64; classes];
-            for (out, w) in outs.iter().zip(&state.pi) {
-                let row = out.output(k);
-                let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-                let e: Vec<f64> = row.iter().map(|&z| (z as f64 - top).exp()).collect();
-                let s: f64 = e.iter().sum();
-                for (pc, ec) in p.iter_mut().zip(&e) {
-                    *pc += w * ec / s;
-                }
-            }
-            let y = on.label(k) as usize;
-            let lp = p[y].ln();
-            stats.loss_sum += if lp.is_finite() { -lp } else { 1e4 };
-            stats.loss_terms += 1;
-            let best = (0..classes).fold(0, |b, c| if p[c] > p[b] { c } else { b });
-            stats.correct += usize::from(best == y);
-            stats.total += 1;
-        }
-        stats
+    fn evaluate(
+        &self,
+        env: &Env,
+        state: &FedEmClient,
+        _: &LocalData,
+        sets: &[&LocalData],
+    ) -> Vec<EvalStats> {
+        sets.iter()
+            .map(|on| score_mixture(env, state, on))
+            .collect()
     }
+}
+
+/// Accuracy and cross-entropy of the π-weighted mixture of the components'
+/// softmax outputs on `on`.
+fn score_mixture(env: &Env, state: &FedEmClient, on: &LocalData) -> EvalStats {
+    let outs: Vec<_> = state
+        .components
+        .iter()
+        .map(|c| predict(env.spec, &c.params, &c.buffers, on))
+        .collect();
+    let classes = env.spec.num_classes();
+    let mut stats = EvalStats::default();
+    for k in 0..on.len() {
+        let mut p = vec![0.0f64; classes];
+        for (out, w) in outs.iter().zip(&state.pi) {
+            let row = out.output(k);
+            let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let e: Vec<f64> = row.iter().map(|&z| (z as f64 - top).exp()).collect();
+            let s: f64 = e.iter().sum();
+            for (pc, ec) in p.iter_mut().zip(&e) {
+                *pc += w * ec / s;
+            }
+        }
+        let y = on.label(k) as usize;
+        let lp = p[y].ln();
+        stats.loss_sum += if lp.is_finite() { -lp } else { 1e4 };
+        stats.loss_terms += 1;
+        let best = (0..classes).fold(0, |b, c| if p[c] > p[b] { c } else { b });
+        stats.correct += usize::from(best == y);
+        stats.total += 1;
+    }
+    stats
 }
 
 #[cfg(test)]
@@ -458,7 +472,7 @@ mod tests {
         let data = tiny.cx(0, 1).data.train;
         // π = (1, 0): the mixture is component 0 exactly.
         state.pi = vec![1.0, 0.0];
-        let mixed = fedem.evaluate(&env, &state, &data, &data);
+        let mixed = fedem.evaluate(&env, &state, &data, &[&data]).remove(0);
         let alone = fedweave_nn::evaluate(
             env.spec,
             &state.components[0].params,

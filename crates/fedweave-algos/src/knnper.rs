@@ -127,9 +127,15 @@ impl Datastore<'_> {
             })
             .collect();
         let k = k.min(n);
-        // Nearest first; equal distances keep sample order.
-        dist.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        let nearest = &dist[..k];
+        // The k nearest, nearest first; equal distances keep sample order
+        // (a total order, so selecting then sorting the k equals sorting all).
+        let order = |a: &(f64, usize), b: &(f64, usize)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
+        if k < n {
+            dist.select_nth_unstable_by(k - 1, order);
+        }
+        dist.truncate(k);
+        dist.sort_by(order);
+        let nearest = &dist;
         let d_min = nearest[0].0;
         let width = self.dim.max(1) as f64 * scale;
         let mut total = 0.0;
@@ -254,7 +260,14 @@ impl Algorithm for KnnPer {
         model.view()
     }
 
-    fn evaluate(&self, env: &Env, model: &Model, train: &LocalData, on: &LocalData) -> EvalStats {
+    /// The datastore is built once and scores every set.
+    fn evaluate(
+        &self,
+        env: &Env,
+        model: &Model,
+        train: &LocalData,
+        sets: &[&LocalData],
+    ) -> Vec<EvalStats> {
         let features = |d: &LocalData| predict(env.spec, &model.params, &model.buffers, d);
         let store = features(train);
         let labels = labels_of(train);
@@ -263,7 +276,9 @@ impl Algorithm for KnnPer {
             labels: &labels,
             dim: store.feature_len,
         };
-        score(&store, &features(on), &labels_of(on), &self.params)
+        sets.iter()
+            .map(|on| score(&store, &features(on), &labels_of(on), &self.params))
+            .collect()
     }
 
     fn eval_point(&self) -> EvalPoint {

@@ -2,7 +2,7 @@
 //! padded by 4 pixels on every side, then a horizontal flip with
 //! probability ½ — torchvision's `RandomCrop(32, padding=4)` and
 //! `RandomHorizontalFlip()`, which pFedGraph's code applies (SFL's pads by
-//! reflection). Applied to training mini-batches only, never to validation
+//! reflection and then blanks a random 8×8 square: Cutout). Applied to training mini-batches only, never to validation
 //! or test data. The draws of a batch come from a stream keyed by the
 //! client's batch stream (seed, round, client) and the batch's index, so
 //! they do not depend on the thread count.
@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 
 /// Pixels of padding on every side before the crop.
 pub const CROP_PADDING: usize = 4;
+
+/// Side of Cutout's square.
+pub const CUTOUT: usize = 8;
 
 /// Which augmentation training batches get (`[train] augment`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,6 +30,12 @@ pub enum Augment {
     /// Crop of the reflection-padded image (SFL's code), then a random
     /// horizontal flip. Needs images of at least 5×5.
     CropFlipReflect,
+    /// SFL's whole training transform (`Crop`, `FlipLR`, `Cutout(8, 8)` in
+    /// the authors' `data_util.py`): `CropFlipReflect`, then an 8×8 square
+    /// set to 0 (the mean colour, features being normalised) whose top-left
+    /// corner is uniform over the positions that keep it inside the image.
+    /// Needs images of at least 8×8.
+    CropFlipReflectCutout,
 }
 
 impl Augment {
@@ -41,17 +50,32 @@ impl Augment {
                 "crops and flips need C×H×W images, the input is {shape:?}"
             ));
         };
-        if self == Augment::CropFlipReflect && (h <= CROP_PADDING || w <= CROP_PADDING) {
+        if self.reflects() && (h <= CROP_PADDING || w <= CROP_PADDING) {
             return Err(format!(
                 "reflection padding by {CROP_PADDING} needs images larger than {CROP_PADDING}×{CROP_PADDING}, got {h}×{w}"
+            ));
+        }
+        if self == Augment::CropFlipReflectCutout && (h < CUTOUT || w < CUTOUT) {
+            return Err(format!(
+                "Cutout's {CUTOUT}×{CUTOUT} square needs images of at least {CUTOUT}×{CUTOUT}, got {h}×{w}"
             ));
         }
         Ok(())
     }
 
+    /// Whether the crop pads by reflection (SFL) rather than with zeros.
+    fn reflects(self) -> bool {
+        matches!(
+            self,
+            Augment::CropFlipReflect | Augment::CropFlipReflectCutout
+        )
+    }
+
     /// Augments every `[C, H, W]` image of the row-major batch `x` in place,
     /// drawing per image the crop's top-left corner in the padded image
-    /// (row, then column, each uniform in 0..=8) and then the flip.
+    /// (row, then column, each uniform in 0..=8), then the flip, then (with
+    /// Cutout) the square's top-left corner (row in 0..=H−8, then column in
+    /// 0..=W−8).
     pub(crate) fn apply(self, shape: [usize; 3], x: &mut [f32], rng: &mut impl Rng) {
         if self == Augment::None {
             return;
@@ -64,6 +88,11 @@ impl Augment {
             let flip = rng.random_bool(0.5);
             src.copy_from_slice(image);
             self.crop_flip(&src, image, shape, (dy, dx), flip);
+            if self == Augment::CropFlipReflectCutout {
+                let y0 = rng.random_range(0..=shape[1] - CUTOUT);
+                let x0 = rng.random_range(0..=shape[2] - CUTOUT);
+                cut_out(image, shape, (y0, x0));
+            }
         }
     }
 
@@ -77,7 +106,7 @@ impl Augment {
         (dy, dx): (usize, usize),
         flip: bool,
     ) {
-        let reflect = self == Augment::CropFlipReflect;
+        let reflect = self.reflects();
         // The source index of padded coordinate `p` along a side of `n`.
         let source = |p: usize, n: usize| -> Option<usize> {
             let i = p as isize - CROP_PADDING as isize;
@@ -101,6 +130,17 @@ impl Augment {
                     };
                 }
             }
+        }
+    }
+}
+
+/// Sets to 0 the `CUTOUT`×`CUTOUT` square of every channel of `image`
+/// whose top-left corner is `(y0, x0)`.
+fn cut_out(image: &mut [f32], [c, h, w]: [usize; 3], (y0, x0): (usize, usize)) {
+    for ch in 0..c {
+        for i in y0..y0 + CUTOUT {
+            let row = (ch * h + i) * w;
+            image[row + x0..row + x0 + CUTOUT].fill(0.0);
         }
     }
 }
@@ -186,5 +226,42 @@ mod tests {
         assert!(Augment::CropFlip.check(&[1, 4, 4]).is_ok());
         assert!(Augment::CropFlipReflect.check(&[1, 4, 4]).is_err());
         assert!(Augment::CropFlipReflect.check(&[3, 32, 32]).is_ok());
+        let small = Augment::CropFlipReflectCutout
+            .check(&[1, 7, 9])
+            .unwrap_err();
+        assert!(small.contains("8×8") && small.contains("7×9"), "{small}");
+        assert!(Augment::CropFlipReflectCutout.check(&[1, 8, 8]).is_ok());
+    }
+
+    /// A 1×12×12 image of ones: Cutout leaves exactly one 8×8 square of
+    /// zeros, inside the image, in every image of a batch; the reflected
+    /// crop of a constant image is the image itself, so nothing else moves.
+    #[test]
+    fn cutout_blanks_one_square_inside_the_image() {
+        let n = 200;
+        let mut x = vec![1.0f32; n * 144];
+        let mut rng = fedweave_core::rng_stream(3, 1, 0, fedweave_core::Purpose::Augment);
+        Augment::CropFlipReflectCutout.apply([1, 12, 12], &mut x, &mut rng);
+        let mut corners = std::collections::BTreeSet::new();
+        for img in x.chunks_exact(144) {
+            let zeros: Vec<(usize, usize)> = (0..144)
+                .filter(|&k| img[k] == 0.0)
+                .map(|k| (k / 12, k % 12))
+                .collect();
+            assert_eq!(zeros.len(), 64);
+            let (y0, x0) = zeros[0];
+            assert!(y0 <= 4 && x0 <= 4, "corner ({y0}, {x0})");
+            for (k, &(i, j)) in zeros.iter().enumerate() {
+                assert_eq!((i, j), (y0 + k / 8, x0 + k % 8));
+            }
+            assert!(img.iter().all(|&v| v == 0.0 || v == 1.0));
+            corners.insert((y0, x0));
+        }
+        // All 5·5 corners are drawn, the extreme ones included.
+        assert_eq!(corners.len(), 25);
+        // Two channels get the same square.
+        let mut two = vec![1.0f32; 2 * 144];
+        Augment::CropFlipReflectCutout.apply([2, 12, 12], &mut two, &mut rng);
+        assert_eq!(two[..144], two[144..]);
     }
 }

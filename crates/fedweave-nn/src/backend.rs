@@ -8,7 +8,11 @@
 //! error before any work starts.
 //!
 //! Reproducibility: on the CPU results are bit-identical at any thread
-//! count. On a GPU the kernels' reduction order is the backend's (autotuned
+//! count, and across machines of the same SIMD level: burn-flex's
+//! vectorised kernels pick their width when they run (see
+//! [`cpu_uses_avx512`]), and 16-lane reductions sum in another order than
+//! 8-lane ones, so the batch-norm model's numbers differ in the last bits
+//! between an AVX2 and an AVX-512 CPU. On a GPU the kernels' reduction order is the backend's (autotuned
 //! matrix products, atomics in some reductions), so runs agree to
 //! floating-point tolerance, not bit for bit; nothing here has been measured
 //! on a GPU yet.
@@ -85,6 +89,25 @@ impl Backend {
                 backend: self.name(),
             }),
         }
+    }
+}
+
+/// Whether burn-flex's CPU kernels run at AVX-512 width on this machine
+/// (macerator's x86-64-v4 level: AVX-512 F, BW, CD, DQ and VL). Results are
+/// bit-reproducible between machines that agree on this; between machines
+/// that do not, f32 reductions (batch-norm statistics) round differently.
+pub fn cpu_uses_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512cd")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 

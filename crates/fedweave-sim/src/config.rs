@@ -371,7 +371,8 @@ pub struct TrainSection {
     /// L2 weight decay.
     pub weight_decay: f32,
     /// Augmentation of training mini-batches (`crop_flip`: CIFAR-style
-    /// random crop with 4-pixel padding and horizontal flip).
+    /// random crop with 4-pixel padding and horizontal flip;
+    /// `crop_flip_reflect[_cutout]`: SFL's, see [`Augment`]).
     pub augment: Augment,
 }
 

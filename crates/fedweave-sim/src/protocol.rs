@@ -8,7 +8,7 @@ use crate::config::SelectionRule;
 use crate::setup::Setup;
 use fedweave_algos::{Algorithm, ClientData, Env};
 use fedweave_core::vecmath::{mean, std_dev};
-use fedweave_nn::LocalData;
+use fedweave_nn::{EvalStats, LocalData};
 use fedweave_records::{PROTOCOL, RoundRecord, Summary};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -127,8 +127,10 @@ pub(crate) fn score_client<A: Algorithm>(
     data: &ClientData,
     test_data: &LocalData,
 ) -> Score {
-    let val = algo.evaluate(env, state, &data.train, &data.val);
-    let t = algo.evaluate(env, state, &data.train, test_data);
+    let [val, t]: [EvalStats; 2] = algo
+        .evaluate(env, state, &data.train, &[&data.val, test_data])
+        .try_into()
+        .expect("`Algorithm::evaluate` returns one score per set");
     let test = TestMetrics {
         acc: t.accuracy(),
         mae: t.mae(),

@@ -34,7 +34,7 @@ impl Data {
 }
 
 /// Largest |a − b| relative to the largest |b|.
-fn rel_max_diff(a: &[f32], b: &[f32]) -> f64 {
+pub(crate) fn rel_max_diff(a: &[f32], b: &[f32]) -> f64 {
     let scale = b.iter().fold(0.0f64, |m, x| m.max(f64::from(x.abs())));
     let diff = a
         .iter()
@@ -44,16 +44,20 @@ fn rel_max_diff(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// Trains `sizes.len()` clients (different data, different initial models)
-/// one at a time and batched; returns the worst relative difference of
-/// parameters and of buffers, and how far training moved the parameters.
-fn compare(
+/// one at a time and batched, both on `device`; returns the worst relative
+/// difference of parameters and of buffers, and how far training moved the
+/// parameters.
+pub(crate) fn compare_on(
+    device: &Device,
     kind: ModelKind,
     shape: &[usize],
     sizes: &[usize],
     cfg: &TrainConfig,
 ) -> (f64, f64, f64) {
     let classes = 4;
-    let spec = ModelSpec::new(kind, shape, classes).unwrap();
+    let spec = ModelSpec::new(kind, shape, classes)
+        .unwrap()
+        .on(device.clone());
     let data: Vec<Data> = sizes
         .iter()
         .enumerate()
@@ -96,7 +100,7 @@ fn compare(
             rng,
         })
         .collect();
-    let stats = train_local_batched(&spec, &Device::flex(), &mut clients, cfg).unwrap();
+    let stats = train_local_batched(&spec, device, &mut clients, cfg).unwrap();
     drop(clients);
 
     let (mut dp, mut db, mut moved) = (0.0f64, 0.0f64, f64::INFINITY);
@@ -124,7 +128,17 @@ fn compare(
     (dp, db, moved)
 }
 
-fn epochs_cfg() -> TrainConfig {
+/// [`compare_on`] on the CPU.
+fn compare(
+    kind: ModelKind,
+    shape: &[usize],
+    sizes: &[usize],
+    cfg: &TrainConfig,
+) -> (f64, f64, f64) {
+    compare_on(&Device::flex(), kind, shape, sizes, cfg)
+}
+
+pub(crate) fn epochs_cfg() -> TrainConfig {
     TrainConfig {
         lr: 0.05,
         momentum: 0.9,

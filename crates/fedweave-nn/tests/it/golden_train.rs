@@ -11,6 +11,12 @@
 //! few values) and the mean loss with `tests/golden/train_local.txt`, which
 //! was recorded with the original flat-vector trainer.
 //!
+//! The file was recorded on an x86-64-v3 CPU (AVX2). On an AVX-512 CPU
+//! burn-flex's reductions sum in 16 lanes ([`fedweave_nn::cpu_uses_avx512`]),
+//! which moves the batch-norm model's bits; there, and only there, the
+//! `cnn-bn` lines are compared by their values (loss and sampled floats to
+//! [`AVX512_TOL`]) instead of their hashes. Every other model stays exact.
+//!
 //! Re-record (only for an intended change of the numbers):
 //! `FEDWEAVE_BLESS=1 cargo test -p fedweave-nn --test golden_train`.
 
@@ -239,6 +245,38 @@ fn run_case(name: &str, spec: &ModelSpec, data: &Owned, out: &mut String) {
     describe(out, &tag, "buffers", &buffers);
 }
 
+/// Tolerance of `cnn-bn`'s values on AVX-512 (relative, plus an absolute
+/// 1e-6 for values near zero): batch-norm running means summed in another
+/// order differ by up to 1.1e-5 relative after five steps.
+const AVX512_TOL: f64 = 1e-4;
+
+/// Whether two lines of the golden file name the same things with equal
+/// integers and floats within [`AVX512_TOL`], ignoring the `fnv=` and
+/// `bits=` hashes.
+fn values_close(want: &str, got: &str) -> bool {
+    let fields = |line: &str| -> Vec<String> {
+        line.split([' ', ',', '[', ']', '='])
+            .filter(|f| !f.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let (w, g) = (fields(want), fields(got));
+    let hashes = |f: &[String], i: usize| i > 0 && matches!(f[i - 1].as_str(), "fnv" | "bits");
+    w.len() == g.len()
+        && (0..w.len()).all(|i| {
+            if hashes(&w, i) {
+                return true;
+            }
+            if let (Ok(a), Ok(b)) = (w[i].parse::<i64>(), g[i].parse::<i64>()) {
+                return a == b;
+            }
+            match (w[i].parse::<f64>(), g[i].parse::<f64>()) {
+                (Ok(a), Ok(b)) => (a - b).abs() <= AVX512_TOL * a.abs().max(b.abs()) + 1e-6,
+                _ => w[i] == g[i],
+            }
+        })
+}
+
 #[test]
 fn train_local_matches_the_recorded_bits() {
     let mut out = String::new();
@@ -258,10 +296,11 @@ fn train_local_matches_the_recorded_bits() {
         return;
     }
     let want = std::fs::read_to_string(GOLDEN).expect("golden file (FEDWEAVE_BLESS=1 records it)");
+    let avx512 = fedweave_nn::cpu_uses_avx512();
     let diff: Vec<String> = want
         .lines()
         .zip(out.lines())
-        .filter(|(w, g)| w != g)
+        .filter(|(w, g)| w != g && !(avx512 && w.starts_with("cnn-bn/") && values_close(w, g)))
         .map(|(w, g)| format!("want {w}\n got {g}"))
         .collect();
     assert!(

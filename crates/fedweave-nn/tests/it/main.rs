@@ -3,5 +3,7 @@
 mod batched;
 mod conditional;
 mod golden_train;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod gpu;
 mod objective;
 mod trainer;
