@@ -68,6 +68,7 @@ fn training_on_the_gpu_ends_where_the_cpu_ends() {
         let (pg, bg, lg) = run(&on_gpu);
         assert!(rel_max_diff(&pc, &init) > 1e-3, "{kind:?}: training moved");
         let dp = rel_max_diff(&pg, &pc);
+        eprintln!("{kind:?}: GPU vs CPU parameters {dp:e}, loss {lg} vs {lc}");
         assert!(dp < 1e-4, "{kind:?}: parameters differ by {dp:e}");
         assert!(rel_max_diff(&bg, &bc) < 1e-4, "{kind:?}: buffers");
         assert!(
@@ -87,6 +88,9 @@ fn batched_training_on_the_gpu_matches_one_client_at_a_time() {
         (ModelKind::ResNet8, vec![3, 32, 32]),
     ] {
         let (dp, db, moved) = compare_on(&device, kind, &shape, &[20, 13, 8, 0], &epochs_cfg());
+        eprintln!(
+            "{kind:?}: batched vs one at a time on the GPU: parameters {dp:e}, buffers {db:e}"
+        );
         assert!(moved > 1e-3, "{kind:?}: training moved ({moved})");
         assert!(dp < 1e-4, "{kind:?}: parameters differ by {dp:e}");
         assert!(db < 1e-4, "{kind:?}: buffers differ by {db:e}");
@@ -132,6 +136,7 @@ fn the_proximal_term_on_the_gpu_trains_as_on_the_host() {
     let (host, dev) = (run(&Device::flex()), run(&device));
     assert!(rel_max_diff(&host, &init) > 1e-3);
     let d = rel_max_diff(&dev, &host);
+    eprintln!("proximal term, GPU tensor form vs CPU host form: {d:e}");
     assert!(d < 1e-4, "the GPU's tensor-form term differs by {d:e}");
 }
 
@@ -141,11 +146,13 @@ fn server_kernels_run_on_the_gpu_or_are_refused_for_lack_of_f64() {
     let offload = match BurnOffload::new(backend) {
         Ok(o) => o,
         Err(NnError::NoF64 { backend: name }) => {
+            eprintln!("{name} has no f64: server kernels stay on the host");
             assert_eq!(name, backend.name());
             return;
         }
         Err(e) => panic!("{e}"),
     };
+    eprintln!("server kernels on the {} device", backend.name());
     let kernels = Kernels::offloaded(Arc::new(offload), 0.0);
     let host = Kernels::cpu();
     let d = 40_000;
