@@ -48,6 +48,7 @@ use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, ParamError,
     RoundOutcome, Trained,
 };
+use fedweave_core::pairwise::{Kernels, View};
 use fedweave_core::vecmath::sq_dist;
 use fedweave_nn::{EvalStats, LocalData, Predictions, predict};
 use serde::{Deserialize, Serialize};
@@ -115,17 +116,26 @@ impl Datastore<'_> {
     /// (fewer if the store is smaller) vote with weights
     /// exp(−(d_j − d_min)/(D·σ)). An empty store gives all zeros.
     pub fn vote(&self, query: &[f32], k: usize, scale: f64, classes: usize) -> Vec<f64> {
+        let dist: Vec<f64> = (0..self.labels.len())
+            .map(|j| sq_dist(self.row(j), query))
+            .collect();
+        self.vote_at(&dist, k, scale, classes)
+    }
+
+    /// Stored sample `j`'s features.
+    fn row(&self, j: usize) -> &[f32] {
+        &self.features[j * self.dim..(j + 1) * self.dim]
+    }
+
+    /// [`Datastore::vote`] for a query whose squared distance to stored
+    /// sample j is `dist[j]`.
+    fn vote_at(&self, dist: &[f64], k: usize, scale: f64, classes: usize) -> Vec<f64> {
         let mut p = vec![0.0; classes];
         let n = self.labels.len();
         if n == 0 {
             return p;
         }
-        let mut dist: Vec<(f64, usize)> = (0..n)
-            .map(|j| {
-                let row = &self.features[j * self.dim..(j + 1) * self.dim];
-                (sq_dist(row, query), j)
-            })
-            .collect();
+        let mut dist: Vec<(f64, usize)> = dist.iter().copied().zip(0..n).collect();
         let k = k.min(n);
         // The k nearest, nearest first; equal distances keep sample order
         // (a total order, so selecting then sorting the k equals sorting all).
@@ -135,11 +145,10 @@ impl Datastore<'_> {
         }
         dist.truncate(k);
         dist.sort_by(order);
-        let nearest = &dist;
-        let d_min = nearest[0].0;
+        let d_min = dist[0].0;
         let width = self.dim.max(1) as f64 * scale;
         let mut total = 0.0;
-        for &(d, j) in nearest {
+        for &(d, j) in &dist {
             let w = (-(d - d_min) / width).exp();
             if let Some(slot) = p.get_mut(self.labels[j] as usize) {
                 *slot += w;
@@ -168,29 +177,43 @@ pub fn interpolate(p_knn: &[f64], logits: &[f32], lambda: f64) -> Vec<f64> {
         .collect()
 }
 
+/// Queries whose distances to the store one Gram product computes (bounds
+/// the distance block to 256·n f64).
+const QUERY_BLOCK: usize = 256;
+
 /// Accuracy and cross-entropy of the interpolated prediction for every
-/// query in `queries` (labels `labels`) against `store`.
+/// query in `queries` (labels `labels`) against `store`. The distances are
+/// blocked Gram products on `kernels` (each within
+/// [`fedweave_core::pairwise::SQ_DIST_REL_TOL`] of the exact value).
 pub fn score(
     store: &Datastore,
     queries: &Predictions,
     labels: &[u32],
     params: &KnnPerParams,
+    kernels: &Kernels,
 ) -> EvalStats {
     let mut stats = EvalStats::default();
-    for (q, &y) in labels.iter().enumerate() {
-        let p_knn = store.vote(queries.feature(q), params.k, params.scale, queries.outputs);
-        let p = interpolate(&p_knn, queries.output(q), params.lambda);
-        let lp = p.get(y as usize).map_or(f64::NEG_INFINITY, |v| v.ln());
-        stats.loss_sum += if lp.is_finite() { -lp } else { 1e4 };
-        stats.loss_terms += 1;
-        let mut best = 0;
-        for c in 1..p.len() {
-            if p[c] > p[best] {
-                best = c;
+    let stored: Vec<&[f32]> = (0..store.labels.len()).map(|j| store.row(j)).collect();
+    for start in (0..labels.len()).step_by(QUERY_BLOCK) {
+        let block = start..(start + QUERY_BLOCK).min(labels.len());
+        let asked: Vec<&[f32]> = block.clone().map(|q| queries.feature(q)).collect();
+        let dist = kernels.sq_dist_matrix(&asked, &stored, &View::all());
+        for (r, q) in block.enumerate() {
+            let y = labels[q];
+            let p_knn = store.vote_at(dist.row(r), params.k, params.scale, queries.outputs);
+            let p = interpolate(&p_knn, queries.output(q), params.lambda);
+            let lp = p.get(y as usize).map_or(f64::NEG_INFINITY, |v| v.ln());
+            stats.loss_sum += if lp.is_finite() { -lp } else { 1e4 };
+            stats.loss_terms += 1;
+            let mut best = 0;
+            for c in 1..p.len() {
+                if p[c] > p[best] {
+                    best = c;
+                }
             }
+            stats.correct += usize::from(best == y as usize);
+            stats.total += 1;
         }
-        stats.correct += usize::from(best == y as usize);
-        stats.total += 1;
     }
     stats
 }
@@ -277,7 +300,15 @@ impl Algorithm for KnnPer {
             dim: store.feature_len,
         };
         sets.iter()
-            .map(|on| score(&store, &features(on), &labels_of(on), &self.params))
+            .map(|on| {
+                score(
+                    &store,
+                    &features(on),
+                    &labels_of(on),
+                    &self.params,
+                    env.kernels,
+                )
+            })
             .collect()
     }
 
@@ -352,7 +383,7 @@ mod tests {
             k: 1,
             ..Default::default()
         };
-        let s = score(&store(), &queries, &[0, 0], &params);
+        let s = score(&store(), &queries, &[0, 0], &params, Kernels::cpu());
         // Query A: kNN says 0 → p_0 = 0.5 + 0.5·pm0 (correct); query C: kNN
         // says 1 → p_0 = 0.5·pm0 (wrong).
         assert_eq!((s.correct, s.total, s.loss_terms), (1, 2, 2));
@@ -363,7 +394,57 @@ mod tests {
             lambda: 0.0,
             ..params
         };
-        assert_eq!(score(&store(), &queries, &[0, 0], &model_only).correct, 0);
+        assert_eq!(
+            score(&store(), &queries, &[0, 0], &model_only, Kernels::cpu()).correct,
+            0
+        );
+    }
+
+    /// 300 queries (two blocks) against 50 stored points: the Gram
+    /// distances give the exact distances' votes.
+    #[test]
+    fn blocked_distances_vote_as_the_exact_ones() {
+        use rand::Rng;
+        let mut rng = fedweave_core::rng_stream(8, 0, 0, fedweave_core::Purpose::Dataset);
+        let (n, q, dim, classes) = (50, 300, 5, 4);
+        let mut draw =
+            |len: usize| -> Vec<f32> { (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect() };
+        let features = draw(n * dim);
+        let labels: Vec<u32> = (0..n as u32).map(|j| j % classes as u32).collect();
+        let store = Datastore {
+            features: &features,
+            labels: &labels,
+            dim,
+        };
+        let queries = Predictions {
+            features: draw(q * dim),
+            logits: draw(q * classes),
+            feature_len: dim,
+            outputs: classes,
+        };
+        let asked: Vec<u32> = (0..q as u32).map(|i| (i * 7) % classes as u32).collect();
+        let params = KnnPerParams {
+            k: 5,
+            scale: 0.05,
+            ..Default::default()
+        };
+        let got = score(&store, &queries, &asked, &params, Kernels::cpu());
+        let mut want = EvalStats::default();
+        for (i, &y) in asked.iter().enumerate() {
+            let p_knn = store.vote(queries.feature(i), params.k, params.scale, classes);
+            let p = interpolate(&p_knn, queries.output(i), params.lambda);
+            want.loss_sum -= p[y as usize].ln();
+            let best = (0..classes).fold(0, |b, c| if p[c] > p[b] { c } else { b });
+            want.correct += usize::from(best == y as usize);
+        }
+        assert_eq!((got.total, got.loss_terms), (q, q));
+        assert_eq!(got.correct, want.correct);
+        assert!(
+            (got.loss_sum - want.loss_sum).abs() < 1e-9 * want.loss_sum,
+            "{} vs {}",
+            got.loss_sum,
+            want.loss_sum
+        );
     }
 
     #[test]
