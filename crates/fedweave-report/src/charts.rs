@@ -1,5 +1,8 @@
 //! Line and bar charts drawn with `plotters` into SVG strings.
 
+use plotters::chart::MeshStyle;
+use plotters::coord::Shift;
+use plotters::coord::ranged1d::{AsRangedCoord, Ranged};
 use plotters::prelude::*;
 
 use crate::ReportError;
@@ -23,6 +26,37 @@ fn chart_err<E: std::fmt::Display>(chart: &'static str) -> impl Fn(E) -> ReportE
         chart,
         message: e.to_string(),
     }
+}
+
+/// The frame both charts share: margins and label areas around an
+/// `x` × `y` plot on `root`.
+#[allow(clippy::type_complexity)]
+fn frame<'a, 'b, X: AsRangedCoord, Y: AsRangedCoord>(
+    root: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    x: X,
+    y: Y,
+) -> Result<
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<X::CoordDescType, Y::CoordDescType>>,
+    DrawingAreaErrorKind<std::io::Error>,
+> {
+    ChartBuilder::on(root)
+        .margin(14)
+        .margin_right(28)
+        .x_label_area_size(46)
+        .y_label_area_size(64)
+        .build_cartesian_2d(x, y)
+}
+
+/// The grid, axis and label styles both charts share, with seven y labels.
+fn style_mesh<'m, 'a, 'b, X: Ranged, Y: Ranged, DB: DrawingBackend>(
+    mesh: &'m mut MeshStyle<'a, 'b, X, Y, DB>,
+) -> &'m mut MeshStyle<'a, 'b, X, Y, DB> {
+    mesh.y_labels(7)
+        .light_line_style(TRANSPARENT)
+        .bold_line_style(GRID.stroke_width(1))
+        .axis_style(AXIS)
+        .label_style((FONT, 14).into_font().color(&TEXT))
+        .axis_desc_style((FONT, 15).into_font().color(&TEXT))
 }
 
 /// One line of a line chart: `(x, y)` points; `None` leaves a gap.
@@ -147,25 +181,12 @@ impl LineChart<'_> {
         {
             let root = SVGBackend::with_string(&mut svg, self.size).into_drawing_area();
             root.fill(&WHITE).map_err(&err)?;
-            let mut chart = ChartBuilder::on(&root)
-                .margin(14)
-                .margin_right(28)
-                .x_label_area_size(46)
-                .y_label_area_size(64)
-                .build_cartesian_2d(xmin..xmax, ylo..yhi)
-                .map_err(&err)?;
-            chart
-                .configure_mesh()
+            let mut chart = frame(&root, xmin..xmax, ylo..yhi).map_err(&err)?;
+            style_mesh(&mut chart.configure_mesh())
                 .x_desc(self.x_label)
                 .y_desc(self.y_label)
                 .x_labels(12)
-                .y_labels(7)
                 .y_label_formatter(&|v| fmt_y(*v, span, yf))
-                .light_line_style(TRANSPARENT)
-                .bold_line_style(GRID.stroke_width(1))
-                .axis_style(AXIS)
-                .label_style((FONT, 14).into_font().color(&TEXT))
-                .axis_desc_style((FONT, 15).into_font().color(&TEXT))
                 .draw()
                 .map_err(&err)?;
             for s in self.series {
@@ -230,15 +251,8 @@ impl BarChart<'_> {
         {
             let root = SVGBackend::with_string(&mut svg, self.size).into_drawing_area();
             root.fill(&WHITE).map_err(&err)?;
-            let mut chart = ChartBuilder::on(&root)
-                .margin(14)
-                .margin_right(28)
-                .x_label_area_size(46)
-                .y_label_area_size(64)
-                .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), ylo..yhi)
-                .map_err(&err)?;
-            chart
-                .configure_mesh()
+            let mut chart = frame(&root, -0.5f64..(n as f64 - 0.5), ylo..yhi).map_err(&err)?;
+            style_mesh(&mut chart.configure_mesh())
                 .disable_x_mesh()
                 .x_desc("client")
                 .y_desc(self.y_label)
@@ -251,13 +265,7 @@ impl BarChart<'_> {
                         String::new()
                     }
                 })
-                .y_labels(7)
                 .y_label_formatter(&|v| fmt_y(*v, span, yf))
-                .light_line_style(TRANSPARENT)
-                .bold_line_style(GRID.stroke_width(1))
-                .axis_style(AXIS)
-                .label_style((FONT, 14).into_font().color(&TEXT))
-                .axis_desc_style((FONT, 15).into_font().color(&TEXT))
                 .draw()
                 .map_err(&err)?;
             let half = if n > 60 { 0.5 } else { 0.38 };

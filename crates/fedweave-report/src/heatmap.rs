@@ -98,7 +98,36 @@ fn bar_label(v: f64, integer: bool, vmax: f64) -> String {
     }
 }
 
-impl Heatmap<'_> {
+impl<'a> Heatmap<'a> {
+    /// A collaboration graph W with square cells of `cell` pixels: row i is
+    /// recipient i, column j source j, clients in `marked` (the malicious
+    /// ones) flagged on both axes, values printed when `show_values`.
+    pub fn collaboration_graph(
+        matrix: &'a Matrix,
+        vmax: f64,
+        cell: f64,
+        marked: &'a [usize],
+        show_values: bool,
+        label: &'a str,
+    ) -> Self {
+        Heatmap {
+            matrix,
+            vmax,
+            cell_w: cell,
+            cell_h: cell,
+            x_title: "client j (source)",
+            y_title: "client i (recipient)",
+            row_name: "recipient",
+            col_name: "source",
+            mark_rows: marked,
+            mark_cols: marked,
+            integer_values: false,
+            show_values,
+            colorbar: true,
+            label,
+        }
+    }
+
     /// The whole figure as an inline `<svg>` element.
     pub fn to_svg(&self) -> String {
         let m = self.matrix;

@@ -55,23 +55,7 @@ pub fn graph_heatmap_svg(
     let m = input::Matrix::parse_square(graph).map_err(|e| ReportError::invalid("graph", e))?;
     let vmax = m.max_finite().unwrap_or(1.0);
     let cell = (width / m.rows as f64).clamp(2.0, 36.0);
-    Ok(heatmap::Heatmap {
-        matrix: &m,
-        vmax,
-        cell_w: cell,
-        cell_h: cell,
-        x_title: "client j (source)",
-        y_title: "client i (recipient)",
-        row_name: "recipient",
-        col_name: "source",
-        mark_rows: marked,
-        mark_cols: marked,
-        integer_values: false,
-        show_values: m.rows <= 8,
-        colorbar: true,
-        label,
-    }
-    .to_svg())
+    Ok(heatmap::Heatmap::collaboration_graph(&m, vmax, cell, marked, m.rows <= 8, label).to_svg())
 }
 
 /// Reads `run_dir` and writes `run_dir/report.html`; returns its path.

@@ -484,22 +484,14 @@ impl Ctx<'_> {
             let m = f.graph.rows;
             let cell = (560.0 / m as f64).min(90.0);
             let label = format!("Collaboration graph, round {}", f.label);
-            let svg = Heatmap {
-                matrix: &f.graph,
+            let svg = Heatmap::collaboration_graph(
+                &f.graph,
                 vmax,
-                cell_w: cell,
-                cell_h: cell,
-                x_title: "client j (source)",
-                y_title: "client i (recipient)",
-                row_name: "recipient",
-                col_name: "source",
-                mark_rows: &self.malicious,
-                mark_cols: &self.malicious,
-                integer_values: false,
-                show_values: m <= 12,
-                colorbar: true,
-                label: &label,
-            }
+                cell,
+                &self.malicious,
+                m <= 12,
+                &label,
+            )
             .to_svg();
             let hidden = if k == last { "" } else { " hidden" };
             let _ = write!(
@@ -556,23 +548,9 @@ impl Ctx<'_> {
         for (name, m) in &parsed {
             let cell = (240.0 / m.rows as f64).min(44.0);
             let label = format!("Collaboration graph of layer group {name}");
-            let svg = Heatmap {
-                matrix: m,
-                vmax,
-                cell_w: cell,
-                cell_h: cell,
-                x_title: "client j (source)",
-                y_title: "client i (recipient)",
-                row_name: "recipient",
-                col_name: "source",
-                mark_rows: &self.malicious,
-                mark_cols: &self.malicious,
-                integer_values: false,
-                show_values: m.rows <= 12,
-                colorbar: true,
-                label: &label,
-            }
-            .to_svg();
+            let svg =
+                Heatmap::collaboration_graph(m, vmax, cell, &self.malicious, m.rows <= 12, &label)
+                    .to_svg();
             let _ = write!(
                 out,
                 r#"<figure class="layer"><figcaption>{}</figcaption><div class="figure">{svg}</div></figure>"#,
