@@ -228,6 +228,14 @@ pub fn dataset_names() -> &'static [(&'static str, &'static str)] {
             "PeMS08 traffic flow (forecasting) from PEMS08.npz + PEMS08.csv in data.path",
         ),
         (
+            "metr-la",
+            "METR-LA traffic speed (forecasting, 207 sensors) from metr-la.npz in data.path (scripts/traffic_npz.py converts DCRNN's metr-la.h5 + adj_mx.pkl); DCRNN's sensor graph",
+        ),
+        (
+            "pems-bay",
+            "PEMS-BAY traffic speed (forecasting, 325 sensors) from pems-bay.npz in data.path (converted from pems-bay.h5 + adj_mx_bay.pkl); DCRNN's sensor graph",
+        ),
+        (
             "cifar10",
             "CIFAR-10 3x32x32 (50k/10k, 10 classes), binary or python version, in data.path",
         ),
@@ -378,6 +386,18 @@ pub fn load_dataset(cfg: &DataConfig, seed: u64) -> Result<Dataset, DataError> {
                 ));
             };
             forecast::load_pems(&cfg.dataset, dir, cfg)?
+        }
+        "metr-la" | "pems-bay" => {
+            let Some(dir) = cfg.path.as_deref() else {
+                return Err(DataError::config(
+                    "data.path",
+                    format!(
+                        "dataset {} needs data.path: the directory holding {}.npz (made by scripts/traffic_npz.py)",
+                        cfg.dataset, cfg.dataset
+                    ),
+                ));
+            };
+            forecast::load_dcrnn(&cfg.dataset, dir, cfg)?
         }
         "cifar10" | "cifar100" => cifar::load(&cfg.dataset, cfg)?,
         "emnist" => emnist::load(cfg)?,

@@ -10,6 +10,14 @@
 //!   exactly 0 are treated as missing, as the masked metrics of the traffic
 //!   literature do. Graph weights w_ij = exp(−(d_ij/σ)²), σ the standard
 //!   deviation of the listed distances (DCRNN's Gaussian kernel).
+//! - `metr-la` / `pems-bay`: DCRNN's traffic-speed releases (Li et al.,
+//!   ICLR 2018; SFL's traffic setting), converted once from `metr-la.h5` +
+//!   `adj_mx.pkl` (`pems-bay.h5` + `adj_mx_bay.pkl`) by
+//!   `scripts/traffic_npz.py` into `metr-la.npz` (`pems-bay.npz`) with
+//!   `speed` (T, N) and `adjacency` (N, N). Speeds of exactly 0 are missing
+//!   readings (DCRNN's masked metrics). The graph is DCRNN's own directed,
+//!   thresholded Gaussian-kernel matrix: w_ij = `adjacency[i, j]` for i ≠ j,
+//!   zero entries dropped (the diagonal is SFL's `self_loops` setting).
 //!
 //! Samples: the last `input_steps` values predict the next `horizon`. A
 //! station's windows are split chronologically 70/10/20 into training,
@@ -190,6 +198,74 @@ pub(crate) fn load_pems(name: &str, dir: &Path, cfg: &DataConfig) -> Result<Data
         observed,
     };
     windowed(name, &series, graph, cfg)
+}
+
+/// Loads `metr-la` / `pems-bay` from `dir/{name}.npz` (module docs).
+pub(crate) fn load_dcrnn(name: &str, dir: &Path, cfg: &DataConfig) -> Result<Dataset, DataError> {
+    let path = dir.join(format!("{name}.npz"));
+    let bytes = std::fs::read(&path).map_err(|e| not_converted(&path, e, name))?;
+    let mut npz = Npz::new(Cursor::new(bytes), &path.display().to_string())?;
+    let (speed, shape) = read_numeric(&mut npz, "speed")?;
+    let [steps, nodes] = <[usize; 2]>::try_from(shape.as_slice()).map_err(|_| {
+        DataError::format(
+            &path,
+            format!("member speed.npy has shape {shape:?}, expected (T, N)"),
+        )
+    })?;
+    let (adjacency, a_shape) = read_numeric(&mut npz, "adjacency")?;
+    expect_shape(
+        &path.display().to_string(),
+        "adjacency",
+        &a_shape,
+        &[nodes, nodes],
+    )?;
+    if let Some(bad) = adjacency.iter().find(|w| !(w.is_finite() && **w >= 0.0)) {
+        return Err(DataError::format(
+            &path,
+            format!("member adjacency.npy has weight {bad}; weights must be finite and ≥ 0"),
+        ));
+    }
+    let triples = adjacency
+        .chunks_exact(nodes.max(1))
+        .enumerate()
+        .flat_map(|(i, row)| {
+            row.iter()
+                .enumerate()
+                .filter(move |&(j, &w)| j != i && w != 0.0)
+                .map(move |(j, &w)| (i, j, w))
+        });
+    let graph = RelationGraph::from_triples(nodes, triples)
+        .map_err(|e| DataError::format(&path, format!("sensor graph: {e}")))?;
+    let values: Vec<f32> = speed.iter().map(|&v| v as f32).collect();
+    let observed = values.iter().map(|v| v.is_finite() && *v != 0.0).collect();
+    let series = Series {
+        steps,
+        nodes,
+        values,
+        observed,
+    };
+    windowed(name, &series, graph, cfg)
+}
+
+/// A missing converted file: say how to make it.
+fn not_converted(path: &Path, e: std::io::Error, name: &str) -> DataError {
+    if e.kind() != std::io::ErrorKind::NotFound {
+        return DataError::io(path, e);
+    }
+    let (h5, pkl) = if name == "metr-la" {
+        ("metr-la.h5", "adj_mx.pkl")
+    } else {
+        ("pems-bay.h5", "adj_mx_bay.pkl")
+    };
+    DataError::config(
+        "data.path",
+        format!(
+            "{} not found: convert DCRNN's {h5} and {pkl} once with \
+             `python3 scripts/traffic_npz.py {h5} {pkl} {}`",
+            path.display(),
+            path.display()
+        ),
+    )
 }
 
 /// PeMS files store `data` as float64 or float32 depending on the release.
@@ -568,6 +644,98 @@ mod tests {
         // Window 8 of sensor 1 targets t = 20..22: the zero reading is masked.
         assert!(ds.train.targets[c.train[8] * 3].is_nan());
         assert!(!ds.train.targets[c.train[8] * 3 + 1].is_nan());
+    }
+
+    /// An `.npz` of `(name, f64 array, shape)` members, as numpy writes them.
+    fn npz_of(members: &[(&str, &[f64], &[u64])]) -> Vec<u8> {
+        use npyz::WriterBuilder;
+        let mut buf = Cursor::new(Vec::new());
+        {
+            let mut z = zip::ZipWriter::new(&mut buf);
+            for (name, data, shape) in members {
+                let mut npy = Vec::new();
+                let mut w = npyz::WriteOptions::<f64>::new()
+                    .default_dtype()
+                    .shape(shape)
+                    .writer(&mut npy)
+                    .begin_nd()
+                    .unwrap();
+                w.extend(data.iter().copied()).unwrap();
+                w.finish().unwrap();
+                z.start_file(
+                    format!("{name}.npy"),
+                    zip::write::SimpleFileOptions::default(),
+                )
+                .unwrap();
+                std::io::Write::write_all(&mut z, &npy).unwrap();
+            }
+            z.finish().unwrap();
+        }
+        buf.into_inner()
+    }
+
+    #[test]
+    fn metr_la_fixture_keeps_dcrnns_directed_graph() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = DataConfig {
+            dataset: "metr-la".into(),
+            ..DataConfig::default()
+        };
+        let err = load_dcrnn("metr-la", dir.path(), &cfg)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("scripts/traffic_npz.py metr-la.h5 adj_mx.pkl"),
+            "{err}"
+        );
+        // T = 40, N = 3: speed of sensor n at t = 50 + n + t, one 0 reading
+        // (missing) for sensor 2 at t = 20.
+        let (t_len, n) = (40usize, 3usize);
+        let speed: Vec<f64> = (0..t_len)
+            .flat_map(|t| {
+                (0..n).map(move |s| {
+                    if (s, t) == (2, 20) {
+                        0.0
+                    } else {
+                        (50 + s + t) as f64
+                    }
+                })
+            })
+            .collect();
+        // DCRNN's matrix: ones on the diagonal, one road each way with
+        // different weights, one road one way only.
+        let adjacency = [1.0, 0.7, 0.0, 0.2, 1.0, 0.9, 0.0, 0.0, 1.0];
+        let write = |adj: &[f64], shape: &[u64]| {
+            let bytes = npz_of(&[
+                ("speed", &speed, &[t_len as u64, n as u64]),
+                ("adjacency", adj, shape),
+            ]);
+            std::fs::write(dir.path().join("metr-la.npz"), bytes).unwrap();
+        };
+        write(&adjacency, &[3, 3]);
+        let ds = load_dcrnn("metr-la", dir.path(), &cfg).unwrap();
+        let g = ds.relation_graph.as_ref().unwrap();
+        assert_eq!((g.get(0, 1), g.get(1, 0), g.get(1, 2)), (0.7, 0.2, 0.9));
+        assert_eq!((g.get(2, 1), g.get(0, 0), g.get(0, 2)), (0.0, 0.0, 0.0));
+        // 40 − 12 − 3 + 1 = 26 windows: 18 / 2 / 6 per sensor.
+        let c = &ds.natural_clients.as_ref().unwrap()[2];
+        assert_eq!((c.train.len(), c.val.len(), c.test.len()), (18, 2, 6));
+        // Window 8 of sensor 2 targets t = 20..22: the zero speed is masked.
+        assert!(ds.train.targets[c.train[8] * 3].is_nan());
+        assert!(!ds.train.targets[c.train[8] * 3 + 1].is_nan());
+
+        write(&adjacency[..4], &[2, 2]);
+        let err = load_dcrnn("metr-la", dir.path(), &cfg)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("adjacency"), "{err}");
+        let mut negative = adjacency;
+        negative[1] = -0.5;
+        write(&negative, &[3, 3]);
+        let err = load_dcrnn("metr-la", dir.path(), &cfg)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("-0.5") && err.contains("≥ 0"), "{err}");
     }
 
     #[test]

@@ -62,6 +62,8 @@ fn listed_datasets_are_loadable_names() {
             "us-weather",
             "pems04",
             "pems08",
+            "metr-la",
+            "pems-bay",
             "cifar10",
             "cifar100",
             "emnist",
