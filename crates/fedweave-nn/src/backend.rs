@@ -8,14 +8,13 @@
 //! error before any work starts.
 //!
 //! Reproducibility: on the CPU results are bit-identical at any thread
-//! count, and across machines of the same SIMD level: burn-flex's
-//! vectorised kernels pick their width when they run (see
-//! [`cpu_uses_avx512`]), and 16-lane reductions sum in another order than
-//! 8-lane ones, so the batch-norm model's numbers differ in the last bits
-//! between an AVX2 and an AVX-512 CPU. On a GPU the kernels' reduction order is the backend's (autotuned
-//! matrix products, atomics in some reductions), so runs agree to
-//! floating-point tolerance, not bit for bit; nothing here has been measured
-//! on a GPU yet.
+//! count, run to run, and across machines of the same [`CpuKernelClass`]:
+//! burn-flex's kernels choose at run time how they order floating-point
+//! sums (the vector width of its reductions, the depth of gemm's k-blocks),
+//! so machines of another class agree to rounding, not bit for bit. On a
+//! GPU the kernels' reduction order is the backend's (autotuned matrix
+//! products, atomics in some reductions), so runs agree to floating-point
+//! tolerance, not bit for bit.
 
 use crate::NnError;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -92,22 +91,60 @@ impl Backend {
     }
 }
 
-/// Whether burn-flex's CPU kernels run at AVX-512 width on this machine
-/// (macerator's x86-64-v4 level: AVX-512 F, BW, CD, DQ and VL). Results are
-/// bit-reproducible between machines that agree on this; between machines
-/// that do not, f32 reductions (batch-norm statistics) round differently.
-pub fn cpu_uses_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512cd")
-            && std::arch::is_x86_feature_detected!("avx512dq")
-            && std::arch::is_x86_feature_detected!("avx512vl")
+/// What fixes the order of the CPU kernels' floating-point sums on this
+/// machine, and so the last bits of every CPU result: two machines of the
+/// same class give bit-identical runs, machines of different classes agree
+/// to rounding only.
+///
+/// Two choices made at run time decide it (measured: each alone moves the
+/// goldens' bits, nothing else does on x86-64):
+/// - the vector level of burn-flex's element-wise kernels and reductions
+///   (macerator's `Arch`: x86-64-v4 = AVX-512 sums in 16 lanes, v3 = AVX2
+///   in 8);
+/// - the L1 data cache as gemm reads it (size, ways, line): gemm's k-block
+///   depth comes from it (512 terms on a 32 KiB 8-way L1, 1024 on a 48 KiB
+///   12-way one), and a product with more terms than a block is summed in
+///   block-sized partial sums.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuKernelClass {
+    /// `ARCH-LEVEL` of burn-flex's vector kernels, e.g. `x86_64-v4`.
+    pub simd: String,
+    /// L1 data cache size in bytes, as gemm reads it.
+    pub l1d_bytes: usize,
+    /// L1 data cache associativity (ways), as gemm reads it.
+    pub l1d_ways: usize,
+    /// L1 data cache line size in bytes, as gemm reads it.
+    pub l1d_line: usize,
+}
+
+impl CpuKernelClass {
+    /// The class of this machine, read the way the kernels read it.
+    pub fn detect() -> Self {
+        let l1 = gemm_common::cache::CACHE_INFO[0];
+        let level = format!("{:?}", macerator::Arch::detect()).to_lowercase();
+        Self {
+            simd: format!("{}-{level}", std::env::consts::ARCH),
+            l1d_bytes: l1.cache_bytes,
+            l1d_ways: l1.associativity,
+            l1d_line: l1.cache_line_bytes,
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+
+    /// A file-name-safe identifier, e.g. `x86_64-v4-l1d-32k-8w-64b`.
+    pub fn id(&self) -> String {
+        format!(
+            "{}-l1d-{}k-{}w-{}b",
+            self.simd,
+            self.l1d_bytes / 1024,
+            self.l1d_ways,
+            self.l1d_line
+        )
+    }
+}
+
+impl std::fmt::Display for CpuKernelClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.id())
     }
 }
 
@@ -128,6 +165,29 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_kernel_class_names_what_the_kernels_read() {
+        let c = CpuKernelClass::detect();
+        assert!(c.simd.starts_with(std::env::consts::ARCH), "{c}");
+        assert!(
+            c.l1d_bytes >= 1024 && c.l1d_ways >= 1 && c.l1d_line >= 1,
+            "{c:?}"
+        );
+        let id = c.id();
+        assert!(
+            id.chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || ch == '-' || ch == '_'),
+            "{id}"
+        );
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            c.simd.ends_with("-v4"),
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw"),
+            "{c}"
+        );
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub mod trainer;
 
 pub use augment::Augment;
 pub use auxiliary::{AuxObjective, Body};
-pub use backend::{Backend, cpu_uses_avx512};
+pub use backend::{Backend, CpuKernelClass};
 pub use batch::LocalData;
 pub use batched::{BatchedClient, BatchedTrainer, train_local_batched};
 /// The backend device a [`LocalTrainer`] runs on (`Device::flex()`: the CPU

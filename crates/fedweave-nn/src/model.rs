@@ -891,6 +891,66 @@ impl ParamTensor {
 pub(crate) mod tests {
     use super::*;
 
+    /// Checks `spec`'s gradient at its init on one full batch of `data`
+    /// against the loss itself, as a property that holds on any CPU: along
+    /// the unit gradient direction ĝ the loss's slope, measured by central
+    /// differences, must equal ‖g‖ (to 5 %), and the step down must lower
+    /// the loss. The step's norm is chosen so that the first-order change
+    /// is `rel_change` of the loss: large against f32 rounding, small
+    /// against curvature (the differences' error is second order in the
+    /// step). Batch norm normalises with the batch's statistics throughout,
+    /// so the loss is a fixed function of the parameters. Returns
+    /// (slope / ‖g‖, loss, loss after the step down).
+    pub(crate) fn check_gradient(
+        spec: &ModelSpec,
+        data: &crate::LocalData,
+        rel_change: f64,
+    ) -> (f64, f64, f64) {
+        let p = spec.init(&mut fedweave_core::rng_stream(
+            1,
+            0,
+            0,
+            fedweave_core::Purpose::ModelInit,
+        ));
+        let sgd = crate::SgdConfig {
+            momentum: 0.0,
+            weight_decay: 0.0,
+        };
+        let batch: Vec<usize> = (0..data.len()).collect();
+        let mut t = crate::LocalTrainer::new(
+            spec,
+            &crate::Device::flex(),
+            &p,
+            &spec.init_buffers(),
+            sgd,
+            None,
+        );
+        let loss = t.loss_and_grad(data, &batch, &[]);
+        let mut g = vec![0.0f32; p.len()];
+        t.read_grad(&mut g);
+        let norm = g.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>().sqrt();
+        assert!(norm > 0.0 && norm.is_finite(), "gradient norm {norm}");
+        let eps = rel_change * loss / norm;
+        let mut at = |sign: f64| {
+            let q: Vec<f32> = p
+                .iter()
+                .zip(&g)
+                .map(|(&pi, &gi)| (f64::from(pi) + sign * eps * f64::from(gi) / norm) as f32)
+                .collect();
+            t.load_params(&q);
+            (t.loss_and_grad(data, &batch, &[]), q)
+        };
+        let ((up, q_up), (down, q_down)) = (at(1.0), at(-1.0));
+        // The step actually taken along ĝ, after the parameters' f32 rounding.
+        let along: f64 = q_up
+            .iter()
+            .zip(&q_down)
+            .zip(&g)
+            .map(|((&a, &b), &gi)| (f64::from(a) - f64::from(b)) * f64::from(gi) / norm)
+            .sum();
+        ((up - down) / along / norm, loss, down)
+    }
+
     /// Trains `spec` from its init on the samples `(x, y)` (one full batch)
     /// and returns the mean loss of the first step and of `steps` later
     /// steps: a model whose forward and backward are right fits a tiny batch.
@@ -1098,7 +1158,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn feddwa_cnn_loss_decreases() {
+    fn feddwa_cnn_gradient_matches_the_loss() {
         use rand::Rng;
         let spec = ModelSpec::new(ModelKind::CnnDwa, &[3, 32, 32], 2).unwrap();
         let mut rng = fedweave_core::rng_stream(2, 0, 0, fedweave_core::Purpose::Dataset);
@@ -1109,8 +1169,9 @@ pub(crate) mod tests {
             .collect();
         let idx: Vec<usize> = (0..n).collect();
         let data = crate::LocalData::new(&x, &y, &idx);
-        let (first, later) = first_and_later_loss(&spec, &data, 0.01, 6);
-        assert!(later < first, "{first} → {later}");
+        let (slope, loss, down) = check_gradient(&spec, &data, 1e-2);
+        assert!((slope - 1.0).abs() < 0.05, "slope / |g| = {slope}");
+        assert!(down < loss, "{loss} → {down}");
     }
 
     #[test]

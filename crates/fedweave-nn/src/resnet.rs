@@ -300,7 +300,7 @@ impl Walk<'_, '_, '_> {
 
 #[cfg(test)]
 mod tests {
-    use crate::model::tests::first_and_later_loss;
+    use crate::model::tests::check_gradient;
     use crate::{LocalData, ModelKind, ModelSpec};
 
     fn spec(kind: ModelKind, shape: &[usize]) -> ModelSpec {
@@ -395,23 +395,30 @@ mod tests {
         (x, y)
     }
 
+    /// The ResNets' backward (convolutions, batch norm in training mode,
+    /// shortcuts, pools) agrees with their forward: see
+    /// [`check_gradient`]. (A loss that must fall after a few momentum
+    /// steps on two images is luck, not a property: it held on one CPU and
+    /// not on another.)
     #[test]
-    fn resnet8_and_resnet9_fit_a_tiny_batch() {
-        for (kind, lr) in [(ModelKind::ResNet8, 0.05), (ModelKind::ResNet9, 0.02)] {
-            let s = ModelSpec::new(kind, &[3, 16, 16], 2).unwrap();
-            let (x, y) = two_class_images(4, [3, 16, 16]);
-            let idx: Vec<usize> = (0..4).collect();
-            let (first, later) = first_and_later_loss(&s, &LocalData::new(&x, &y, &idx), lr, 5);
-            assert!(later < first, "{kind:?}: {first} → {later}");
+    fn resnet_gradients_match_the_loss() {
+        for (kind, shape, n) in [
+            (ModelKind::ResNet8, [3, 16, 16], 4),
+            (ModelKind::ResNet9, [3, 16, 16], 4),
+            // Four images: with two, ResNet-18's last stage normalises two
+            // 1×1 maps per channel (outputs ±1 whatever the input), the
+            // gradient reaches 4e5 and no finite step resolves the slope.
+            (ModelKind::ResNet18, [3, 32, 32], 4),
+        ] {
+            let s = ModelSpec::new(kind, &shape, 2).unwrap();
+            let (x, y) = two_class_images(n, shape);
+            let idx: Vec<usize> = (0..n).collect();
+            let (slope, loss, down) = check_gradient(&s, &LocalData::new(&x, &y, &idx), 1e-2);
+            assert!(
+                (slope - 1.0).abs() < 0.05,
+                "{kind:?}: slope / |g| = {slope}"
+            );
+            assert!(down < loss, "{kind:?}: {loss} → {down}");
         }
-    }
-
-    #[test]
-    fn resnet18_fits_two_images() {
-        let s = ModelSpec::new(ModelKind::ResNet18, &[3, 32, 32], 2).unwrap();
-        let (x, y) = two_class_images(2, [3, 32, 32]);
-        let idx = [0, 1];
-        let (first, later) = first_and_later_loss(&s, &LocalData::new(&x, &y, &idx), 0.01, 3);
-        assert!(later < first, "{first} → {later}");
     }
 }

@@ -2,6 +2,8 @@
 //! separate link step, and linking dominates CI time and disk.
 mod batched;
 mod conditional;
+#[path = "../support/golden_set.rs"]
+mod golden_set;
 mod golden_train;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu;

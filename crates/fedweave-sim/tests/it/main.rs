@@ -7,6 +7,8 @@ mod dpfl;
 mod eval;
 mod forecasting;
 mod golden;
+#[path = "../../../fedweave-nn/tests/support/golden_set.rs"]
+mod golden_set;
 mod graph_methods;
 mod models;
 mod resume;

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# CI's second look at the numbers that depend on the CPU (README
+# "Determinism"): the golden and gradient tests again, as on other recorded
+# CPU kernel classes than the host's, through scripts/as_cpu.sh:
+# - the host's SIMD level with the other recorded L1 data cache (native speed);
+# - on an AVX-512 host, the AVX2 level under qemu-user (local-training golden
+#   and gradient checks only: the engine goldens take ~25 min under qemu).
+# Reuses `cargo test --workspace`'s build (same features, no rebuild). Needs
+# root for the mount namespace; says so and skips where it has none.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! unshare -m true 2>/dev/null; then
+  echo "second_class_tests: no mount namespace here (needs root); skipped" >&2
+  exit 0
+fi
+level=x86-64-v4   # macerator's v4: AVX-512 F, BW, CD, DQ and VL
+for f in avx512f avx512bw avx512cd avx512dq avx512vl; do
+  grep -qw "$f" /proc/cpuinfo || level=x86-64-v3
+done
+l1=$(cat /sys/devices/system/cpu/cpu0/cache/index0/size)
+if [ "$l1" = 32K ]; then other=(48K 12); else other=(32K 8); fi
+echo "== $level with a ${other[0]} ${other[1]}-way L1d"
+scripts/as_cpu.sh "$level" "${other[@]}" -- cargo test --workspace -- golden gradient
+if [ "$level" = x86-64-v4 ]; then
+  echo "== x86-64-v3 (qemu) with a 32K 8-way L1d"
+  scripts/as_cpu.sh x86-64-v3 32K 8 -- cargo test --workspace -- golden_train gradient
+fi
