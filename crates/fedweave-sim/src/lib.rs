@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod checks;
 pub mod config;
 mod engine;
 pub mod packed;

@@ -11,6 +11,7 @@
 //! scored every round on its current personalised model, like everyone.
 
 use crate::ExperimentConfig;
+use crate::checks::{check_loss, check_origin, check_score};
 use crate::config::EvalWhen;
 use crate::peer::{SharedMemoryNet, exchange};
 use crate::protocol::{Facts, Score, Trackers, evaluate_clients, fill_means, participant_accuracy};
@@ -136,20 +137,27 @@ pub struct Screened<U> {
     pub bytes_up: u64,
 }
 
-/// Server side: checks every upload (shape, finiteness: a bad one is
-/// rejected and its client sits the round out) and, for server methods
-/// with an `[aggregator]` defence, runs it. `uploads` ascend by client.
+/// Server side: checks every upload with the shared checks of
+/// [`crate::checks`] — only from a participant, once; a finite training
+/// loss; the algorithm's own check (shape, finiteness); a sound origin
+/// where norm clipping needs one — (a bad one is rejected and its client
+/// sits the round out) and, for server methods with an `[aggregator]`
+/// defence, runs it. `participants` are the round's (sorted).
 pub fn screen<A: Algorithm>(
     algo: &A,
     env: &Env,
     cfg: &ExperimentConfig,
     round: usize,
-    uploads: Vec<Upload<A::Up>>,
+    participants: &[usize],
+    mut uploads: Vec<Upload<A::Up>>,
 ) -> Screened<A::Up> {
     let mut rejected = Vec::new();
     let mut sound = Vec::with_capacity(uploads.len());
     let mut starts = Vec::with_capacity(uploads.len());
     let mut losses = Vec::with_capacity(uploads.len());
+    uploads.sort_by_key(|u| u.client);
+    let want_origin = wants_origins(cfg);
+    let mut last = None;
     for Upload {
         client: i,
         up,
@@ -157,7 +165,17 @@ pub fn screen<A: Algorithm>(
         origin,
     } in uploads
     {
-        match algo.check_upload(env, &up) {
+        let verdict = if participants.binary_search(&i).is_err() {
+            Err("the client was not asked to train".to_string())
+        } else if last == Some(i) {
+            Err("a second upload in one round".to_string())
+        } else {
+            check_loss(loss)
+                .and_then(|()| algo.check_upload(env, &up))
+                .and_then(|()| check_origin(&up, origin.as_deref(), want_origin, env.init.len()))
+        };
+        last = Some(i);
+        match verdict {
             Ok(()) => {
                 sound.push((i, up));
                 starts.push(origin);
@@ -173,6 +191,7 @@ pub fn screen<A: Algorithm>(
             }
         }
     }
+    rejected.dedup();
     let bytes_up: u64 = sound.iter().map(|(_, u)| u.bytes()).sum();
     if algo.topology() == Topology::Server && !cfg.aggregator.is_mean() {
         sound = defend(&cfg.aggregator, sound, &starts, env, &mut rejected);
@@ -210,6 +229,29 @@ pub struct Scores {
     pub clients: Vec<usize>,
     /// Their scores, in the same order.
     pub scores: Vec<Score>,
+}
+
+impl Scores {
+    /// Adds client `client`'s score if it passes [`check_score`] (finite,
+    /// in range); a refused score leaves the client unscored this round.
+    pub fn admit(&mut self, client: usize, score: Score, regression: bool) -> Result<(), String> {
+        check_score(&score, regression)?;
+        self.clients.push(client);
+        self.scores.push(score);
+        Ok(())
+    }
+
+    /// The scores of `clients` (in their order) that pass [`check_score`];
+    /// refusals are logged.
+    pub fn checked(clients: &[usize], scores: Vec<Score>, regression: bool, round: usize) -> Self {
+        let mut out = Self::default();
+        for (&i, s) in clients.iter().zip(scores) {
+            if let Err(why) = out.admit(i, s, regression) {
+                tracing::warn!(client = i, round, "score refused ({why})");
+            }
+        }
+        out
+    }
 }
 
 /// What a round produced, for the books.
@@ -306,17 +348,14 @@ pub(crate) fn run_round<A: Algorithm>(
     let attack = cfg.attack.kind;
     let inv_grad = |i: usize| attack == AttackKind::InvGrad && setup.is_malicious[i];
     let wants_origin = |i: usize| inv_grad(i) || wants_origins(cfg);
-    let benign = || Scores {
-        clients: setup.benign.clone(),
-        scores: Vec::new(),
-    };
+    // Every score passes the same check as a networked client's.
+    let scored =
+        |scores: Vec<Score>| Scores::checked(&setup.benign, scores, setup.regression, round);
 
     // pFedGraph's protocol also scores the models held before training
     // (the received mixes); the best validation is taken over both points.
-    let before = (cfg.eval.when == EvalWhen::BeforeAndAfter).then(|| Scores {
-        scores: evaluate_clients(algo, setup, &state.clients, pool),
-        ..benign()
-    });
+    let before = (cfg.eval.when == EvalWhen::BeforeAndAfter)
+        .then(|| scored(evaluate_clients(algo, setup, &state.clients, pool)));
 
     // Local training, one task per participant, or one task per group of
     // `batch_clients` participants whose plain training runs batched.
@@ -388,11 +427,11 @@ pub(crate) fn run_round<A: Algorithm>(
         losses,
         rejected,
         mut bytes_up,
-    } = screen(algo, &env, cfg, round, uploads);
+    } = screen(algo, &env, cfg, round, &participants, uploads);
 
-    let mut after = benign();
+    let mut after = Scores::default();
     if algo.eval_point() == EvalPoint::AfterTraining {
-        after.scores = evaluate_clients(algo, setup, &state.clients, pool);
+        after = scored(evaluate_clients(algo, setup, &state.clients, pool));
     }
 
     // Graph inference and mixing: by a server, or by the clients themselves
@@ -419,7 +458,7 @@ pub(crate) fn run_round<A: Algorithm>(
     };
     deliver(algo, setup, &mut state.clients, outcome.downloads, pool);
     if algo.eval_point() == EvalPoint::AfterReceive {
-        after.scores = evaluate_clients(algo, setup, &state.clients, pool);
+        after = scored(evaluate_clients(algo, setup, &state.clients, pool));
     }
     state.round = round;
     let books = RoundBooks {

@@ -28,18 +28,7 @@ fn dpfl_by_peers_equals_simulation() {
             drop(listener);
             addr_tx.send((id, addr)).unwrap();
             let peers = url_rx.recv().unwrap();
-            let opts = PeerOptions {
-                cfg,
-                id,
-                listen: addr,
-                peers,
-                out,
-                tls: None,
-                ca: None,
-                retry_for: Duration::from_secs(30),
-                max_message: fedweave_net::wire::DEFAULT_MAX_MESSAGE,
-            };
-            run_peer(opts, |_| {})
+            run_peer(PeerOptions::new(cfg, id, addr, peers, out), |_| {})
         }));
     }
     let mut urls = HashMap::new();

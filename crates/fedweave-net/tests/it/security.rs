@@ -70,7 +70,8 @@ fn tls_with_fedweave_certs_gives_the_same_run_and_plain_clients_cannot_talk_to_i
     let cfg = config("pfedgraph", &["rounds=2"]);
     let dir = tempfile::tempdir().unwrap();
     let files =
-        fedweave_net::certs::generate(&dir.path().join("certs"), &["localhost".into()]).unwrap();
+        fedweave_net::certs::generate(&dir.path().join("certs"), &["localhost".into()], 0, 0)
+            .unwrap();
     let out = dir.path().join("run");
     let (c, cert, key) = (cfg.clone(), files.cert.clone(), files.key.clone());
     let server = start_server(move |addr| {
@@ -105,8 +106,7 @@ fn tls_with_fedweave_certs_gives_the_same_run_and_plain_clients_cannot_talk_to_i
 /// with the three honest clients.
 #[test]
 fn nan_and_wrong_shape_uploads_are_rejected_without_ending_the_round() {
-    use fedweave_net::proto::federation_client::FederationClient;
-    use fedweave_net::wire::{self, Answer, Hello, Poll, Reply, Task, WireUpload};
+    use fedweave_net::wire::{self, Reply, Task, WireUpload};
     let cfg = config("fedavg", &["rounds=3", "train.local_iterations=30"]);
     let out = tempfile::tempdir().unwrap();
     let server = start_server(serve_opts(&cfg, out.path()));
@@ -117,17 +117,10 @@ fn nan_and_wrong_shape_uploads_are_rejected_without_ending_the_round() {
     let info = wire::encode(&derived.info(3)).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let mut rpc = FederationClient::connect(url).await.unwrap();
-        let hello = Hello {
-            id: 3,
-            token: String::new(),
-            info,
-            previous: 0,
-        };
-        let session = rpc.join(hello).await.unwrap().into_inner().session;
+        let mut raw = Raw::connect(&url).await;
+        let session = raw.join(3, "", info, Vec::new()).await.unwrap();
         loop {
-            let poll = Poll { id: 3, session };
-            let payload = rpc.next(poll).await.unwrap().into_inner().payload;
+            let payload = raw.next(3, &session).await.unwrap();
             let (seq, reply) = match wire::decode::<Task<Vec<f32>>>(&payload, 1 << 30).unwrap() {
                 Task::Wait => continue,
                 Task::Finish => break,
@@ -156,13 +149,9 @@ fn nan_and_wrong_shape_uploads_are_rejected_without_ending_the_round() {
                     },
                 ),
             };
-            let answer = Answer {
-                id: 3,
-                session,
-                seq,
-                payload: wire::encode(&reply).unwrap(),
-            };
-            rpc.report(answer).await.unwrap();
+            raw.report(3, &session, seq, wire::encode(&reply).unwrap())
+                .await
+                .unwrap();
         }
     });
     let summary = join(server.handle, 300).expect("the run went on");
