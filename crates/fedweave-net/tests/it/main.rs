@@ -3,5 +3,6 @@
 
 mod common;
 mod e2e;
+mod hostile;
 mod p2p;
 mod security;
