@@ -786,6 +786,7 @@ impl Visitor for PeerRunner<'_> {
             if let Some(a) = after {
                 trackers.record(round, me, a);
             }
+            tracing::info!(round, published = own.is_some(), ?absent, "round done");
             rounds.push(PeerRound {
                 round,
                 published: own.is_some(),

@@ -197,3 +197,68 @@ fn simulation_only_settings_are_refused_up_front() {
         }
     }
 }
+
+/// Mutual TLS: clients authenticated by certificates naming their ids
+/// (`fedweave certs --clients 4`, `serve --client-ca`); a worker presents
+/// each id's own certificate (`{id}` in the paths) and the run equals the
+/// simulation. A certificate for id 1 cannot join as id 2, and a client
+/// without a certificate cannot talk to the server at all.
+#[test]
+fn client_certificates_authenticate_ids_and_give_the_same_run() {
+    let cfg = config("pfedgraph", &["rounds=2"]);
+    let dir = tempfile::tempdir().unwrap();
+    let files = fedweave_net::certs::generate(&dir.path().join("certs"), &[], 4, 0).unwrap();
+    let out = dir.path().join("run");
+    let (c, cert, key, ca) = (
+        cfg.clone(),
+        files.cert.clone(),
+        files.key.clone(),
+        files.ca.clone(),
+    );
+    let server = start_server(move |addr| {
+        let mut o = ServeOptions::new(c, addr, out);
+        o.tls = Some((cert, key));
+        o.client_ca = Some(ca);
+        o
+    });
+    let url = format!("https://localhost:{}", server.addr.port());
+    let ca = files.ca.clone();
+    let certs = dir.path().join("certs");
+    let with = move |paths: Option<(&str, &str)>| {
+        let (ca, certs) = (ca.clone(), certs.clone());
+        let paths = paths.map(|(c, k)| (certs.join(c), certs.join(k)));
+        move |o: &mut fedweave_net::client::ClientOptions| {
+            o.ca = Some(ca);
+            o.identity = paths;
+            o.retry_for = Duration::from_secs(2);
+        }
+    };
+    // Client 1's certificate for id 2.
+    refused(
+        join(
+            start_clients(
+                &cfg,
+                url.clone(),
+                vec![2],
+                with(Some(("client-1.pem", "client-1.key"))),
+            ),
+            60,
+        ),
+        "certificate",
+    );
+    // No certificate: the TLS handshake fails.
+    assert!(matches!(
+        join(start_clients(&cfg, url.clone(), vec![2], with(None)), 60),
+        Err(NetError::Transport(_))
+    ));
+    let clients = start_clients(
+        &cfg,
+        url,
+        vec![0, 1, 2, 3],
+        with(Some(("client-{id}.pem", "client-{id}.key"))),
+    );
+    let summary = join(server.handle, 300).expect("served with client certificates");
+    join(clients, 60).expect("clients finished");
+    let (sim_dir, sim) = simulate(&cfg);
+    assert_same(sim_dir.path(), &sim, &dir.path().join("run"), &summary);
+}
