@@ -30,6 +30,12 @@ use tonic::{Request, Response, Status};
 /// How long a long poll waits for a task before answering `Wait`.
 const POLL_WAIT: Duration = Duration::from_secs(5);
 
+/// Calls one client may have in flight at once (an honest one has one: a
+/// poll or an answer; a few more absorb retries after a transport
+/// failure). Each may hold a message up to the server's limit, so this
+/// bounds what one authenticated client can make the server hold.
+pub const CALLS_PER_CLIENT: usize = 4;
+
 /// One client's connection.
 struct Session {
     secret: Vec<u8>,
@@ -56,6 +62,8 @@ struct State {
     finished: Option<Bytes>,
     /// Which clients have been told the run is over.
     told: Vec<bool>,
+    /// Each client's calls in flight.
+    in_flight: Vec<usize>,
 }
 
 /// Judges a packed hello of client `i`: `Err` says why it is refused.
@@ -101,6 +109,7 @@ impl Hub {
                 sessions: (0..n).map(|_| None).collect(),
                 infos: vec![None; n],
                 told: vec![false; n],
+                in_flight: vec![0; n],
                 ..State::default()
             }),
             arrived: Condvar::new(),
@@ -230,18 +239,16 @@ impl Hub {
             })
     }
 
-    /// Checks a call's metadata (client id and session) against the live
-    /// sessions, before its message is read; refreshes the session and
-    /// records the caller in the request's extensions. With client
-    /// certificates required, the certificate must name the same id.
-    pub fn authenticate(&self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        let header = |key: &str| {
-            request
-                .metadata()
-                .get(key)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-        };
+    /// Checks a call's headers (client id and session) against the live
+    /// sessions, before its message is read; refreshes the session. With
+    /// client certificates required, `cert_id` (the TLS client
+    /// certificate's id) must be the same id. Returns the client.
+    pub fn authenticate(
+        &self,
+        headers: &tonic::codegen::http::HeaderMap,
+        cert_id: Option<u64>,
+    ) -> Result<usize, Status> {
+        let header = |key: &str| headers.get(key).and_then(|v| v.to_str().ok());
         let unauthenticated = || {
             Status::unauthenticated("no valid session: join first (the server may have restarted)")
         };
@@ -249,10 +256,10 @@ impl Hub {
             .and_then(|v| v.parse().ok())
             .ok_or_else(unauthenticated)?;
         let secret = header(SESSION_HEADER)
-            .and_then(|v| wire::unhex(&v))
+            .and_then(wire::unhex)
             .ok_or_else(unauthenticated)?;
         let i = self.client(id)?;
-        if self.admission.client_certs && auth::caller_cert_id(&request) != Some(id) {
+        if self.admission.client_certs && cert_id != Some(id) {
             return Err(Status::unauthenticated(format!(
                 "client {id}: the TLS client certificate does not name this id"
             )));
@@ -261,16 +268,27 @@ impl Hub {
         match &mut s.sessions[i] {
             Some(sess) if auth::ct_eq(&sess.secret, &secret) => {
                 sess.last_seen = Instant::now();
+                Ok(i)
             }
-            _ => {
-                return Err(Status::unauthenticated(format!(
-                    "client {id}: no such session (the server restarted or another connection took the id); join again"
-                )));
-            }
+            _ => Err(Status::unauthenticated(format!(
+                "client {id}: no such session (the server restarted or another connection took the id); join again"
+            ))),
         }
-        drop(s);
-        request.extensions_mut().insert(Caller(i));
-        Ok(request)
+    }
+
+    /// Takes one of client `i`'s [`CALLS_PER_CLIENT`] slots for a call in
+    /// flight (`None`: all taken); the slot is free again when the guard
+    /// drops.
+    fn enter(self: &Arc<Self>, i: usize) -> Option<Slot> {
+        let mut s = self.lock();
+        if s.in_flight[i] >= CALLS_PER_CLIENT {
+            return None;
+        }
+        s.in_flight[i] += 1;
+        Some(Slot {
+            hub: self.clone(),
+            client: i,
+        })
     }
 
     /// `Join`: admission by id, credential (token and/or the TLS client
@@ -395,8 +413,21 @@ impl Hub {
     }
 }
 
+/// A call slot of one client (see [`CALLS_PER_CLIENT`]).
+struct Slot {
+    hub: Arc<Hub>,
+    client: usize,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut s = self.hub.lock();
+        s.in_flight[self.client] = s.in_flight[self.client].saturating_sub(1);
+    }
+}
+
 /// The gRPC face of the hub: `Lobby` (Join) and `Federation` (Next,
-/// Report, behind [`Hub::authenticate`]).
+/// Report, behind a [`Gate`]).
 #[derive(Clone)]
 pub struct FederationService {
     /// The hub.
@@ -439,4 +470,75 @@ impl crate::proto::federation_server::Federation for FederationService {
             .report(who, request.into_inner())
             .map(Response::new)
     }
+}
+
+/// Wraps the `Federation` service: authenticates every call from its
+/// headers (and client certificate) before any of its message is read,
+/// and holds one of the caller's [`CALLS_PER_CLIENT`] slots for the
+/// whole call, its upload included. Refusals are answered at once.
+#[derive(Clone)]
+pub struct Gate<S> {
+    /// The wrapped service.
+    pub inner: S,
+    /// The hub whose sessions it checks.
+    pub hub: Arc<Hub>,
+}
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+impl<S, B> tonic::codegen::Service<tonic::codegen::http::Request<B>> for Gate<S>
+where
+    S: tonic::codegen::Service<
+            tonic::codegen::http::Request<B>,
+            Response = tonic::codegen::http::Response<tonic::body::Body>,
+        > + Send,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<S::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: tonic::codegen::http::Request<B>) -> Self::Future {
+        use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+        let cert_id = request
+            .extensions()
+            .get::<TlsConnectInfo<TcpConnectInfo>>()
+            .and_then(|i| i.peer_certs())
+            .and_then(|c| c.first().and_then(|c| auth::cert_identity(c.as_ref())));
+        let admitted = self
+            .hub
+            .authenticate(request.headers(), cert_id)
+            .and_then(|i| {
+                self.hub.enter(i).map(|slot| (i, slot)).ok_or_else(|| {
+                    Status::resource_exhausted(format!(
+                        "client {i}: more than {CALLS_PER_CLIENT} calls in flight"
+                    ))
+                })
+            });
+        match admitted {
+            Ok((i, slot)) => {
+                request.extensions_mut().insert(Caller(i));
+                let call = self.inner.call(request);
+                Box::pin(async move {
+                    let response = call.await;
+                    drop(slot);
+                    response
+                })
+            }
+            Err(status) => Box::pin(std::future::ready(Ok(status.into_http()))),
+        }
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Gate<S> {
+    const NAME: &'static str = S::NAME;
 }

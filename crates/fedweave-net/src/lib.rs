@@ -10,7 +10,7 @@
 pub mod auth;
 pub mod certs;
 pub mod client;
-mod hub;
+pub mod hub;
 pub mod peer;
 pub mod server;
 mod transport;

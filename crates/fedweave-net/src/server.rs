@@ -157,11 +157,10 @@ pub fn serve(
     let federation = crate::proto::federation_server::FederationServer::new(service)
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(usize::MAX);
-    let gate = hub.clone();
-    let federation =
-        tonic::service::interceptor::InterceptedService::new(federation, move |request| {
-            gate.authenticate(request)
-        });
+    let federation = crate::hub::Gate {
+        inner: federation,
+        hub: hub.clone(),
+    };
     let tls = ServerTls {
         identity: opts.tls.clone(),
         client_ca: opts.client_ca.clone(),

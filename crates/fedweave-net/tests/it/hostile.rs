@@ -400,3 +400,41 @@ fn rounds_of(dir: &std::path::Path) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
+
+/// One authenticated client may have at most `CALLS_PER_CLIENT` calls in
+/// flight (each may hold a message up to the server's limit): further
+/// ones are refused at once, and its slots come back when calls end.
+#[test]
+fn one_client_cannot_open_calls_without_bound() {
+    let cfg = config("fedavg", &["rounds=1"]);
+    let out = tempfile::tempdir().unwrap();
+    let server = start_server(serve_opts(&cfg, out.path()));
+    let url = format!("http://{}", server.addr);
+    let info = wire::encode(&Derived::load(&cfg).unwrap().info(3)).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut raw = Raw::connect(&url).await;
+        let session = raw.join(3, "", info, vec![]).await.unwrap();
+        // No phase yet: every poll waits (up to 5 s) for a task.
+        let polls: Vec<_> = (0..fedweave_net::hub::CALLS_PER_CLIENT + 3)
+            .map(|_| {
+                let (mut raw, session) = (raw.clone_channels(), session.clone());
+                tokio::spawn(async move { raw.next(3, &session).await })
+            })
+            .collect();
+        let mut exhausted = 0;
+        for p in polls {
+            match p.await.unwrap() {
+                Ok(_) => {}
+                Err(e) if e.code() == Code::ResourceExhausted => exhausted += 1,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        assert_eq!(exhausted, 3);
+        // The slots are free again.
+        raw.next(3, &session)
+            .await
+            .expect("a poll after the others ended");
+    });
+    drop(server);
+}

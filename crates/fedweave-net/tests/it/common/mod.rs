@@ -160,6 +160,14 @@ impl Raw {
         }
     }
 
+    /// Another handle on the same connection.
+    pub fn clone_channels(&self) -> Self {
+        Self {
+            lobby: self.lobby.clone(),
+            rpc: self.rpc.clone(),
+        }
+    }
+
     /// `Join` as client `id`; the session.
     pub async fn join(
         &mut self,
