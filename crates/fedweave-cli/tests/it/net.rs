@@ -585,3 +585,62 @@ fn a_killed_peer_leaves_the_others_finishing_and_a_restarted_one_rejoins() {
     let log = std::fs::read_to_string(log("p3-again.log")).unwrap();
     assert!(log.contains("joining them"), "{log}");
 }
+
+/// A stranger trickling a hello one byte a second, still open when the
+/// last round ends: `serve` does not wait for it, and exits within
+/// seconds of writing its summary.
+#[test]
+fn serve_exits_promptly_after_the_last_round_despite_a_trickling_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), "fedavg", 2, "");
+    let out = dir.path().join("run");
+    let (mut server, addr) = serve(&cfg, &out, "127.0.0.1:0", false);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let a = addr.clone();
+    let trickle = rt.spawn(async move {
+        use bytes::Bytes;
+        let tcp = tokio::net::TcpStream::connect(&a).await.unwrap();
+        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(async move {
+            conn.await.ok();
+        });
+        let mut c = client.ready().await.unwrap();
+        let request = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{a}/fedweave.Lobby/Join"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let (_response, mut body) = c.send_request(request, false).unwrap();
+        let mut prefix = vec![0u8];
+        prefix.extend_from_slice(&1000u32.to_be_bytes());
+        body.send_data(Bytes::from(prefix), false).ok();
+        for _ in 0..600 {
+            if body.send_data(Bytes::from_static(b"x"), false).is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let mut workers = clients(
+        &cfg,
+        &addr,
+        "0..4",
+        &dir.path().join("state"),
+        &dir.path().join("w.log"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !out.join("summary.json").exists() {
+        assert!(Instant::now() < deadline, "the run finished");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let done = Instant::now();
+    assert!(server.wait(20).success());
+    let took = done.elapsed();
+    eprintln!("serve exited {took:?} after its summary");
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    assert!(!trickle.is_finished(), "the stranger was still trickling");
+    trickle.abort();
+    assert!(workers.wait(30).success());
+}
