@@ -12,12 +12,10 @@ use crate::transport::{Limits, ServerTls};
 use crate::wire::{self, Reply, Task};
 use crate::{NetError, transport};
 use bytes::Bytes;
-use fedweave_algos::{Algorithm, EvalPoint, Message, Topology, Visitor};
-use fedweave_sim::config::EvalWhen;
+use fedweave_algos::{Algorithm, Topology, Visitor};
 use fedweave_sim::runtime::{
-    Blueprint, ClientInfo, DEFAULT_MAX_CLIENT_SAMPLES, Facts, RoundBooks, RunDir, RunState, Scores,
-    Trackers, Upload, choose_participants, close_round, resolve_config, screen, server_outcome,
-    wants_origins,
+    Blueprint, ClientInfo, Clients, DEFAULT_MAX_CLIENT_SAMPLES, Facts, RunDir, RunState, Score,
+    Trackers, TrainAsk, TrainReply, Upload, resolve_config, server_round,
 };
 use fedweave_sim::{ExperimentConfig, RoundRecord, Summary};
 use std::net::SocketAddr;
@@ -221,6 +219,126 @@ pub fn serve(
     result
 }
 
+/// The clients of a served run: each phase's tasks published on the hub,
+/// the answers decoded as they come back (an undecodable one is an absent
+/// client). The round itself is the simulator's [`server_round`].
+struct HubClients<'a, A> {
+    hub: &'a Hub,
+    timeout: Duration,
+    min: usize,
+    max_message: usize,
+    n: usize,
+    /// A task that could not be encoded (ends the run).
+    failed: Option<NetError>,
+    _algo: std::marker::PhantomData<A>,
+}
+
+impl<A: Algorithm> HubClients<'_, A> {
+    /// Publishes phase `seq` and decodes the answers.
+    fn phase(&mut self, seq: u64, tasks: Vec<Option<Bytes>>) -> Vec<Option<Reply<A::Up>>> {
+        self.hub
+            .run_phase(seq, tasks, self.timeout, self.min)
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| {
+                wire::decode(&a?, self.max_message)
+                    .map_err(|e| tracing::warn!(client = i, "undecodable answer: {e}"))
+                    .ok()
+            })
+            .collect()
+    }
+}
+
+impl<A: Algorithm> Clients<A> for HubClients<'_, A> {
+    fn train(&mut self, ask: &TrainAsk) -> Vec<Option<TrainReply<A::Up>>> {
+        let round = ask.round;
+        let task = |i: usize| Task::<A::Down>::Train {
+            seq: 2 * round as u64,
+            round,
+            participate: ask.participants.binary_search(&i).is_ok(),
+            before: ask.before,
+            after: ask.after,
+            origin: ask.origin,
+        };
+        let tasks = match (0..self.n)
+            .map(|i| wire::encode(&task(i)).map(|t| Some(Bytes::from(t))))
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(t) => t,
+            Err(e) => {
+                self.failed = Some(e.into());
+                return (0..self.n).map(|_| None).collect();
+            }
+        };
+        self.phase(2 * round as u64, tasks)
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| match r? {
+                Reply::Trained {
+                    upload,
+                    before,
+                    after,
+                } => Some(TrainReply {
+                    upload: upload.map(|u| Upload {
+                        client: i,
+                        up: u.up,
+                        loss: u.loss,
+                        origin: u.origin,
+                    }),
+                    before,
+                    after,
+                }),
+                Reply::Received { .. } => None,
+            })
+            .collect()
+    }
+
+    fn deliver(
+        &mut self,
+        round: usize,
+        mut inbox: Vec<Option<A::Down>>,
+        to: &[bool],
+        score: bool,
+    ) -> Vec<Option<Option<Score>>> {
+        // Methods with one global model send every client the same bytes:
+        // keep one copy.
+        let mut last: Option<Bytes> = None;
+        let mut tasks = Vec::with_capacity(self.n);
+        for i in 0..self.n {
+            if !to.get(i).copied().unwrap_or(false) {
+                tasks.push(None);
+                continue;
+            }
+            let task = Task::Receive {
+                seq: 2 * round as u64 + 1,
+                round,
+                down: inbox.get_mut(i).and_then(Option::take),
+                after: score,
+            };
+            let bytes = match wire::encode(&task) {
+                Ok(b) => b,
+                Err(e) => {
+                    self.failed = Some(e.into());
+                    return vec![None; self.n];
+                }
+            };
+            let shared = match &last {
+                Some(b) if b[..] == bytes[..] => b.clone(),
+                _ => Bytes::from(bytes),
+            };
+            last = Some(shared.clone());
+            tasks.push(Some(shared));
+        }
+        self.phase(2 * round as u64 + 1, tasks)
+            .into_iter()
+            .map(|r| match r? {
+                Reply::Received { after } => Some(after),
+                Reply::Trained { .. } => None,
+            })
+            .collect()
+    }
+}
+
 /// Drives the rounds for one algorithm type.
 struct Driver<'a> {
     hub: &'a Hub,
@@ -274,135 +392,30 @@ impl Visitor for Driver<'_> {
             (state, Vec::new())
         });
         dir.start_records(&records, state.round)?;
-        let timeout = Duration::from_secs_f64(cfg.round_timeout);
-        let min = cfg.min_clients;
-        let decode_all = |answers: Vec<Option<Vec<u8>>>| -> Vec<Option<Reply<A::Up>>> {
-            answers
-                .into_iter()
-                .enumerate()
-                .map(|(i, a)| {
-                    let a = a?;
-                    wire::decode(&a, max_message)
-                        .map_err(|e| tracing::warn!(client = i, "undecodable answer: {e}"))
-                        .ok()
-                })
-                .collect()
+        let mut clients = HubClients::<A> {
+            hub,
+            timeout: Duration::from_secs_f64(cfg.round_timeout),
+            min: cfg.min_clients,
+            max_message,
+            n,
+            failed: None,
+            _algo: std::marker::PhantomData,
         };
         while state.round < cfg.rounds {
             let round = state.round + 1;
-            let round_started = Instant::now();
-            let participants = choose_participants(&cfg, round);
-            let wants_before = cfg.eval.when == EvalWhen::BeforeAndAfter;
-            let wants_after = algo.eval_point() == EvalPoint::AfterTraining;
-            let train = |i: usize| Task::<A::Down>::Train {
-                seq: 2 * round as u64,
+            let record = server_round(
+                &algo,
+                &env,
+                facts,
                 round,
-                participate: participants.binary_search(&i).is_ok(),
-                before: wants_before,
-                after: wants_after,
-                origin: wants_origins(&cfg),
-            };
-            let tasks = (0..n)
-                .map(|i| wire::encode(&train(i)).map(|t| Some(t.into())))
-                .collect::<Result<Vec<_>, _>>()?;
-            let replies = decode_all(hub.run_phase(2 * round as u64, tasks, timeout, min));
-
-            let regression = facts.regression;
-            let mut uploads = Vec::new();
-            let mut before = Scores::default();
-            let mut after = Scores::default();
-            let mut answered = vec![false; n];
-            for (i, r) in replies.into_iter().enumerate() {
-                let Some(Reply::Trained {
-                    upload,
-                    before: b,
-                    after: a,
-                }) = r
-                else {
-                    continue;
-                };
-                answered[i] = true;
-                if let Some(u) = upload {
-                    uploads.push(Upload {
-                        client: i,
-                        up: u.up,
-                        loss: u.loss,
-                        origin: u.origin,
-                    });
-                }
-                // Scores only where asked, each checked as the
-                // simulator checks its own.
-                let asked = [(wants_before, b, &mut before), (wants_after, a, &mut after)];
-                for (wanted, score, into) in asked {
-                    if let Some(score) = score.filter(|_| wanted)
-                        && let Err(why) = into.admit(i, score, regression)
-                    {
-                        tracing::warn!(client = i, round, "score refused ({why})");
-                    }
-                }
-            }
-            let screened = screen(&algo, &env, &cfg, round, &participants, uploads);
-            let outcome = server_outcome(&algo, &env, &mut state.server, round, &screened.sound);
-            let bytes_down = outcome.downloads.iter().map(|(_, d)| d.bytes()).sum();
-            let mut inbox: Vec<Option<A::Down>> = (0..n).map(|_| None).collect();
-            for (i, d) in outcome.downloads {
-                inbox[i] = Some(d);
-            }
-            // Methods with one global model send every client the same
-            // bytes: keep one copy.
-            let mut last: Option<Bytes> = None;
-            let mut tasks = Vec::with_capacity(n);
-            for i in 0..n {
-                let task = Task::Receive {
-                    seq: 2 * round as u64 + 1,
-                    round,
-                    down: inbox[i].take(),
-                    after: algo.eval_point() == EvalPoint::AfterReceive,
-                };
-                if !answered[i] {
-                    tasks.push(None);
-                    continue;
-                }
-                let bytes = wire::encode(&task)?;
-                let shared = match &last {
-                    Some(b) if b[..] == bytes[..] => b.clone(),
-                    _ => Bytes::from(bytes),
-                };
-                last = Some(shared.clone());
-                tasks.push(Some(shared));
-            }
-            let replies = decode_all(hub.run_phase(2 * round as u64 + 1, tasks, timeout, min));
-            let mut absent = Vec::new();
-            let wants_after = algo.eval_point() == EvalPoint::AfterReceive;
-            for (i, r) in replies.into_iter().enumerate() {
-                match r {
-                    Some(Reply::Received { after: a }) => {
-                        if let Some(a) = a.filter(|_| wants_after)
-                            && let Err(why) = after.admit(i, a, regression)
-                        {
-                            tracing::warn!(client = i, round, "score refused ({why})");
-                        }
-                    }
-                    _ => absent.push(i),
-                }
+                &mut state.server,
+                &mut state.trackers,
+                &mut clients,
+            );
+            if let Some(e) = clients.failed.take() {
+                return Err(e);
             }
             state.round = round;
-            let books = RoundBooks {
-                round,
-                started: round_started,
-                participants,
-                absent,
-                losses: &screened.losses,
-                rejected: screened.rejected,
-                bytes_up: screened.bytes_up,
-                bytes_down,
-                graph: &outcome.graph,
-                layers: &outcome.layers,
-                selection: None,
-                before: (cfg.eval.when == EvalWhen::BeforeAndAfter).then_some(before),
-                after,
-            };
-            let record = close_round(facts, &mut state.trackers, books);
             dir.commit(&record, &state)?;
             on_round(&record);
             records.push(record);

@@ -15,6 +15,7 @@
 pub mod checkpoint;
 pub mod checks;
 pub mod config;
+mod driver;
 mod engine;
 pub mod packed;
 mod peer;

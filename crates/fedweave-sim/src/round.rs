@@ -13,6 +13,7 @@
 use crate::ExperimentConfig;
 use crate::checks::{check_loss, check_origin, check_score};
 use crate::config::EvalWhen;
+use crate::driver::{Clients, TrainAsk, TrainReply, server_round};
 use crate::peer::{SharedMemoryNet, exchange};
 use crate::protocol::{Facts, Score, Trackers, evaluate_clients, fill_means, participant_accuracy};
 use crate::setup::Setup;
@@ -330,7 +331,9 @@ pub fn close_round(facts: &Facts, trackers: &mut Trackers, books: RoundBooks) ->
     record
 }
 
-/// Runs round `state.round + 1` and returns its record.
+/// Runs round `state.round + 1` and returns its record: a server
+/// method's round is [`server_round`] with the clients in memory; a
+/// peer-to-peer method's, the peers' exchange through shared memory.
 pub(crate) fn run_round<A: Algorithm>(
     algo: &A,
     setup: &Setup,
@@ -338,27 +341,49 @@ pub(crate) fn run_round<A: Algorithm>(
     state: &mut RunState<A::Server, A::Client>,
     pool: &rayon::ThreadPool,
 ) -> RoundRecord {
-    let started = Instant::now();
     let round = state.round + 1;
+    let record = if algo.topology() == Topology::PeerToPeer {
+        peer_round(algo, setup, facts, round, state, pool)
+    } else {
+        let env = setup.env();
+        let mut clients = MemoryClients {
+            algo,
+            setup,
+            states: &mut state.clients,
+            pool,
+        };
+        server_round(
+            algo,
+            &env,
+            facts,
+            round,
+            &mut state.server,
+            &mut state.trackers,
+            &mut clients,
+        )
+    };
+    state.round = round;
+    record
+}
+
+/// Trains round `round`'s participants in memory, one task per
+/// participant, or one task per group of `batch_clients` participants
+/// whose plain training runs batched; then model poisoning wraps the
+/// malicious clients' uploads (the model, their first vector).
+fn train_in_memory<A: Algorithm>(
+    algo: &A,
+    setup: &Setup,
+    round: usize,
+    participants: &[usize],
+    clients: &mut [A::Client],
+    pool: &rayon::ThreadPool,
+) -> Vec<Upload<A::Up>> {
     let cfg = &setup.cfg;
-    let env = setup.env();
-    let participants = choose_participants(cfg, round);
     let mut taking_part = vec![false; cfg.clients];
     participants.iter().for_each(|&i| taking_part[i] = true);
     let attack = cfg.attack.kind;
     let inv_grad = |i: usize| attack == AttackKind::InvGrad && setup.is_malicious[i];
     let wants_origin = |i: usize| inv_grad(i) || wants_origins(cfg);
-    // Every score passes the same check as a networked client's.
-    let scored =
-        |scores: Vec<Score>| Scores::checked(&setup.benign, scores, setup.regression, round);
-
-    // pFedGraph's protocol also scores the models held before training
-    // (the received mixes); the best validation is taken over both points.
-    let before = (cfg.eval.when == EvalWhen::BeforeAndAfter)
-        .then(|| scored(evaluate_clients(algo, setup, &state.clients, pool)));
-
-    // Local training, one task per participant, or one task per group of
-    // `batch_clients` participants whose plain training runs batched.
     let train = |i: usize, client: &mut A::Client, batch: Option<&TrainBatch>| {
         let data = setup.client_data(i);
         let env = setup.client_env(i);
@@ -374,8 +399,7 @@ pub(crate) fn run_round<A: Algorithm>(
             batch,
         )
     };
-    let taking: Vec<(usize, &mut A::Client)> = state
-        .clients
+    let taking: Vec<(usize, &mut A::Client)> = clients
         .iter_mut()
         .enumerate()
         .filter(|(i, _)| taking_part[*i])
@@ -408,9 +432,6 @@ pub(crate) fn run_round<A: Algorithm>(
             trained.into_iter().flat_map(|(u, _)| u).collect()
         }
     };
-
-    // Model poisoning wraps the uploads (the model, their first vector);
-    // then the server checks what arrived.
     if attack.poisons_models() {
         for u in uploads.iter_mut().filter(|u| setup.is_malicious[u.client]) {
             if let Some(model) = u.up.vectors_mut().into_iter().next()
@@ -422,45 +443,136 @@ pub(crate) fn run_round<A: Algorithm>(
             }
         }
     }
+    uploads
+}
+
+/// The simulation's clients: every state in memory, trained in parallel
+/// (batched where configured) with the attacks wrapped around their
+/// uploads; every benign client scores where asked; no one is ever absent.
+struct MemoryClients<'a, A: Algorithm> {
+    algo: &'a A,
+    setup: &'a Setup,
+    states: &'a mut Vec<A::Client>,
+    pool: &'a rayon::ThreadPool,
+}
+
+impl<A: Algorithm> MemoryClients<'_, A> {
+    /// Every benign client's score, `None` for the others.
+    fn scores(&self) -> Vec<Option<Score>> {
+        let mut out = vec![None; self.states.len()];
+        let scores = evaluate_clients(self.algo, self.setup, self.states, self.pool);
+        for (&i, s) in self.setup.benign.iter().zip(scores) {
+            out[i] = Some(s);
+        }
+        out
+    }
+}
+
+impl<A: Algorithm> Clients<A> for MemoryClients<'_, A> {
+    fn train(&mut self, ask: &TrainAsk) -> Vec<Option<TrainReply<A::Up>>> {
+        let n = self.states.len();
+        // pFedGraph's protocol also scores the models held before
+        // training (the received mixes).
+        let mut before = if ask.before {
+            self.scores()
+        } else {
+            vec![None; n]
+        };
+        let uploads = train_in_memory(
+            self.algo,
+            self.setup,
+            ask.round,
+            &ask.participants,
+            self.states,
+            self.pool,
+        );
+        let mut after = if ask.after {
+            self.scores()
+        } else {
+            vec![None; n]
+        };
+        let mut replies: Vec<Option<TrainReply<A::Up>>> = (0..n)
+            .map(|i| {
+                Some(TrainReply {
+                    upload: None,
+                    before: before[i].take(),
+                    after: after[i].take(),
+                })
+            })
+            .collect();
+        for u in uploads {
+            let i = u.client;
+            if let Some(Some(r)) = replies.get_mut(i) {
+                r.upload = Some(u);
+            }
+        }
+        replies
+    }
+
+    fn deliver(
+        &mut self,
+        _round: usize,
+        inbox: Vec<Option<A::Down>>,
+        _to: &[bool],
+        score: bool,
+    ) -> Vec<Option<Option<Score>>> {
+        let downloads = inbox
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.map(|d| (i, d)))
+            .collect();
+        deliver(self.algo, self.setup, self.states, downloads, self.pool);
+        if score {
+            self.scores().into_iter().map(Some).collect()
+        } else {
+            vec![Some(None); self.states.len()]
+        }
+    }
+}
+
+/// A peer-to-peer method's round in memory: participants train and
+/// publish, the server-side checks screen what they published, and each
+/// publishing client runs its own `peer_step` through the shared-memory
+/// message layer.
+fn peer_round<A: Algorithm>(
+    algo: &A,
+    setup: &Setup,
+    facts: &Facts,
+    round: usize,
+    state: &mut RunState<A::Server, A::Client>,
+    pool: &rayon::ThreadPool,
+) -> RoundRecord {
+    let started = Instant::now();
+    let cfg = &setup.cfg;
+    let env = setup.env();
+    let participants = choose_participants(cfg, round);
+    // Every score passes the same check as a networked client's.
+    let scored =
+        |scores: Vec<Score>| Scores::checked(&setup.benign, scores, setup.regression, round);
+    let before = (cfg.eval.when == EvalWhen::BeforeAndAfter)
+        .then(|| scored(evaluate_clients(algo, setup, &state.clients, pool)));
+    let uploads = train_in_memory(algo, setup, round, &participants, &mut state.clients, pool);
     let Screened {
         sound,
         losses,
         rejected,
-        mut bytes_up,
+        ..
     } = screen(algo, &env, cfg, round, &participants, uploads);
-
     let mut after = Scores::default();
     if algo.eval_point() == EvalPoint::AfterTraining {
         after = scored(evaluate_clients(algo, setup, &state.clients, pool));
     }
-
-    // Graph inference and mixing: by a server, or by the clients themselves
-    // through the peer message layer.
-    let mut selection = None;
-    let outcome = if algo.topology() == Topology::PeerToPeer {
-        let net = SharedMemoryNet::new(cfg.clients, &sound);
-        let selecting: Vec<bool> = (0..cfg.clients)
-            .map(|i| net.has_published(i) && (cfg.attack.run_selection || !setup.is_malicious[i]))
-            .collect();
-        let (graph, stats) =
-            pool.install(|| exchange(algo, setup, round, &mut state.clients, &selecting, &net));
-        // Every transfer leaves one peer and reaches another.
-        bytes_up = net.bytes();
-        selection = Some(stats);
-        RoundOutcome::new(graph, Vec::new())
-    } else {
-        server_outcome(algo, &env, &mut state.server, round, &sound)
-    };
-    let bytes_down = if algo.topology() == Topology::PeerToPeer {
-        bytes_up
-    } else {
-        outcome.downloads.iter().map(|(_, d)| d.bytes()).sum()
-    };
-    deliver(algo, setup, &mut state.clients, outcome.downloads, pool);
+    let net = SharedMemoryNet::new(cfg.clients, &sound);
+    let selecting: Vec<bool> = (0..cfg.clients)
+        .map(|i| net.has_published(i) && (cfg.attack.run_selection || !setup.is_malicious[i]))
+        .collect();
+    let (graph, stats) =
+        pool.install(|| exchange(algo, setup, round, &mut state.clients, &selecting, &net));
+    // Every transfer leaves one peer and reaches another.
+    let bytes = net.bytes();
     if algo.eval_point() == EvalPoint::AfterReceive {
         after = scored(evaluate_clients(algo, setup, &state.clients, pool));
     }
-    state.round = round;
     let books = RoundBooks {
         round,
         started,
@@ -468,11 +580,11 @@ pub(crate) fn run_round<A: Algorithm>(
         absent: Vec::new(),
         losses: &losses,
         rejected,
-        bytes_up,
-        bytes_down,
-        graph: &outcome.graph,
-        layers: &outcome.layers,
-        selection,
+        bytes_up: bytes,
+        bytes_down: bytes,
+        graph: &graph,
+        layers: &[],
+        selection: Some(stats),
         before,
         after,
     };

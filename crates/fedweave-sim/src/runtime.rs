@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::checks::{
     DEFAULT_MAX_CLIENT_SAMPLES, check_hello, check_loss, check_origin, check_score,
 };
+pub use crate::driver::{Clients, TrainAsk, TrainReply, server_round};
 pub use crate::engine::{RunDir, checkpoint_due, resolve_config};
 pub use crate::protocol::{Facts, Score, TestMetrics, Trackers};
 pub use crate::round::{
