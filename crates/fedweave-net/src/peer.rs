@@ -584,9 +584,16 @@ impl PeerRunner<'_> {
 
     /// Stays until every other peer has seen this one's "finished" mark
     /// (and has been shown its own), or `round_timeout` has passed: a
-    /// peer that is gone is not waited for longer.
-    fn linger(&self, done: u64) {
-        let others: Vec<usize> = self.channels.keys().copied().collect();
+    /// peer that is gone is not waited for longer, and peers absent in the
+    /// last round (`gone`) not at all.
+    fn linger(&self, done: u64, gone: &[usize]) {
+        let mut others: Vec<usize> = self
+            .channels
+            .keys()
+            .copied()
+            .filter(|j| !gone.contains(j))
+            .collect();
+        others.sort_unstable();
         let deadline = Instant::now() + self.round_timeout;
         let asks: Vec<_> = others
             .iter()
@@ -828,7 +835,12 @@ impl Visitor for PeerRunner<'_> {
         let done = cfg.rounds as u64 + 1;
         self.board.finished.set(done).ok();
         self.board.post(done, Some(Vec::new()));
-        self.linger(done);
+        let gone = report
+            .rounds
+            .last()
+            .map(|r| r.absent.clone())
+            .unwrap_or_default();
+        self.linger(done, &gone);
         Ok(report)
     }
 }
