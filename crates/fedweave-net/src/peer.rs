@@ -28,7 +28,7 @@ use fedweave_algos::{Algorithm, EvalPoint, Message, PeerNet, PeerStep, Topology,
 use fedweave_sim::ExperimentConfig;
 use fedweave_sim::config::EvalWhen;
 use fedweave_sim::runtime::{
-    Derived, Score, Trackers, check_score, choose_participants, train_client,
+    Derived, Score, Trackers, check_loss, check_score, choose_participants, train_client,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -729,7 +729,9 @@ impl Visitor for PeerRunner<'_> {
                     false,
                     None,
                 );
-                match algo.check_upload(&env, &u.up) {
+                // The checks the simulator's `screen` applies to what a
+                // peer publishes.
+                match check_loss(u.loss).and_then(|()| algo.check_upload(&env, &u.up)) {
                     Ok(()) => own = Some(u.up),
                     Err(why) => tracing::warn!(round, "own upload rejected ({why}); not published"),
                 }
@@ -746,7 +748,8 @@ impl Visitor for PeerRunner<'_> {
             let found = self.ask_all(&others, round as u64, true, deadline);
             let mut published = Vec::new();
             let mut absent = Vec::new();
-            let mut ahead = 0;
+            // The rounds of the peers that are past this one.
+            let mut ahead = Vec::new();
             for &j in &participants {
                 if j == me {
                     if own.is_some() {
@@ -760,7 +763,7 @@ impl Visitor for PeerRunner<'_> {
                     Found::Nothing => {}
                     Found::Absent { ahead: a } => {
                         absent.push(j);
-                        ahead = ahead.max(a.unwrap_or(0));
+                        ahead.extend(*a);
                     }
                 }
             }
@@ -807,10 +810,17 @@ impl Visitor for PeerRunner<'_> {
                 absent,
             });
             // Behind the others (this peer came back, or was too slow):
-            // join them in their round.
-            let next = usize::try_from(ahead)
-                .unwrap_or(usize::MAX)
-                .min(cfg.rounds + 1);
+            // join them in their round — when most of the other
+            // participants say so, at the earliest round they name (one
+            // peer's word cannot make this one skip rounds).
+            ahead.sort_unstable();
+            let next = if 2 * ahead.len() > others.len() {
+                usize::try_from(ahead[0])
+                    .unwrap_or(usize::MAX)
+                    .min(cfg.rounds + 1)
+            } else {
+                round + 1
+            };
             if next > round + 1 {
                 tracing::warn!(round, next, "the other peers are ahead: joining them");
                 round = next;

@@ -172,7 +172,7 @@ pub fn check_hello(
     if train == 0 {
         return Err("the client claims no training samples".into());
     }
-    if got.size != train + val || got.test_size != test {
+    if train.checked_add(val) != Some(got.size) || got.test_size != test {
         return Err(format!(
             "sizes disagree: {} training and {} test samples, but {train} + {val} and {test} \
              in its splits",
