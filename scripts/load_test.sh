@@ -27,7 +27,7 @@ WORKERS=${WORKERS:-4}
 ROUNDS=${ROUNDS:-4}
 LIMIT=${LIMIT:-900}
 MODEL=${MODEL:-cnn-bn}
-if [ "$MODEL" = mlp ]; then FEATURES=2699; SHAPE=""; else FEATURES=784; SHAPE="shape = [1, 28, 28]"; fi
+if [ "$MODEL" = mlp ]; then FEATURES=2699; SHAPE="shape = [2699]"; else FEATURES=784; SHAPE="shape = [1, 28, 28]"; fi
 dir=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$dir"' EXIT
 

@@ -11,17 +11,24 @@ fn main() {
             .codec_path("tonic_prost::ProstCodec")
             .build()
     };
+    // Join is the one call a stranger may make: its own service, read
+    // under a small size limit. Next and Report carry a session, checked
+    // from the call's metadata before any message is read.
+    let lobby = tonic_build::manual::Service::builder()
+        .name("Lobby")
+        .package("fedweave")
+        .method(method("join", "Join", "Hello", "Welcome"))
+        .build();
     let federation = tonic_build::manual::Service::builder()
         .name("Federation")
         .package("fedweave")
-        .method(method("join", "Join", "Hello", "Welcome"))
         .method(method("next", "Next", "Poll", "Envelope"))
         .method(method("report", "Report", "Answer", "Ack"))
         .build();
     let peers = tonic_build::manual::Service::builder()
         .name("Peers")
         .package("fedweave")
-        .method(method("fetch", "Fetch", "FetchRequest", "Envelope"))
+        .method(method("fetch", "Fetch", "FetchRequest", "Post"))
         .build();
-    tonic_build::manual::Builder::new().compile(&[federation, peers]);
+    tonic_build::manual::Builder::new().compile(&[lobby, federation, peers]);
 }

@@ -74,15 +74,30 @@ enum Command {
         /// TLS private key (PEM).
         #[arg(long, requires = "tls_cert")]
         tls_key: Option<PathBuf>,
-        /// File of `id token` lines: clients must present their token.
+        /// File of `id token` lines: clients must present their token (a
+        /// token may be stored as `sha256:HEX`).
         #[arg(long)]
         tokens: Option<PathBuf>,
+        /// CA certificate (PEM) clients' certificates must chain to: mutual
+        /// TLS, each client presenting one for its id (`certs --clients N`).
+        #[arg(long, requires = "tls_cert")]
+        client_ca: Option<PathBuf>,
+        /// Allow a non-loopback address without TLS or client credentials.
+        #[arg(long)]
+        insecure: bool,
         /// Continue the run in --out from its last checkpoint.
         #[arg(long, requires = "out")]
         resume: bool,
         /// Seconds of silence after which a client's id may be claimed again.
         #[arg(long, default_value_t = 30.0)]
         session_timeout: f64,
+        /// Seconds one request (an upload included) may take.
+        #[arg(long, default_value_t = 120.0)]
+        request_timeout: f64,
+        /// Most samples a client whose data the server cannot derive (csv)
+        /// may claim in one split.
+        #[arg(long, default_value_t = fedweave_sim::runtime::DEFAULT_MAX_CLIENT_SAMPLES)]
+        max_client_samples: usize,
         /// Override a config key by its dotted path.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
@@ -138,11 +153,26 @@ enum Command {
         /// CA certificate (PEM) the other peers are verified with.
         #[arg(long)]
         ca: Option<PathBuf>,
+        /// CA certificate (PEM) fetching peers' certificates must chain to
+        /// (mutual TLS; `certs --peers N`, each peer's --tls-cert).
+        #[arg(long, requires = "tls_cert")]
+        client_ca: Option<PathBuf>,
+        /// File of `id token` lines: the peers allowed to fetch from this
+        /// one (a token may be stored as `sha256:HEX`).
+        #[arg(long)]
+        tokens: Option<PathBuf>,
+        /// This peer's token, presented when it fetches.
+        #[arg(long)]
+        token: Option<String>,
+        /// Allow a non-loopback address without TLS or peer credentials.
+        #[arg(long)]
+        insecure: bool,
         /// Override a config key by its dotted path.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
     },
-    /// Write a CA and a server/peer certificate for TLS.
+    /// Write a CA and a server/peer certificate for TLS (private keys
+    /// mode 0600), and client or peer certificates for mutual TLS.
     Certs {
         /// Output directory.
         #[arg(long)]
@@ -150,6 +180,12 @@ enum Command {
         /// Host names and IP addresses the certificate is valid for.
         #[arg(long, num_args = 1..)]
         hosts: Vec<String>,
+        /// Also write client-I.pem/.key for clients 0..N (serve --client-ca).
+        #[arg(long, default_value_t = 0)]
+        clients: usize,
+        /// Also write peer-I.pem/.key for peers 0..N (peer --client-ca).
+        #[arg(long, default_value_t = 0)]
+        peers: usize,
     },
 }
 
@@ -159,9 +195,17 @@ struct ClientArgs {
     /// The token the server expects for this client (or these clients).
     #[arg(long)]
     token: Option<String>,
-    /// CA certificate (PEM) to verify the server's TLS certificate.
+    /// CA certificate (PEM) to verify the server's TLS certificate
+    /// (needs an https:// URL).
     #[arg(long)]
     ca: Option<PathBuf>,
+    /// Client certificate (PEM) for a server with --client-ca; `{id}` in
+    /// the path stands for each hosted id.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Its private key (PEM); `{id}` as for --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Directory where each client checkpoints its own state.
     #[arg(long)]
     state_dir: Option<PathBuf>,
@@ -184,6 +228,7 @@ impl ClientArgs {
         let mut o = fedweave_net::client::ClientOptions::new(cfg, connect, ids);
         o.token = self.token;
         o.ca = self.ca;
+        o.identity = self.tls_cert.zip(self.tls_key);
         o.state_dir = self.state_dir;
         o.retry_for = seconds(self.retry_for)?;
         Ok(o)
@@ -211,6 +256,7 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     match real_main(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -281,8 +327,12 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             tls_cert,
             tls_key,
             tokens,
+            client_ca,
+            insecure,
             resume,
             session_timeout,
+            request_timeout,
+            max_client_samples,
             set,
         } => {
             let cfg = ExperimentConfig::from_file(&config, &set)?;
@@ -291,8 +341,12 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             let mut opts = fedweave_net::server::ServeOptions::new(cfg, listen, out.clone());
             opts.tls = tls_cert.zip(tls_key);
             opts.tokens = tokens;
+            opts.client_ca = client_ca;
+            opts.insecure = insecure;
             opts.resume = resume;
             opts.session_timeout = seconds(session_timeout)?;
+            opts.request_timeout = seconds(request_timeout)?;
+            opts.max_client_samples = max_client_samples;
             let summary = with_progress(rounds, |on_round| {
                 fedweave_net::server::serve(opts, |addr| eprintln!("listening on {addr}"), on_round)
                     .context("serve failed")
@@ -329,19 +383,25 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             tls_cert,
             tls_key,
             ca,
+            client_ca,
+            tokens,
+            token,
+            insecure,
             set,
         } => {
-            let opts = fedweave_net::peer::PeerOptions {
-                cfg: ExperimentConfig::from_file(&config, &set)?,
+            let mut opts = fedweave_net::peer::PeerOptions::new(
+                ExperimentConfig::from_file(&config, &set)?,
                 id,
                 listen,
-                peers: fedweave_net::peer::read_peers(&peers)?,
-                out: out.clone(),
-                tls: tls_cert.zip(tls_key),
-                ca,
-                retry_for: std::time::Duration::from_secs(120),
-                max_message: fedweave_net::wire::DEFAULT_MAX_MESSAGE,
-            };
+                fedweave_net::peer::read_peers(&peers)?,
+                out.clone(),
+            );
+            opts.tls = tls_cert.zip(tls_key);
+            opts.ca = ca;
+            opts.client_ca = client_ca;
+            opts.tokens = tokens;
+            opts.token = token;
+            opts.insecure = insecure;
             let report =
                 fedweave_net::peer::run_peer(opts, |a| eprintln!("peer {id} listening on {a}"))?;
             println!(
@@ -353,14 +413,33 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Certs { out, hosts } => {
-            let files = fedweave_net::certs::generate(&out, &hosts)?;
+        Command::Certs {
+            out,
+            hosts,
+            clients,
+            peers,
+        } => {
+            let files = fedweave_net::certs::generate(&out, &hosts, clients, peers)?;
             println!(
                 "CA {} (clients: --ca), certificate {} and key {} (server: --tls-cert/--tls-key)",
                 files.ca.display(),
                 files.cert.display(),
                 files.key.display()
             );
+            if clients > 0 {
+                println!(
+                    "client certificates {}/client-I.pem with client-I.key, I in 0..{clients} (client: --tls-cert/--tls-key; server: --client-ca {})",
+                    out.display(),
+                    files.ca.display()
+                );
+            }
+            if peers > 0 {
+                println!(
+                    "peer certificates {}/peer-I.pem with peer-I.key, I in 0..{peers} (peer: --tls-cert/--tls-key --ca/--client-ca {})",
+                    out.display(),
+                    files.ca.display()
+                );
+            }
             Ok(())
         }
     }

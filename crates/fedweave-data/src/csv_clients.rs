@@ -78,9 +78,12 @@ pub(crate) fn load(
             remote: false,
         });
     }
+    // A process hosting none of the clients (a server) read no file:
+    // `data.shape` is then the shape.
+    let read_any = width.is_some();
     let width = width.unwrap_or(0);
     let feature_shape = match &cfg.shape {
-        Some(shape) if shape.iter().product::<usize>() != width => {
+        Some(shape) if read_any && shape.iter().product::<usize>() != width => {
             return Err(DataError::config(
                 "data.shape",
                 format!(

@@ -268,7 +268,13 @@ pub fn partition(
     if ds.task != crate::Task::Classification {
         return forecasting_partition(ds, cfg, clients);
     }
-    if ds.train.is_empty() {
+    // A process that hosts none of the per-client files (a server) holds
+    // no sample at all; it partitions the clients' (remote) shares anyway.
+    let all_remote = ds
+        .natural_clients
+        .as_ref()
+        .is_some_and(|nat| nat.iter().all(|c| c.remote));
+    if ds.train.is_empty() && !all_remote {
         return Err(DataError::config(
             "data.dataset",
             format!("the training split of {} is empty", ds.name),

@@ -10,7 +10,10 @@
 //! HTTP/2 connection.
 
 use crate::proto::federation_client::FederationClient;
-use crate::wire::{self, Answer, Hello, Poll, Reply, Task, WireUpload};
+use crate::proto::lobby_client::LobbyClient;
+use crate::wire::{
+    self, Answer, CLIENT_HEADER, Hello, Poll, Reply, SESSION_HEADER, Task, WireUpload,
+};
 use crate::{NetError, transport};
 use fedweave_algos::{Algorithm, Visitor};
 use fedweave_sim::ExperimentConfig;
@@ -37,12 +40,21 @@ pub struct ClientOptions {
     pub token: Option<String>,
     /// CA certificate (PEM) to verify the server with.
     pub ca: Option<PathBuf>,
+    /// Client certificate and key (PEM) presented to a server that
+    /// authenticates clients by certificate (`serve --client-ca`); a
+    /// worker hosting several ids needs one naming each, so it takes
+    /// `{id}` in the paths.
+    pub identity: Option<(PathBuf, PathBuf)>,
     /// Where each client checkpoints its own state.
     pub state_dir: Option<PathBuf>,
     /// Give up after this long without reaching the server.
     pub retry_for: Duration,
-    /// The largest message accepted or sent.
-    pub max_message: usize,
+    /// The longest one request may take.
+    pub request_timeout: Duration,
+    /// The largest message accepted from the server (default: derived
+    /// from the model and the number of clients, as a download may relay
+    /// every client's model).
+    pub max_message: Option<usize>,
 }
 
 impl ClientOptions {
@@ -54,9 +66,11 @@ impl ClientOptions {
             ids,
             token: None,
             ca: None,
+            identity: None,
             state_dir: None,
             retry_for: Duration::from_secs(120),
-            max_message: wire::DEFAULT_MAX_MESSAGE,
+            request_timeout: Duration::from_secs(120),
+            max_message: None,
         }
     }
 }
@@ -99,22 +113,63 @@ impl Visitor for Runner {
             .enable_all()
             .build()
             .map_err(|e| NetError::Transport(e.to_string()))?;
+        if opts.token.is_some() && opts.ca.is_none() && !transport::is_local_url(&opts.connect) {
+            tracing::warn!(
+                "the token travels in plaintext to {}: serve TLS",
+                opts.connect
+            );
+            eprintln!(
+                "warning: the token travels in plaintext to {} (serve TLS and connect with https:// and --ca)",
+                opts.connect
+            );
+        }
         // Lazy channels spawn their connection task on this runtime.
         let _entered = runtime.enter();
-        let channel = transport::endpoint(&opts.connect, opts.ca.as_deref())?.connect_lazy();
+        // One connection for the process, or one per hosted id when each
+        // id presents its own client certificate.
+        let channel_for = |i: usize| -> Result<Channel, NetError> {
+            let identity = opts.identity.as_ref().map(|(c, k)| {
+                let fill = |p: &PathBuf| {
+                    PathBuf::from(p.to_string_lossy().replace("{id}", &i.to_string()))
+                };
+                (fill(c), fill(k))
+            });
+            Ok(transport::endpoint(
+                &opts.connect,
+                opts.ca.as_deref(),
+                identity.as_ref(),
+                opts.request_timeout,
+            )?
+            .connect_lazy())
+        };
+        let shared = match &opts.identity {
+            None => Some(channel_for(0)?),
+            Some(_) => None,
+        };
+        let n = derived.cfg().clients;
         let host = Arc::new(Host {
             algo,
-            derived,
             token: opts.token.clone().unwrap_or_default(),
             state_dir: opts.state_dir.clone(),
             retry_for: opts.retry_for,
-            max_message: opts.max_message,
+            max_message: opts.max_message.unwrap_or_else(|| {
+                wire::message_limit(derived.env().init.len(), n + wire::UPLOAD_MODELS)
+            }),
+            derived,
         });
+        let mut channels = Vec::with_capacity(opts.ids.len());
+        for &i in &opts.ids {
+            channels.push(match &shared {
+                Some(c) => c.clone(),
+                None => channel_for(i)?,
+            });
+        }
         runtime.block_on(async {
             let tasks: Vec<_> = opts
                 .ids
                 .iter()
-                .map(|&i| tokio::spawn(host.clone().run(i, channel.clone())))
+                .zip(channels)
+                .map(|(&i, channel)| tokio::spawn(host.clone().run(i, channel)))
                 .collect();
             let mut first_error = None;
             for (t, &i) in tasks.into_iter().zip(&opts.ids) {
@@ -277,6 +332,12 @@ impl<A: Algorithm> Host<A> {
         origin: bool,
     ) -> Result<Reply<A::Up>, NetError> {
         let cfg = self.derived.cfg();
+        if round == 0 || round > cfg.rounds {
+            return Err(NetError::Unsupported(format!(
+                "client {i}: the server asks for round {round} of a {}-round run",
+                cfg.rounds
+            )));
+        }
         let from = round - 1;
         if local.round > from {
             // The server resumed from a checkpoint behind this client: the
@@ -365,14 +426,18 @@ impl<A: Algorithm> Host<A> {
 
     /// The client's life: join, answer tasks until `Finish`.
     async fn run(self: Arc<Self>, i: usize, channel: Channel) -> Result<(), NetError> {
+        let mut lobby = LobbyClient::new(channel.clone())
+            .max_decoding_message_size(wire::JOIN_LIMIT)
+            .max_encoding_message_size(wire::JOIN_LIMIT);
         let mut rpc = FederationClient::new(channel)
             .max_decoding_message_size(self.max_message)
-            .max_encoding_message_size(self.max_message);
+            .max_encoding_message_size(usize::MAX);
         let mut local = Some(self.load(i)?);
         let info = wire::encode(&self.derived.info(i))?;
         let mut backoff = Backoff::new(self.retry_for);
         // A client restarted after a crash names the session it had, so the
         // server lets it take its id back before that session times out.
+        // The session is a secret: its file is readable by its owner only.
         let session_file = self
             .state_dir
             .as_ref()
@@ -380,21 +445,24 @@ impl<A: Algorithm> Host<A> {
         let mut previous = session_file
             .as_ref()
             .and_then(|p| std::fs::read_to_string(p).ok())
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or(0);
+            .and_then(|t| wire::unhex(t.trim()))
+            .unwrap_or_default();
         'join: loop {
             let hello = Hello {
                 id: i as u64,
                 token: self.token.clone(),
                 info: info.clone(),
-                previous,
+                previous: previous.clone(),
             };
-            let session = match rpc.join(hello).await {
+            let session = match lobby.join(hello).await {
                 Ok(w) => w.into_inner().session,
                 Err(s)
                     if matches!(
                         s.code(),
-                        Code::NotFound | Code::Unauthenticated | Code::AlreadyExists
+                        Code::NotFound
+                            | Code::Unauthenticated
+                            | Code::AlreadyExists
+                            | Code::InvalidArgument
                     ) =>
                 {
                     return Err(NetError::Refused(s.message().to_string()));
@@ -404,16 +472,23 @@ impl<A: Algorithm> Host<A> {
                     continue;
                 }
             };
-            previous = session;
+            previous = session.clone();
             if let Some(p) = &session_file {
-                write_atomically(p, session.to_string().as_bytes())?;
+                write_secret(p, wire::hex(&session).as_bytes())?;
             }
             backoff.reset();
-            loop {
-                let poll = Poll {
-                    id: i as u64,
-                    session,
+            let who = |request: &mut tonic::metadata::MetadataMap| -> Result<(), NetError> {
+                let value = |v: String| {
+                    v.parse()
+                        .map_err(|_| NetError::Transport("bad metadata value".into()))
                 };
+                request.insert(CLIENT_HEADER, value(i.to_string())?);
+                request.insert(SESSION_HEADER, value(wire::hex(&session))?);
+                Ok(())
+            };
+            loop {
+                let mut poll = tonic::Request::new(Poll {});
+                who(poll.metadata_mut())?;
                 let envelope = match rpc.next(poll).await {
                     Ok(e) => e.into_inner(),
                     Err(s) if s.code() == Code::Unauthenticated => continue 'join,
@@ -452,15 +527,16 @@ impl<A: Algorithm> Host<A> {
                 .await
                 .map_err(|e| NetError::Transport(format!("client {i}: {e}")))?;
                 local = Some(l);
-                let answer = Answer {
-                    id: i as u64,
-                    session,
+                let mut answer = tonic::Request::new(Answer {
                     seq,
                     payload: wire::encode(&reply?)?,
-                };
+                });
+                who(answer.metadata_mut())?;
                 match rpc.report(answer).await {
                     Ok(_) => {}
-                    Err(s) if s.code() == Code::FailedPrecondition => {
+                    Err(s)
+                        if matches!(s.code(), Code::FailedPrecondition | Code::AlreadyExists) =>
+                    {
                         tracing::warn!(client = i, "{}", s.message());
                     }
                     Err(s) if s.code() == Code::Unauthenticated => continue 'join,
@@ -472,4 +548,16 @@ impl<A: Algorithm> Host<A> {
             }
         }
     }
+}
+
+/// Writes a secret file (mode 0600 on Unix) through a temporary file.
+fn write_secret(path: &Path, bytes: &[u8]) -> Result<(), NetError> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(|e| NetError::file(d, e))?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    crate::certs::write_private(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).map_err(|e| NetError::file(path, e))
 }

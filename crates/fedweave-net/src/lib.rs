@@ -7,18 +7,21 @@
 
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod certs;
 pub mod client;
-mod hub;
+pub mod hub;
 pub mod peer;
 pub mod server;
 mod transport;
 pub mod wire;
 
-/// The generated gRPC services (`Federation`: Join, Next, Report;
-/// `Peers`: Fetch), for tools that talk to a fedweave server directly.
+/// The generated gRPC services (`Lobby`: Join; `Federation`: Next,
+/// Report; `Peers`: Fetch), for tools that talk to a fedweave server
+/// directly.
 #[allow(missing_docs, clippy::all)]
 pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/fedweave.Lobby.rs"));
     include!(concat!(env!("OUT_DIR"), "/fedweave.Federation.rs"));
     include!(concat!(env!("OUT_DIR"), "/fedweave.Peers.rs"));
 }
@@ -62,7 +65,8 @@ impl NetError {
 
 /// Reads a file of `id value` lines (`#` comments, blank lines skipped):
 /// the tokens file of `serve` and the peers file of `peer`. A line that is
-/// not exactly an id and one `what` is an error naming the line.
+/// not exactly an id and one `what`, or an id given twice, is an error
+/// naming the line.
 pub(crate) fn read_id_lines<K: std::str::FromStr + std::hash::Hash + Eq>(
     path: &std::path::Path,
     what: &str,
@@ -81,7 +85,12 @@ pub(crate) fn read_id_lines<K: std::str::FromStr + std::hash::Hash + Eq>(
         if parts.next().is_some() {
             return Err(bad());
         }
-        out.insert(id, value.to_string());
+        if out.insert(id, value.to_string()).is_some() {
+            return Err(NetError::file(
+                path,
+                format!("line {}: the id appears twice", k + 1),
+            ));
+        }
     }
     Ok(out)
 }

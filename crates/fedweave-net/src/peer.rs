@@ -6,15 +6,30 @@
 //! directory: its graph row, scores and transfers per round, and its
 //! best-validation test accuracy, bit-identical to the simulation's.
 
+//!
+//! Peers tolerate peers: a peer that has not published within the
+//! config's `round_timeout` (dead, unreachable, slow) is absent for that
+//! round — the method chooses among the peers it reached — and every
+//! surviving peer finishes and writes its result. A peer that comes back
+//! (restarted) learns from the others which round they are in and joins
+//! them there. `Fetch` is authenticated — the caller's token (`--tokens`
+//! on the serving side, `--token` on the asking side) or its client
+//! certificate (`--client-ca`) — and the caller is who it authenticated
+//! as, never who it claims to be.
+
+use crate::auth::{self, Credential};
 use crate::proto::peers_client::PeersClient;
 use crate::proto::peers_server::{Peers, PeersServer};
-use crate::wire::{self, Envelope, FetchRequest};
+use crate::transport::{Limits, ServerTls};
+use crate::wire::{self, CLIENT_HEADER, FetchRequest, Post, PostState, TOKEN_HEADER};
 use crate::{NetError, transport};
 use bytes::Bytes;
 use fedweave_algos::{Algorithm, EvalPoint, Message, PeerNet, PeerStep, Topology, Visitor};
 use fedweave_sim::ExperimentConfig;
 use fedweave_sim::config::EvalWhen;
-use fedweave_sim::runtime::{Derived, Score, Trackers, choose_participants, train_client};
+use fedweave_sim::runtime::{
+    Derived, Score, Trackers, check_loss, check_score, choose_participants, train_client,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -24,6 +39,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
+
+/// How long a fetch waits on the serving side for a post that is not
+/// there yet before answering "not yet".
+const LONG_POLL: Duration = Duration::from_secs(5);
 
 /// How `fedweave peer` runs.
 pub struct PeerOptions {
@@ -38,18 +57,59 @@ pub struct PeerOptions {
     pub peers: HashMap<usize, String>,
     /// Where `peer-I.json` goes.
     pub out: PathBuf,
-    /// TLS certificate and key (PEM) this peer presents.
+    /// TLS certificate and key (PEM) this peer presents — to the peers
+    /// fetching from it, and, with `client_ca`, as its client certificate
+    /// when it fetches (`fedweave certs --peers N` writes such ones).
     pub tls: Option<(PathBuf, PathBuf)>,
     /// CA certificate (PEM) the other peers are verified with.
     pub ca: Option<PathBuf>,
-    /// Give up on an unreachable peer after this long.
-    pub retry_for: Duration,
-    /// The largest message accepted or sent.
-    pub max_message: usize,
+    /// CA certificate (PEM) the fetching peers' certificates must chain
+    /// to (mutual TLS: each names its id, `fedweave-client-I`).
+    pub client_ca: Option<PathBuf>,
+    /// `id token` lines (tokens or `sha256:` of them): the peers allowed
+    /// to fetch from this one.
+    pub tokens: Option<PathBuf>,
+    /// This peer's own token, presented when it fetches.
+    pub token: Option<String>,
+    /// Listen on a non-loopback address without TLS or peer credentials.
+    pub insecure: bool,
+    /// The longest one request may take.
+    pub request_timeout: Duration,
+    /// The largest message accepted from a peer (default: derived from
+    /// the model, [`wire::message_limit`]).
+    pub max_message: Option<usize>,
+}
+
+impl PeerOptions {
+    /// Defaults (no TLS, no credentials, loopback only) for everything
+    /// but the config, id, address, peers and output directory.
+    pub fn new(
+        cfg: ExperimentConfig,
+        id: usize,
+        listen: SocketAddr,
+        peers: HashMap<usize, String>,
+        out: PathBuf,
+    ) -> Self {
+        Self {
+            cfg,
+            id,
+            listen,
+            peers,
+            out,
+            tls: None,
+            ca: None,
+            client_ca: None,
+            tokens: None,
+            token: None,
+            insecure: false,
+            request_timeout: Duration::from_secs(120),
+            max_message: None,
+        }
+    }
 }
 
 /// Reads a peers file: one `id address` pair a line (`host:port` or a
-/// URL); `#` comments.
+/// URL); `#` comments; an id given twice is an error.
 pub fn read_peers(path: &Path) -> Result<HashMap<usize, String>, NetError> {
     crate::read_id_lines(path, "url")
 }
@@ -99,6 +159,10 @@ pub struct PeerRound {
     pub evaluations: usize,
     /// Rewards alone and of the chosen set.
     pub rewards: Option<(f64, f64)>,
+    /// Participants it could not reach within `round_timeout` (absent
+    /// this round for it).
+    #[serde(default)]
+    pub absent: Vec<usize>,
 }
 
 /// A peer's whole run (`peer-I.json`).
@@ -108,7 +172,8 @@ pub struct PeerReport {
     pub id: usize,
     /// The algorithm.
     pub algorithm: String,
-    /// Every round.
+    /// Every round it ran (a peer that came back skips to the others'
+    /// round).
     pub rounds: Vec<PeerRound>,
     /// Test accuracy at its best validation round.
     pub best_test_acc: f64,
@@ -123,8 +188,8 @@ struct Board {
     posts: Mutex<BTreeMap<u64, Option<Bytes>>>,
     posted: tokio::sync::Notify,
     /// The "finished" round, once posted, and who has fetched it: a peer
-    /// leaves only when every other peer has seen it finish, or a slower
-    /// peer would find it gone.
+    /// leaves once every other peer has seen it finish (or a deadline
+    /// passed), or a slower peer would find it gone.
     finished: OnceLock<u64>,
     seen_finished: Mutex<HashSet<u64>>,
     seen: tokio::sync::Notify,
@@ -143,43 +208,104 @@ impl Board {
     }
 }
 
+/// Who may fetch from this peer.
+struct PeerAuth {
+    clients: usize,
+    tokens: Option<HashMap<u64, Credential>>,
+    client_certs: bool,
+}
+
+impl PeerAuth {
+    /// The id the caller authenticated as (`None`: no credentials are
+    /// required and it named none). With credentials required, a caller
+    /// without them is refused.
+    fn caller<T>(&self, request: &Request<T>) -> Result<Option<u64>, Status> {
+        let header = |key: &str| {
+            request
+                .metadata()
+                .get(key)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let claimed: Option<u64> = match header(CLIENT_HEADER) {
+            Some(v) => Some(
+                v.parse()
+                    .map_err(|_| Status::unauthenticated("malformed peer id"))?,
+            ),
+            None => None,
+        };
+        let mut id = claimed;
+        if self.client_certs {
+            let cert = auth::caller_cert_id(request).ok_or_else(|| {
+                Status::unauthenticated("a peer certificate (fedweave-client-I) is required")
+            })?;
+            if claimed.is_some_and(|c| c != cert) {
+                return Err(Status::unauthenticated(
+                    "the peer id named differs from the certificate's",
+                ));
+            }
+            id = Some(cert);
+        }
+        if let Some(tokens) = &self.tokens {
+            let who = claimed.ok_or_else(|| Status::unauthenticated("a peer id is required"))?;
+            let token = header(TOKEN_HEADER).unwrap_or_default();
+            if !tokens.get(&who).is_some_and(|c| c.matches(&token)) {
+                return Err(Status::unauthenticated(format!(
+                    "peer {who}: missing or wrong token"
+                )));
+            }
+        }
+        if id.is_some_and(|i| i >= self.clients as u64) {
+            return Err(Status::unauthenticated("unknown peer id"));
+        }
+        Ok(id)
+    }
+}
+
 struct PeerService {
     board: Arc<Board>,
+    auth: PeerAuth,
 }
 
 #[tonic::async_trait]
 impl Peers for PeerService {
-    async fn fetch(&self, request: Request<FetchRequest>) -> Result<Response<Envelope>, Status> {
+    async fn fetch(&self, request: Request<FetchRequest>) -> Result<Response<Post>, Status> {
+        let who = self.auth.caller(&request)?;
         let req = request.into_inner();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let deadline = tokio::time::Instant::now() + LONG_POLL;
+        let answer = |state: PostState, payload: Bytes, latest: u64| {
+            Ok(Response::new(Post {
+                state: state as i32,
+                payload,
+                latest,
+            }))
+        };
         loop {
             let notified = self.board.posted.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             {
                 let p = self.board.posts.lock().unwrap_or_else(|e| e.into_inner());
+                let latest = p.keys().next_back().copied().unwrap_or(0);
                 match p.get(&req.round) {
                     Some(Some(m)) => {
-                        if self.board.finished.get() == Some(&req.round) {
+                        if self.board.finished.get() == Some(&req.round)
+                            && let Some(who) = who
+                        {
                             let mut seen = self
                                 .board
                                 .seen_finished
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner());
-                            seen.insert(req.from);
+                            seen.insert(who);
                             self.board.seen.notify_waiters();
                         }
                         let payload = if req.probe { Bytes::new() } else { m.clone() };
-                        return Ok(Response::new(Envelope { payload }));
+                        return answer(PostState::Published, payload, latest);
                     }
-                    Some(None) => {
-                        return Err(Status::not_found(format!(
-                            "nothing published in round {}",
-                            req.round
-                        )));
-                    }
+                    Some(None) => return answer(PostState::Nothing, Bytes::new(), latest),
                     None if p.keys().next().is_some_and(|&k| k > req.round) => {
-                        return Err(Status::out_of_range(format!("round {} is gone", req.round)));
+                        return answer(PostState::Gone, Bytes::new(), latest);
                     }
                     None => {}
                 }
@@ -187,7 +313,97 @@ impl Peers for PeerService {
             tokio::select! {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(deadline) => {
-                    return Err(Status::unavailable("not published yet"));
+                    let p = self.board.posts.lock().unwrap_or_else(|e| e.into_inner());
+                    let latest = p.keys().next_back().copied().unwrap_or(0);
+                    return answer(PostState::NotYet, Bytes::new(), latest);
+                }
+            }
+        }
+    }
+}
+
+/// What asking a peer for its post of a round found.
+#[derive(Clone, Debug)]
+enum Found {
+    /// Published (the message, unless it was a probe).
+    Published(Bytes),
+    /// It published nothing that round.
+    Nothing,
+    /// Not reached in time, or it refused us; `ahead` = its latest round
+    /// when it is past the one asked for.
+    Absent { ahead: Option<u64> },
+}
+
+/// How this peer asks another.
+#[derive(Clone)]
+struct Asker {
+    me: u64,
+    token: Option<String>,
+    max_message: usize,
+}
+
+impl Asker {
+    /// Asks peer `j` (on `channel`) for its post of `round` until
+    /// `deadline`: retries while it is not there yet or unreachable.
+    async fn ask(
+        &self,
+        channel: Channel,
+        j: usize,
+        round: u64,
+        probe: bool,
+        deadline: Instant,
+    ) -> Found {
+        let mut rpc = PeersClient::new(channel)
+            .max_decoding_message_size(self.max_message)
+            .max_encoding_message_size(wire::JOIN_LIMIT);
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Found::Absent { ahead: None };
+            }
+            let mut request = Request::new(FetchRequest { round, probe });
+            request.set_timeout(left.max(Duration::from_millis(10)));
+            let m = request.metadata_mut();
+            if let Ok(v) = self.me.to_string().parse() {
+                m.insert(CLIENT_HEADER, v);
+            }
+            if let Some(t) = self.token.as_deref().and_then(|t| t.parse().ok()) {
+                m.insert(TOKEN_HEADER, t);
+            }
+            match rpc.fetch(request).await {
+                Ok(post) => {
+                    let post = post.into_inner();
+                    match PostState::try_from(post.state) {
+                        Ok(PostState::Published) => return Found::Published(post.payload),
+                        Ok(PostState::Nothing) => return Found::Nothing,
+                        Ok(PostState::Gone) => {
+                            return Found::Absent {
+                                ahead: Some(post.latest),
+                            };
+                        }
+                        // The long poll expired: ask again.
+                        Ok(PostState::NotYet) => continue,
+                        Err(_) => {
+                            tracing::warn!(peer = j, "answered with an unknown state");
+                            return Found::Absent { ahead: None };
+                        }
+                    }
+                }
+                Err(s)
+                    if matches!(
+                        s.code(),
+                        Code::Unauthenticated | Code::PermissionDenied | Code::Unimplemented
+                    ) =>
+                {
+                    tracing::warn!(peer = j, "refused: {}", s.message());
+                    return Found::Absent { ahead: None };
+                }
+                Err(s) => {
+                    tracing::debug!(peer = j, "not reached: {}", s.message());
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    tokio::time::sleep(delay.min(left)).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
                 }
             }
         }
@@ -195,6 +411,8 @@ impl Peers for PeerService {
 }
 
 /// Runs one peer to the end of the run; `on_ready` learns its address.
+/// `peer-I.json` is written before the peer waits for the others to see
+/// it finish.
 pub fn run_peer(
     opts: PeerOptions,
     on_ready: impl FnOnce(SocketAddr),
@@ -206,19 +424,39 @@ pub fn run_peer(
             "peers weigh each other by data size, which per-client files (data.dataset = \"csv\") do not let a peer know: derive the data from the config".into(),
         ));
     }
-    if opts.id >= opts.cfg.clients {
+    let n = opts.cfg.clients;
+    if opts.id >= n {
         return Err(NetError::Unsupported(format!(
-            "peer id {} is outside 0..{}",
-            opts.id, opts.cfg.clients
+            "peer id {} is outside 0..{n}",
+            opts.id
         )));
     }
-    if let Some(missing) =
-        (0..opts.cfg.clients).find(|j| *j != opts.id && !opts.peers.contains_key(j))
-    {
+    if let Some(bad) = opts.peers.keys().find(|&&j| j >= n) {
+        return Err(NetError::Unsupported(format!(
+            "the peers file names peer {bad}, outside 0..{n} (the config's clients)"
+        )));
+    }
+    if let Some(missing) = (0..n).find(|j| *j != opts.id && !opts.peers.contains_key(j)) {
         return Err(NetError::Unsupported(format!(
             "the peers file has no URL for peer {missing}"
         )));
     }
+    auth::check_exposure(
+        &format!("peer {}", opts.id),
+        &opts.listen,
+        opts.tls.is_some(),
+        opts.tokens.is_some() || opts.client_ca.is_some(),
+        opts.insecure,
+    )?;
+    let tokens = opts
+        .tokens
+        .as_deref()
+        .map(|p| auth::read_tokens(p, n))
+        .transpose()?;
+    let derived = Derived::load(&opts.cfg)?;
+    let max_message = opts
+        .max_message
+        .unwrap_or_else(|| wire::message_limit(derived.env().init.len(), wire::UPLOAD_MODELS));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -232,10 +470,24 @@ pub fn run_peer(
         .map_err(|e| NetError::Transport(e.to_string()))?;
     let service = PeersServer::new(PeerService {
         board: board.clone(),
+        auth: PeerAuth {
+            clients: n,
+            tokens,
+            client_certs: opts.client_ca.is_some(),
+        },
     })
-    .max_decoding_message_size(opts.max_message)
-    .max_encoding_message_size(opts.max_message);
-    let mut builder = transport::server(opts.tls.as_ref())?;
+    .max_decoding_message_size(wire::JOIN_LIMIT)
+    .max_encoding_message_size(usize::MAX);
+    let tls = ServerTls {
+        identity: opts.tls.clone(),
+        client_ca: opts.client_ca.clone(),
+    };
+    let limits = Limits {
+        // Each other peer asks one thing at a time, a few at the end.
+        streams_per_connection: 16,
+        request_timeout: opts.request_timeout,
+    };
+    let mut builder = transport::server(&tls, &limits)?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
     let serving = runtime.spawn(builder.add_service(service).serve_with_incoming_shutdown(
@@ -247,17 +499,15 @@ pub fn run_peer(
     on_ready(addr);
     // Lazy channels spawn their connection tasks on this runtime.
     let _entered = runtime.enter();
+    let identity = opts.client_ca.as_ref().and(opts.tls.as_ref());
     let mut channels = HashMap::new();
     for (&j, url) in &opts.peers {
-        if j != opts.id && j < opts.cfg.clients {
+        if j != opts.id {
             let url = peer_url(url, opts.ca.is_some());
-            channels.insert(
-                j,
-                transport::endpoint(&url, opts.ca.as_deref())?.connect_lazy(),
-            );
+            let ep = transport::endpoint(&url, opts.ca.as_deref(), identity, opts.request_timeout)?;
+            channels.insert(j, ep.connect_lazy());
         }
     }
-    let derived = Derived::load(&opts.cfg)?;
     let cfg = derived.cfg().clone();
     let runner = PeerRunner {
         derived: &derived,
@@ -265,6 +515,12 @@ pub fn run_peer(
         channels: &channels,
         handle: runtime.handle().clone(),
         opts: &opts,
+        asker: Asker {
+            me: opts.id as u64,
+            token: opts.token.clone(),
+            max_message,
+        },
+        round_timeout: Duration::from_secs_f64(cfg.round_timeout),
     };
     let result = fedweave_algos::dispatch(
         cfg.algorithm_name(),
@@ -276,13 +532,10 @@ pub fn run_peer(
     .map_err(NetError::from)
     .and_then(|r| r);
     stop.send(()).ok();
-    runtime.block_on(serving).ok();
-    let report = result?;
-    std::fs::create_dir_all(&opts.out).map_err(|e| NetError::file(&opts.out, e))?;
-    let p = opts.out.join(format!("peer-{}.json", opts.id));
-    let text = serde_json::to_string_pretty(&report).map_err(|e| NetError::file(&p, e))?;
-    std::fs::write(&p, text).map_err(|e| NetError::file(&p, e))?;
-    Ok(report)
+    runtime
+        .block_on(async { tokio::time::timeout(Duration::from_secs(2), serving).await })
+        .ok();
+    result
 }
 
 struct PeerRunner<'a> {
@@ -291,6 +544,8 @@ struct PeerRunner<'a> {
     channels: &'a HashMap<usize, Channel>,
     handle: tokio::runtime::Handle,
     opts: &'a PeerOptions,
+    asker: Asker,
+    round_timeout: Duration,
 }
 
 /// Fetches peer messages over gRPC, at most once each per round, and
@@ -307,92 +562,82 @@ struct GrpcNet<'a, A: Algorithm> {
 }
 
 impl PeerRunner<'_> {
-    /// Peer `j`'s post of `round` (`probe`: only whether it published:
-    /// an empty payload),
-    /// retrying while it is not there yet or unreachable.
-    fn fetch(&self, j: usize, round: u64, probe: bool) -> Result<Option<Vec<u8>>, NetError> {
-        let channel = self.channels[&j].clone();
-        let max = self.opts.max_message;
-        let me = self.opts.id as u64;
-        let limit = self.opts.retry_for;
+    /// Asks each of `peers` for its post of `round` at once, until
+    /// `deadline`.
+    fn ask_all(&self, peers: &[usize], round: u64, probe: bool, deadline: Instant) -> Vec<Found> {
+        let asks: Vec<_> = peers
+            .iter()
+            .map(|&j| {
+                let (asker, channel) = (self.asker.clone(), self.channels[&j].clone());
+                self.handle
+                    .spawn(async move { asker.ask(channel, j, round, probe, deadline).await })
+            })
+            .collect();
         self.handle.block_on(async move {
-            let mut rpc = PeersClient::new(channel)
-                .max_decoding_message_size(max)
-                .max_encoding_message_size(max);
-            let mut delay = Duration::from_millis(50);
-            let mut since = Instant::now();
-            loop {
-                match rpc
-                    .fetch(FetchRequest {
-                        round,
-                        from: me,
-                        probe,
-                    })
-                    .await
-                {
-                    Ok(e) => return Ok(Some(e.into_inner().payload.into())),
-                    Err(s) if s.code() == Code::NotFound => return Ok(None),
-                    Err(s) if s.code() == Code::OutOfRange => {
-                        return Err(NetError::Transport(format!("peer {j}: {}", s.message())));
-                    }
-                    // Not there yet: the long poll expired; ask again.
-                    Err(s)
-                        if s.code() == Code::Unavailable && s.message() == "not published yet" =>
-                    {
-                        since = Instant::now();
-                    }
-                    Err(s) => {
-                        if since.elapsed() > limit {
-                            return Err(NetError::Transport(format!(
-                                "peer {j} unreachable: {}",
-                                s.message()
-                            )));
-                        }
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
-                    }
-                }
+            let mut out = Vec::with_capacity(asks.len());
+            for a in asks {
+                out.push(a.await.unwrap_or(Found::Absent { ahead: None }));
             }
+            out
         })
     }
-}
 
-impl PeerRunner<'_> {
-    /// Waits (up to `retry_for`) until every other peer has fetched this
-    /// one's "finished" mark.
-    fn wait_until_seen_finished(&self) -> Result<(), NetError> {
-        let others: Vec<u64> = self.channels.keys().map(|&j| j as u64).collect();
+    /// Stays until every other peer has seen this one's "finished" mark
+    /// (and has been shown its own), or `round_timeout` has passed: a
+    /// peer that is gone is not waited for longer, and peers absent in the
+    /// last round (`gone`) not at all.
+    fn linger(&self, done: u64, gone: &[usize]) {
+        let mut others: Vec<usize> = self
+            .channels
+            .keys()
+            .copied()
+            .filter(|j| !gone.contains(j))
+            .collect();
+        others.sort_unstable();
+        let deadline = Instant::now() + self.round_timeout;
+        let asks: Vec<_> = others
+            .iter()
+            .map(|&j| {
+                let (asker, channel) = (self.asker.clone(), self.channels[&j].clone());
+                self.handle
+                    .spawn(async move { asker.ask(channel, j, done, true, deadline).await })
+            })
+            .collect();
         let board = self.board;
-        let deadline = tokio::time::Instant::now() + self.opts.retry_for;
-        self.handle.block_on(async move {
-            loop {
+        let missing = self.handle.block_on(async move {
+            let until =
+                tokio::time::Instant::now() + deadline.saturating_duration_since(Instant::now());
+            let missing = loop {
                 let notified = board.seen.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                let missing: Vec<u64> = {
+                let missing: Vec<usize> = {
                     let seen = board
                         .seen_finished
                         .lock()
                         .unwrap_or_else(|e| e.into_inner());
                     others
                         .iter()
-                        .filter(|j| !seen.contains(j))
+                        .filter(|&&j| !seen.contains(&(j as u64)))
                         .copied()
                         .collect()
                 };
                 if missing.is_empty() {
-                    return Ok(());
+                    break missing;
                 }
                 tokio::select! {
                     _ = &mut notified => {}
-                    _ = tokio::time::sleep_until(deadline) => {
-                        return Err(NetError::Transport(format!(
-                            "peers {missing:?} never asked whether this peer finished"
-                        )));
-                    }
+                    _ = tokio::time::sleep_until(until) => break missing,
                 }
+            };
+            for a in asks {
+                a.await.ok();
             }
-        })
+            missing
+        });
+        if !missing.is_empty() {
+            tracing::warn!(?missing, "peers that never saw this one finish (gone?)");
+        }
     }
 }
 
@@ -405,15 +650,17 @@ impl<A: Algorithm> PeerNet<A::Up> for GrpcNet<'_, A> {
             if self.published.binary_search(&peer).is_err() {
                 return None;
             }
-            let bytes = self
-                .runner
-                .fetch(peer, self.round, false)
-                .map_err(|e| tracing::warn!(peer, "fetch failed: {e}"))
-                .ok()??;
-            let up: A::Up = wire::decode(&bytes, self.runner.opts.max_message)
+            let r = self.runner;
+            let deadline = Instant::now() + r.round_timeout;
+            let found = r.ask_all(&[peer], self.round, false, deadline);
+            let Some(Found::Published(bytes)) = found.into_iter().next() else {
+                tracing::warn!(peer, "its model could not be fetched");
+                return None;
+            };
+            let up: A::Up = wire::decode(&bytes, r.asker.max_message)
                 .map_err(|e| tracing::warn!(peer, "bad message: {e}"))
                 .ok()?;
-            let env = self.runner.derived.env();
+            let env = r.derived.env();
             match self.algo.check_upload(&env, &up) {
                 Ok(()) => Some(up),
                 Err(why) => {
@@ -448,13 +695,24 @@ impl Visitor for PeerRunner<'_> {
         let env = d.env();
         let me = self.opts.id;
         let n = cfg.clients;
+        let regression = d.facts().regression;
         let mut state = algo.init_client(&env, me);
         let mut trackers = Trackers::new(n);
         let mut rounds = Vec::new();
-        for round in 1..=cfg.rounds {
+        // A peer's own scores pass the same check as every runtime's.
+        let score = |state: &A::Client| {
+            let s = d.score(&algo, me, state);
+            check_score(&s, regression)
+                .map(|()| s)
+                .map_err(|why| tracing::warn!("own score refused ({why})"))
+                .ok()
+        };
+        let mut round = 1;
+        while round <= cfg.rounds {
             let participants = choose_participants(cfg, round);
-            let before =
-                (cfg.eval.when == EvalWhen::BeforeAndAfter).then(|| d.score(&algo, me, &state));
+            let before = (cfg.eval.when == EvalWhen::BeforeAndAfter)
+                .then(|| score(&state))
+                .flatten();
             if let Some(b) = before {
                 trackers.record(round, me, b);
             }
@@ -471,26 +729,50 @@ impl Visitor for PeerRunner<'_> {
                     false,
                     None,
                 );
-                match algo.check_upload(&env, &u.up) {
+                // The checks the simulator's `screen` applies to what a
+                // peer publishes.
+                match check_loss(u.loss).and_then(|()| algo.check_upload(&env, &u.up)) {
                     Ok(()) => own = Some(u.up),
                     Err(why) => tracing::warn!(round, "own upload rejected ({why}); not published"),
                 }
             }
             self.board
                 .post(round as u64, own.as_ref().map(wire::encode).transpose()?);
-            let mut after =
-                (algo.eval_point() == EvalPoint::AfterTraining).then(|| d.score(&algo, me, &state));
+            let mut after = (algo.eval_point() == EvalPoint::AfterTraining)
+                .then(|| score(&state))
+                .flatten();
+            // Who published: each other participant's post, asked for at
+            // once and waited for until the round's deadline.
+            let others: Vec<usize> = participants.iter().copied().filter(|&j| j != me).collect();
+            let deadline = Instant::now() + self.round_timeout;
+            let found = self.ask_all(&others, round as u64, true, deadline);
             let mut published = Vec::new();
+            let mut absent = Vec::new();
+            // The rounds of the peers that are past this one.
+            let mut ahead = Vec::new();
             for &j in &participants {
-                let there = if j == me {
-                    own.is_some()
-                } else {
-                    // Whether j published: its post, fetched once and kept.
-                    self.fetch(j, round as u64, true)?.is_some()
-                };
-                if there {
-                    published.push(j);
+                if j == me {
+                    if own.is_some() {
+                        published.push(j);
+                    }
+                    continue;
                 }
+                let k = others.binary_search(&j).unwrap_or_default();
+                match &found[k] {
+                    Found::Published(_) => published.push(j),
+                    Found::Nothing => {}
+                    Found::Absent { ahead: a } => {
+                        absent.push(j);
+                        ahead.extend(*a);
+                    }
+                }
+            }
+            if !absent.is_empty() {
+                tracing::warn!(
+                    round,
+                    ?absent,
+                    "peers absent this round (not reached within round_timeout)"
+                );
             }
             let net = GrpcNet {
                 runner: &self,
@@ -509,39 +791,66 @@ impl Visitor for PeerRunner<'_> {
                 PeerStep::keep(me)
             };
             if algo.eval_point() == EvalPoint::AfterReceive {
-                after = Some(d.score(&algo, me, &state));
+                after = score(&state);
             }
-            let after = after.unwrap_or_default();
-            trackers.record(round, me, after);
+            if let Some(a) = after {
+                trackers.record(round, me, a);
+            }
+            tracing::info!(round, published = own.is_some(), ?absent, "round done");
             rounds.push(PeerRound {
                 round,
                 published: own.is_some(),
                 row: step.row,
                 before,
-                after,
+                after: after.unwrap_or_default(),
                 transfers: net.transfers.load(Ordering::Relaxed),
                 bytes: net.bytes.load(Ordering::Relaxed),
                 evaluations: step.evaluations,
                 rewards: step.rewards,
+                absent,
             });
+            // Behind the others (this peer came back, or was too slow):
+            // join them in their round — when most of the other
+            // participants say so, at the earliest round they name (one
+            // peer's word cannot make this one skip rounds).
+            ahead.sort_unstable();
+            let next = if 2 * ahead.len() > others.len() {
+                usize::try_from(ahead[0])
+                    .unwrap_or(usize::MAX)
+                    .min(cfg.rounds + 1)
+            } else {
+                round + 1
+            };
+            if next > round + 1 {
+                tracing::warn!(round, next, "the other peers are ahead: joining them");
+                round = next;
+            } else {
+                round += 1;
+            }
         }
-        // Stay until every other peer is done with this one's posts: wait
-        // for each one's "finished" mark, then for each one to have seen
-        // this one's.
-        let done = cfg.rounds as u64 + 1;
-        self.board.finished.set(done).ok();
-        self.board.post(done, Some(Vec::new()));
-        for &j in self.channels.keys() {
-            self.fetch(j, done, true)?;
-        }
-        self.wait_until_seen_finished()?;
         let (best, best_round) = trackers.best(me);
-        Ok(PeerReport {
+        let report = PeerReport {
             id: me,
             algorithm: algo.name().to_string(),
             rounds,
             best_test_acc: best.acc,
             best_round,
-        })
+        };
+        let out = &self.opts.out;
+        std::fs::create_dir_all(out).map_err(|e| NetError::file(out, e))?;
+        let p = out.join(format!("peer-{me}.json"));
+        let text = serde_json::to_string_pretty(&report).map_err(|e| NetError::file(&p, e))?;
+        std::fs::write(&p, text).map_err(|e| NetError::file(&p, e))?;
+        // Stay while the others may still need this peer's posts.
+        let done = cfg.rounds as u64 + 1;
+        self.board.finished.set(done).ok();
+        self.board.post(done, Some(Vec::new()));
+        let gone = report
+            .rounds
+            .last()
+            .map(|r| r.absent.clone())
+            .unwrap_or_default();
+        self.linger(done, &gone);
+        Ok(report)
     }
 }

@@ -13,7 +13,8 @@ use fedweave_sim::runtime::Score;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-/// A client introduces itself.
+/// A client introduces itself (`Lobby/Join`, the one call that needs no
+/// session: read under a small size limit, [`JOIN_LIMIT`]).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Hello {
     /// Its client id.
@@ -25,30 +26,27 @@ pub struct Hello {
     /// Its packed `ClientInfo`.
     #[prost(bytes = "vec", tag = "3")]
     pub info: Vec<u8>,
-    /// The session it had before a transport failure (0: none): the
-    /// server lets it take its id back even while that session looks live.
-    #[prost(uint64, tag = "4")]
-    pub previous: u64,
+    /// The session it had before a transport failure (empty: none): with
+    /// it, and its credential, a client takes its id back even while that
+    /// session looks live.
+    #[prost(bytes = "vec", tag = "4")]
+    pub previous: Vec<u8>,
 }
 
 /// The server accepts a client.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Welcome {
-    /// The session every later call names.
-    #[prost(uint64, tag = "1")]
-    pub session: u64,
+    /// The session: [`SESSION_BYTES`] bytes from the operating system's
+    /// random source, a secret bound to this client id. Every later call
+    /// carries it in its metadata ([`CLIENT_HEADER`], [`SESSION_HEADER`]).
+    #[prost(bytes = "vec", tag = "1")]
+    pub session: Vec<u8>,
 }
 
-/// A client asks for its next task (a long poll).
+/// A client asks for its next task (a long poll). Who asks is in the
+/// call's metadata.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Poll {
-    /// Its client id.
-    #[prost(uint64, tag = "1")]
-    pub id: u64,
-    /// Its session.
-    #[prost(uint64, tag = "2")]
-    pub session: u64,
-}
+pub struct Poll {}
 
 /// A packed typed message. Shared bytes: the server hands the same
 /// encoded task to many clients without copying it.
@@ -59,20 +57,14 @@ pub struct Envelope {
     pub payload: bytes::Bytes,
 }
 
-/// A client's answer to a task.
+/// A client's answer to a task. Who answers is in the call's metadata.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Answer {
-    /// Its client id.
-    #[prost(uint64, tag = "1")]
-    pub id: u64,
-    /// Its session.
-    #[prost(uint64, tag = "2")]
-    pub session: u64,
     /// The task's sequence number (stale answers are dropped).
-    #[prost(uint64, tag = "3")]
+    #[prost(uint64, tag = "1")]
     pub seq: u64,
     /// The packed answer.
-    #[prost(bytes = "vec", tag = "4")]
+    #[prost(bytes = "vec", tag = "2")]
     pub payload: Vec<u8>,
 }
 
@@ -80,18 +72,89 @@ pub struct Answer {
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Ack {}
 
-/// A peer asks another for what it published in a round.
+/// A peer asks another for what it published in a round. Who asks is in
+/// the call's metadata (and, with mutual TLS, its certificate): a claimed
+/// sender in the message would be trusted by nobody.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct FetchRequest {
     /// The round.
     #[prost(uint64, tag = "1")]
     pub round: u64,
-    /// Who asks.
-    #[prost(uint64, tag = "2")]
-    pub from: u64,
     /// Only whether it published (an empty payload), not the message.
-    #[prost(bool, tag = "3")]
+    #[prost(bool, tag = "2")]
     pub probe: bool,
+}
+
+/// What a peer answers a fetch with.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Post {
+    /// [`PostState`]: published, nothing, gone, not yet.
+    #[prost(enumeration = "PostState", tag = "1")]
+    pub state: i32,
+    /// The packed message (published, and not a probe).
+    #[prost(bytes = "bytes", tag = "2")]
+    pub payload: bytes::Bytes,
+    /// The latest round the peer has posted (a peer that fell behind, or
+    /// came back, learns where the others are).
+    #[prost(uint64, tag = "3")]
+    pub latest: u64,
+}
+
+/// Whether a peer's post for a round is there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum PostState {
+    /// Published: the payload holds it (empty for a probe).
+    Published = 0,
+    /// The peer took no part or published nothing sound that round.
+    Nothing = 1,
+    /// The round is older than what the peer keeps.
+    Gone = 2,
+    /// The peer has not reached that round yet (the long poll expired).
+    NotYet = 3,
+}
+
+/// Metadata key naming the caller's client (or peer) id, in decimal.
+pub const CLIENT_HEADER: &str = "fedweave-client";
+/// Metadata key carrying the session, in lowercase hex.
+pub const SESSION_HEADER: &str = "fedweave-session";
+/// Metadata key carrying a peer's token.
+pub const TOKEN_HEADER: &str = "fedweave-token";
+/// Bytes of a session secret (128 bits).
+pub const SESSION_BYTES: usize = 16;
+/// The largest hello (or peer request) read before the caller is
+/// authenticated: 1 MiB.
+pub const JOIN_LIMIT: usize = 1 << 20;
+
+/// The largest message carrying `models` model-sized vectors of a model
+/// of `parameters` parameters (4 bytes each) plus 1 MiB for everything
+/// else (ids, scores, label counts, framing).
+pub fn message_limit(parameters: usize, models: usize) -> usize {
+    parameters
+        .saturating_mul(4)
+        .saturating_mul(models)
+        .saturating_add(1 << 20)
+}
+
+/// Model-sized vectors an upload may carry (the model, a few more for
+/// methods that upload several — FedEM's components, FedCP's parts —
+/// and the origin): what a server reads from an authenticated client.
+pub const UPLOAD_MODELS: usize = 10;
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Bytes of a lowercase or uppercase hex string; `None` if it is not one.
+pub fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) || !text.is_ascii() {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|k| u8::from_str_radix(&text[k..k + 2], 16).ok())
+        .collect()
 }
 
 /// What the server asks of one client.
@@ -166,9 +229,6 @@ pub struct WireUpload<U> {
 /// What a payload starts with: "fedweave message", layout version 2
 /// (bumped on incompatible changes of the message layout).
 const TAG: [u8; 4] = *b"FWM2";
-
-/// Default limit on one message: 256 MiB.
-pub const DEFAULT_MAX_MESSAGE: usize = 256 << 20;
 
 /// A payload that cannot be decoded.
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,9 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod checks;
 pub mod config;
+mod driver;
 mod engine;
 pub mod packed;
 mod peer;

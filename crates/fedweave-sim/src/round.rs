@@ -11,7 +11,9 @@
 //! scored every round on its current personalised model, like everyone.
 
 use crate::ExperimentConfig;
+use crate::checks::{check_loss, check_origin, check_score};
 use crate::config::EvalWhen;
+use crate::driver::{Clients, TrainAsk, TrainReply, server_round};
 use crate::peer::{SharedMemoryNet, exchange};
 use crate::protocol::{Facts, Score, Trackers, evaluate_clients, fill_means, participant_accuracy};
 use crate::setup::Setup;
@@ -136,20 +138,27 @@ pub struct Screened<U> {
     pub bytes_up: u64,
 }
 
-/// Server side: checks every upload (shape, finiteness: a bad one is
-/// rejected and its client sits the round out) and, for server methods
-/// with an `[aggregator]` defence, runs it. `uploads` ascend by client.
+/// Server side: checks every upload with the shared checks of
+/// [`crate::checks`] — only from a participant, once; a finite training
+/// loss; the algorithm's own check (shape, finiteness); a sound origin
+/// where norm clipping needs one — (a bad one is rejected and its client
+/// sits the round out) and, for server methods with an `[aggregator]`
+/// defence, runs it. `participants` are the round's (sorted).
 pub fn screen<A: Algorithm>(
     algo: &A,
     env: &Env,
     cfg: &ExperimentConfig,
     round: usize,
-    uploads: Vec<Upload<A::Up>>,
+    participants: &[usize],
+    mut uploads: Vec<Upload<A::Up>>,
 ) -> Screened<A::Up> {
     let mut rejected = Vec::new();
     let mut sound = Vec::with_capacity(uploads.len());
     let mut starts = Vec::with_capacity(uploads.len());
     let mut losses = Vec::with_capacity(uploads.len());
+    uploads.sort_by_key(|u| u.client);
+    let want_origin = wants_origins(cfg);
+    let mut last = None;
     for Upload {
         client: i,
         up,
@@ -157,7 +166,17 @@ pub fn screen<A: Algorithm>(
         origin,
     } in uploads
     {
-        match algo.check_upload(env, &up) {
+        let verdict = if participants.binary_search(&i).is_err() {
+            Err("the client was not asked to train".to_string())
+        } else if last == Some(i) {
+            Err("a second upload in one round".to_string())
+        } else {
+            check_loss(loss)
+                .and_then(|()| algo.check_upload(env, &up))
+                .and_then(|()| check_origin(&up, origin.as_deref(), want_origin, env.init.len()))
+        };
+        last = Some(i);
+        match verdict {
             Ok(()) => {
                 sound.push((i, up));
                 starts.push(origin);
@@ -173,6 +192,7 @@ pub fn screen<A: Algorithm>(
             }
         }
     }
+    rejected.dedup();
     let bytes_up: u64 = sound.iter().map(|(_, u)| u.bytes()).sum();
     if algo.topology() == Topology::Server && !cfg.aggregator.is_mean() {
         sound = defend(&cfg.aggregator, sound, &starts, env, &mut rejected);
@@ -210,6 +230,29 @@ pub struct Scores {
     pub clients: Vec<usize>,
     /// Their scores, in the same order.
     pub scores: Vec<Score>,
+}
+
+impl Scores {
+    /// Adds client `client`'s score if it passes [`check_score`] (finite,
+    /// in range); a refused score leaves the client unscored this round.
+    pub fn admit(&mut self, client: usize, score: Score, regression: bool) -> Result<(), String> {
+        check_score(&score, regression)?;
+        self.clients.push(client);
+        self.scores.push(score);
+        Ok(())
+    }
+
+    /// The scores of `clients` (in their order) that pass [`check_score`];
+    /// refusals are logged.
+    pub fn checked(clients: &[usize], scores: Vec<Score>, regression: bool, round: usize) -> Self {
+        let mut out = Self::default();
+        for (&i, s) in clients.iter().zip(scores) {
+            if let Err(why) = out.admit(i, s, regression) {
+                tracing::warn!(client = i, round, "score refused ({why})");
+            }
+        }
+        out
+    }
 }
 
 /// What a round produced, for the books.
@@ -288,7 +331,9 @@ pub fn close_round(facts: &Facts, trackers: &mut Trackers, books: RoundBooks) ->
     record
 }
 
-/// Runs round `state.round + 1` and returns its record.
+/// Runs round `state.round + 1` and returns its record: a server
+/// method's round is [`server_round`] with the clients in memory; a
+/// peer-to-peer method's, the peers' exchange through shared memory.
 pub(crate) fn run_round<A: Algorithm>(
     algo: &A,
     setup: &Setup,
@@ -296,30 +341,49 @@ pub(crate) fn run_round<A: Algorithm>(
     state: &mut RunState<A::Server, A::Client>,
     pool: &rayon::ThreadPool,
 ) -> RoundRecord {
-    let started = Instant::now();
     let round = state.round + 1;
+    let record = if algo.topology() == Topology::PeerToPeer {
+        peer_round(algo, setup, facts, round, state, pool)
+    } else {
+        let env = setup.env();
+        let mut clients = MemoryClients {
+            algo,
+            setup,
+            states: &mut state.clients,
+            pool,
+        };
+        server_round(
+            algo,
+            &env,
+            facts,
+            round,
+            &mut state.server,
+            &mut state.trackers,
+            &mut clients,
+        )
+    };
+    state.round = round;
+    record
+}
+
+/// Trains round `round`'s participants in memory, one task per
+/// participant, or one task per group of `batch_clients` participants
+/// whose plain training runs batched; then model poisoning wraps the
+/// malicious clients' uploads (the model, their first vector).
+fn train_in_memory<A: Algorithm>(
+    algo: &A,
+    setup: &Setup,
+    round: usize,
+    participants: &[usize],
+    clients: &mut [A::Client],
+    pool: &rayon::ThreadPool,
+) -> Vec<Upload<A::Up>> {
     let cfg = &setup.cfg;
-    let env = setup.env();
-    let participants = choose_participants(cfg, round);
     let mut taking_part = vec![false; cfg.clients];
     participants.iter().for_each(|&i| taking_part[i] = true);
     let attack = cfg.attack.kind;
     let inv_grad = |i: usize| attack == AttackKind::InvGrad && setup.is_malicious[i];
     let wants_origin = |i: usize| inv_grad(i) || wants_origins(cfg);
-    let benign = || Scores {
-        clients: setup.benign.clone(),
-        scores: Vec::new(),
-    };
-
-    // pFedGraph's protocol also scores the models held before training
-    // (the received mixes); the best validation is taken over both points.
-    let before = (cfg.eval.when == EvalWhen::BeforeAndAfter).then(|| Scores {
-        scores: evaluate_clients(algo, setup, &state.clients, pool),
-        ..benign()
-    });
-
-    // Local training, one task per participant, or one task per group of
-    // `batch_clients` participants whose plain training runs batched.
     let train = |i: usize, client: &mut A::Client, batch: Option<&TrainBatch>| {
         let data = setup.client_data(i);
         let env = setup.client_env(i);
@@ -335,8 +399,7 @@ pub(crate) fn run_round<A: Algorithm>(
             batch,
         )
     };
-    let taking: Vec<(usize, &mut A::Client)> = state
-        .clients
+    let taking: Vec<(usize, &mut A::Client)> = clients
         .iter_mut()
         .enumerate()
         .filter(|(i, _)| taking_part[*i])
@@ -369,9 +432,6 @@ pub(crate) fn run_round<A: Algorithm>(
             trained.into_iter().flat_map(|(u, _)| u).collect()
         }
     };
-
-    // Model poisoning wraps the uploads (the model, their first vector);
-    // then the server checks what arrived.
     if attack.poisons_models() {
         for u in uploads.iter_mut().filter(|u| setup.is_malicious[u.client]) {
             if let Some(model) = u.up.vectors_mut().into_iter().next()
@@ -383,45 +443,136 @@ pub(crate) fn run_round<A: Algorithm>(
             }
         }
     }
+    uploads
+}
+
+/// The simulation's clients: every state in memory, trained in parallel
+/// (batched where configured) with the attacks wrapped around their
+/// uploads; every benign client scores where asked; no one is ever absent.
+struct MemoryClients<'a, A: Algorithm> {
+    algo: &'a A,
+    setup: &'a Setup,
+    states: &'a mut Vec<A::Client>,
+    pool: &'a rayon::ThreadPool,
+}
+
+impl<A: Algorithm> MemoryClients<'_, A> {
+    /// Every benign client's score, `None` for the others.
+    fn scores(&self) -> Vec<Option<Score>> {
+        let mut out = vec![None; self.states.len()];
+        let scores = evaluate_clients(self.algo, self.setup, self.states, self.pool);
+        for (&i, s) in self.setup.benign.iter().zip(scores) {
+            out[i] = Some(s);
+        }
+        out
+    }
+}
+
+impl<A: Algorithm> Clients<A> for MemoryClients<'_, A> {
+    fn train(&mut self, ask: &TrainAsk) -> Vec<Option<TrainReply<A::Up>>> {
+        let n = self.states.len();
+        // pFedGraph's protocol also scores the models held before
+        // training (the received mixes).
+        let mut before = if ask.before {
+            self.scores()
+        } else {
+            vec![None; n]
+        };
+        let uploads = train_in_memory(
+            self.algo,
+            self.setup,
+            ask.round,
+            &ask.participants,
+            self.states,
+            self.pool,
+        );
+        let mut after = if ask.after {
+            self.scores()
+        } else {
+            vec![None; n]
+        };
+        let mut replies: Vec<Option<TrainReply<A::Up>>> = (0..n)
+            .map(|i| {
+                Some(TrainReply {
+                    upload: None,
+                    before: before[i].take(),
+                    after: after[i].take(),
+                })
+            })
+            .collect();
+        for u in uploads {
+            let i = u.client;
+            if let Some(Some(r)) = replies.get_mut(i) {
+                r.upload = Some(u);
+            }
+        }
+        replies
+    }
+
+    fn deliver(
+        &mut self,
+        _round: usize,
+        inbox: Vec<Option<A::Down>>,
+        _to: &[bool],
+        score: bool,
+    ) -> Vec<Option<Option<Score>>> {
+        let downloads = inbox
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.map(|d| (i, d)))
+            .collect();
+        deliver(self.algo, self.setup, self.states, downloads, self.pool);
+        if score {
+            self.scores().into_iter().map(Some).collect()
+        } else {
+            vec![Some(None); self.states.len()]
+        }
+    }
+}
+
+/// A peer-to-peer method's round in memory: participants train and
+/// publish, the server-side checks screen what they published, and each
+/// publishing client runs its own `peer_step` through the shared-memory
+/// message layer.
+fn peer_round<A: Algorithm>(
+    algo: &A,
+    setup: &Setup,
+    facts: &Facts,
+    round: usize,
+    state: &mut RunState<A::Server, A::Client>,
+    pool: &rayon::ThreadPool,
+) -> RoundRecord {
+    let started = Instant::now();
+    let cfg = &setup.cfg;
+    let env = setup.env();
+    let participants = choose_participants(cfg, round);
+    // Every score passes the same check as a networked client's.
+    let scored =
+        |scores: Vec<Score>| Scores::checked(&setup.benign, scores, setup.regression, round);
+    let before = (cfg.eval.when == EvalWhen::BeforeAndAfter)
+        .then(|| scored(evaluate_clients(algo, setup, &state.clients, pool)));
+    let uploads = train_in_memory(algo, setup, round, &participants, &mut state.clients, pool);
     let Screened {
         sound,
         losses,
         rejected,
-        mut bytes_up,
-    } = screen(algo, &env, cfg, round, uploads);
-
-    let mut after = benign();
+        ..
+    } = screen(algo, &env, cfg, round, &participants, uploads);
+    let mut after = Scores::default();
     if algo.eval_point() == EvalPoint::AfterTraining {
-        after.scores = evaluate_clients(algo, setup, &state.clients, pool);
+        after = scored(evaluate_clients(algo, setup, &state.clients, pool));
     }
-
-    // Graph inference and mixing: by a server, or by the clients themselves
-    // through the peer message layer.
-    let mut selection = None;
-    let outcome = if algo.topology() == Topology::PeerToPeer {
-        let net = SharedMemoryNet::new(cfg.clients, &sound);
-        let selecting: Vec<bool> = (0..cfg.clients)
-            .map(|i| net.has_published(i) && (cfg.attack.run_selection || !setup.is_malicious[i]))
-            .collect();
-        let (graph, stats) =
-            pool.install(|| exchange(algo, setup, round, &mut state.clients, &selecting, &net));
-        // Every transfer leaves one peer and reaches another.
-        bytes_up = net.bytes();
-        selection = Some(stats);
-        RoundOutcome::new(graph, Vec::new())
-    } else {
-        server_outcome(algo, &env, &mut state.server, round, &sound)
-    };
-    let bytes_down = if algo.topology() == Topology::PeerToPeer {
-        bytes_up
-    } else {
-        outcome.downloads.iter().map(|(_, d)| d.bytes()).sum()
-    };
-    deliver(algo, setup, &mut state.clients, outcome.downloads, pool);
+    let net = SharedMemoryNet::new(cfg.clients, &sound);
+    let selecting: Vec<bool> = (0..cfg.clients)
+        .map(|i| net.has_published(i) && (cfg.attack.run_selection || !setup.is_malicious[i]))
+        .collect();
+    let (graph, stats) =
+        pool.install(|| exchange(algo, setup, round, &mut state.clients, &selecting, &net));
+    // Every transfer leaves one peer and reaches another.
+    let bytes = net.bytes();
     if algo.eval_point() == EvalPoint::AfterReceive {
-        after.scores = evaluate_clients(algo, setup, &state.clients, pool);
+        after = scored(evaluate_clients(algo, setup, &state.clients, pool));
     }
-    state.round = round;
     let books = RoundBooks {
         round,
         started,
@@ -429,11 +580,11 @@ pub(crate) fn run_round<A: Algorithm>(
         absent: Vec::new(),
         losses: &losses,
         rejected,
-        bytes_up,
-        bytes_down,
-        graph: &outcome.graph,
-        layers: &outcome.layers,
-        selection,
+        bytes_up: bytes,
+        bytes_down: bytes,
+        graph: &graph,
+        layers: &[],
+        selection: Some(stats),
         before,
         after,
     };

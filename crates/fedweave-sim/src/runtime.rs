@@ -7,16 +7,19 @@
 //! aggregation, scoring and bookkeeping functions, so a networked run is
 //! bit-identical to a simulated one by construction.
 
-use crate::config::{ExperimentConfig, ServerKernels};
+use crate::config::ExperimentConfig;
 use crate::engine::RunError;
 use crate::setup::Setup;
 use fedweave_algos::{Algorithm, ClientCx, ClientData, Env};
-use fedweave_core::pairwise::Kernels;
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_data::{ClientLabelCounts, PartitionReport};
-use fedweave_nn::{LocalData, ModelSpec, TrainConfig};
+use fedweave_nn::{LocalData, ModelSpec};
 use serde::{Deserialize, Serialize};
 
+pub use crate::checks::{
+    DEFAULT_MAX_CLIENT_SAMPLES, check_hello, check_loss, check_origin, check_score,
+};
+pub use crate::driver::{Clients, TrainAsk, TrainReply, server_round};
 pub use crate::engine::{RunDir, checkpoint_due, resolve_config};
 pub use crate::protocol::{Facts, Score, TestMetrics, Trackers};
 pub use crate::round::{
@@ -107,17 +110,7 @@ impl Derived {
 
     /// What client `i` tells the server when it joins.
     pub fn info(&self, i: usize) -> ClientInfo {
-        let s = &self.setup;
-        ClientInfo {
-            size: s.sizes[i],
-            test_size: s.test_data(i).len(),
-            counts: s.report.clients[i].clone(),
-            num_classes: s.report.num_classes,
-            dataset: s.dataset.name.clone(),
-            feature_shape: s.dataset.feature_shape.clone(),
-            outputs: s.spec.num_classes(),
-            regression: s.regression,
-        }
+        info_of(&self.setup, i)
     }
 
     /// Scores client `i`'s personalised model on its own validation and
@@ -154,71 +147,109 @@ pub(crate) fn initial_model(spec: &ModelSpec, seed: u64) -> Vec<f32> {
     spec.init(&mut rng_stream(seed, 0, u64::MAX, Purpose::ModelInit))
 }
 
-/// What a server knows: the config and the clients' hellos. No data.
+/// What a server knows: its own config, from which it derives every
+/// client's dataset, shapes and (for every partition it can derive) data
+/// sizes, and the hellos of the clients whose data only they hold
+/// (`data.dataset = "csv"`: sizes checked and bounded, then taken as
+/// claimed). A hello is checked against it when the client joins
+/// ([`Blueprint::check_hello`]), so one misconfigured or hostile client is
+/// refused alone and the run goes on.
 pub struct Blueprint {
-    spec: ModelSpec,
-    train: TrainConfig,
-    init: Vec<f32>,
+    setup: Setup,
+    /// Each client's hello as the server derives it (shape fields only for
+    /// remote clients).
+    expected: Vec<ClientInfo>,
+    /// Whether the server derived client i's data (else only it knows).
+    derived: Vec<bool>,
     sizes: Vec<usize>,
     label_counts: Vec<Vec<usize>>,
     partition: PartitionReport,
+    test_sizes: Vec<usize>,
     facts: Facts,
-    /// Where the server's pairwise products run (`[device] server_kernels`).
-    kernels: Kernels,
 }
 
 impl Blueprint {
-    /// Builds the server's view from `cfg` and every client's hello (in
-    /// client order); clients that disagree on the dataset or shapes are
-    /// an error.
-    pub fn new(cfg: &ExperimentConfig, infos: &[ClientInfo]) -> Result<Self, RunError> {
-        let first = infos.first().ok_or_else(|| {
-            RunError::Config(crate::config::key_err("clients", "no client joined"))
-        })?;
-        if let Some((i, _)) = infos.iter().enumerate().find(|(_, c)| {
-            (&c.dataset, &c.feature_shape, c.outputs, c.regression)
-                != (
-                    &first.dataset,
-                    &first.feature_shape,
-                    first.outputs,
-                    first.regression,
-                )
-        }) {
+    /// Derives the federation of `cfg` on the server: the dataset is read
+    /// as for a simulation, except per-client files (`csv`), which stay on
+    /// the clients' machines (their sizes come from the hellos). `threads`
+    /// in the books default to 1 (the server trains nothing).
+    pub fn derive(cfg: &ExperimentConfig) -> Result<Self, RunError> {
+        if cfg.data.dataset == "csv" && cfg.data.shape.is_none() {
             return Err(RunError::Config(crate::config::key_err(
-                "data",
-                format!("client {i} reports another dataset or shape than client 0"),
+                "data.shape",
+                "a server of per-client files (data.dataset = \"csv\") needs data.shape: it checks every client's samples against it",
             )));
         }
-        let spec = ModelSpec::new(cfg.model.kind, &first.feature_shape, first.outputs)?;
-        let mut cfg = cfg.clone();
-        cfg.threads = Some(cfg.threads.unwrap_or(1));
-        let init = initial_model(&spec, cfg.seed);
+        let mut setup = Setup::load_hosted(cfg, Some(&[]))?;
+        setup.cfg.threads = Some(cfg.threads.unwrap_or(1));
+        let n = setup.cfg.clients;
+        let derived: Vec<bool> = (0..n).map(|i| !setup.is_remote(i)).collect();
+        let expected = (0..n).map(|i| info_of(&setup, i)).collect();
+        let facts = Facts {
+            malicious: Vec::new(),
+            benign: (0..n).collect(),
+            threads: setup.threads(),
+            ..setup.facts()
+        };
         Ok(Self {
-            kernels: ServerKernels::build(&cfg.device)?,
-            train: cfg.train.to_train_config(),
-            sizes: infos.iter().map(|c| c.size).collect(),
-            label_counts: infos.iter().map(|c| c.counts.train.clone()).collect(),
-            partition: PartitionReport {
-                num_classes: first.num_classes,
-                clients: infos.iter().map(|c| c.counts.clone()).collect(),
-            },
-            facts: Facts {
-                dataset: first.dataset.clone(),
-                model_parameters: init.len(),
-                malicious: Vec::new(),
-                benign: (0..infos.len()).collect(),
-                test_sizes: infos.iter().map(|c| c.test_size).collect(),
-                regression: first.regression,
-                threads: cfg.threads.unwrap_or(1),
-                cfg,
-            },
-            init,
-            spec,
+            sizes: setup.sizes.clone(),
+            label_counts: setup.label_counts.clone(),
+            partition: setup.report.clone(),
+            test_sizes: facts.test_sizes.clone(),
+            expected,
+            derived,
+            facts,
+            setup,
         })
     }
 
-    /// `partition.json` as the clients reported it: the same file as
-    /// `fedweave run` writes.
+    /// The resolved configuration.
+    pub fn cfg(&self) -> &ExperimentConfig {
+        &self.setup.cfg
+    }
+
+    /// The check of a client's hello against the server's derivation
+    /// (the shared [`crate::checks::check_hello`]), to run when the client
+    /// joins; claimed sizes (clients whose data only they hold) may not
+    /// exceed `max_samples` a split.
+    pub fn hello_check(
+        &self,
+        max_samples: usize,
+    ) -> impl Fn(usize, &ClientInfo) -> Result<(), String> + Send + Sync + 'static {
+        let expected = self.expected.clone();
+        let derived = self.derived.clone();
+        move |i, info| {
+            let e = expected
+                .get(i)
+                .ok_or_else(|| format!("unknown client id {i}"))?;
+            crate::checks::check_hello(e, derived[i], info, max_samples)
+        }
+    }
+
+    /// Whether the server derived client `i`'s data itself.
+    pub fn derives(&self, i: usize) -> bool {
+        self.derived.get(i).copied().unwrap_or(false)
+    }
+
+    /// Records client `i`'s (checked) hello: for a client whose data only
+    /// it holds, its sizes and label counts from now on.
+    pub fn accept(&mut self, i: usize, info: &ClientInfo) {
+        if self.derives(i) {
+            return;
+        }
+        tracing::info!(
+            client = i,
+            samples = ?info.counts.samples,
+            "sizes as the client claims them (its data is its own)"
+        );
+        self.sizes[i] = info.size;
+        self.label_counts[i] = info.counts.train.clone();
+        self.partition.clients[i] = info.counts.clone();
+        self.test_sizes[i] = info.test_size;
+        self.facts.test_sizes[i] = info.test_size;
+    }
+
+    /// `partition.json`: the same file as `fedweave run` writes.
     pub fn partition_json(&self) -> String {
         serde_json::to_string(&self.partition).unwrap_or_default()
     }
@@ -226,18 +257,33 @@ impl Blueprint {
     /// What the algorithm may read on the server.
     pub fn env(&self) -> Env<'_> {
         Env {
-            spec: &self.spec,
-            train: &self.train,
             sizes: &self.sizes,
-            init: &self.init,
-            relation: None,
             label_counts: &self.label_counts,
-            kernels: &self.kernels,
+            ..self.setup.env()
         }
     }
 
     /// The books' facts.
     pub fn facts(&self) -> &Facts {
         &self.facts
+    }
+
+    /// Trainable parameters of the model.
+    pub fn model_parameters(&self) -> usize {
+        self.setup.init.len()
+    }
+}
+
+/// Client `i`'s hello as `setup` derives it.
+fn info_of(s: &Setup, i: usize) -> ClientInfo {
+    ClientInfo {
+        size: s.sizes[i],
+        test_size: s.test_data(i).len(),
+        counts: s.report.clients[i].clone(),
+        num_classes: s.report.num_classes,
+        dataset: s.dataset.name.clone(),
+        feature_shape: s.dataset.feature_shape.clone(),
+        outputs: s.spec.num_classes(),
+        regression: s.regression,
     }
 }

@@ -125,6 +125,15 @@ impl Setup {
         }
     }
 
+    /// Whether client `i`'s data is on another machine (per-client files
+    /// this process did not read).
+    pub fn is_remote(&self, i: usize) -> bool {
+        self.dataset
+            .natural_clients
+            .as_ref()
+            .is_some_and(|nat| nat.get(i).is_some_and(|c| c.remote))
+    }
+
     /// Worker threads.
     pub fn threads(&self) -> usize {
         self.cfg.threads.unwrap_or(1)

@@ -2,6 +2,8 @@
 //! gives the same results over gRPC as in simulation.
 
 mod common;
+mod decoders;
 mod e2e;
+mod hostile;
 mod p2p;
 mod security;

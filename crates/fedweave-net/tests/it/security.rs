@@ -70,7 +70,8 @@ fn tls_with_fedweave_certs_gives_the_same_run_and_plain_clients_cannot_talk_to_i
     let cfg = config("pfedgraph", &["rounds=2"]);
     let dir = tempfile::tempdir().unwrap();
     let files =
-        fedweave_net::certs::generate(&dir.path().join("certs"), &["localhost".into()]).unwrap();
+        fedweave_net::certs::generate(&dir.path().join("certs"), &["localhost".into()], 0, 0)
+            .unwrap();
     let out = dir.path().join("run");
     let (c, cert, key) = (cfg.clone(), files.cert.clone(), files.key.clone());
     let server = start_server(move |addr| {
@@ -105,8 +106,7 @@ fn tls_with_fedweave_certs_gives_the_same_run_and_plain_clients_cannot_talk_to_i
 /// with the three honest clients.
 #[test]
 fn nan_and_wrong_shape_uploads_are_rejected_without_ending_the_round() {
-    use fedweave_net::proto::federation_client::FederationClient;
-    use fedweave_net::wire::{self, Answer, Hello, Poll, Reply, Task, WireUpload};
+    use fedweave_net::wire::{self, Reply, Task, WireUpload};
     let cfg = config("fedavg", &["rounds=3", "train.local_iterations=30"]);
     let out = tempfile::tempdir().unwrap();
     let server = start_server(serve_opts(&cfg, out.path()));
@@ -117,17 +117,10 @@ fn nan_and_wrong_shape_uploads_are_rejected_without_ending_the_round() {
     let info = wire::encode(&derived.info(3)).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let mut rpc = FederationClient::connect(url).await.unwrap();
-        let hello = Hello {
-            id: 3,
-            token: String::new(),
-            info,
-            previous: 0,
-        };
-        let session = rpc.join(hello).await.unwrap().into_inner().session;
+        let mut raw = Raw::connect(&url).await;
+        let session = raw.join(3, "", info, Vec::new()).await.unwrap();
         loop {
-            let poll = Poll { id: 3, session };
-            let payload = rpc.next(poll).await.unwrap().into_inner().payload;
+            let payload = raw.next(3, &session).await.unwrap();
             let (seq, reply) = match wire::decode::<Task<Vec<f32>>>(&payload, 1 << 30).unwrap() {
                 Task::Wait => continue,
                 Task::Finish => break,
@@ -156,13 +149,9 @@ fn nan_and_wrong_shape_uploads_are_rejected_without_ending_the_round() {
                     },
                 ),
             };
-            let answer = Answer {
-                id: 3,
-                session,
-                seq,
-                payload: wire::encode(&reply).unwrap(),
-            };
-            rpc.report(answer).await.unwrap();
+            raw.report(3, &session, seq, wire::encode(&reply).unwrap())
+                .await
+                .unwrap();
         }
     });
     let summary = join(server.handle, 300).expect("the run went on");
@@ -207,4 +196,69 @@ fn simulation_only_settings_are_refused_up_front() {
             other => panic!("{extra}: expected a refusal, got {:?}", other.map(|_| ())),
         }
     }
+}
+
+/// Mutual TLS: clients authenticated by certificates naming their ids
+/// (`fedweave certs --clients 4`, `serve --client-ca`); a worker presents
+/// each id's own certificate (`{id}` in the paths) and the run equals the
+/// simulation. A certificate for id 1 cannot join as id 2, and a client
+/// without a certificate cannot talk to the server at all.
+#[test]
+fn client_certificates_authenticate_ids_and_give_the_same_run() {
+    let cfg = config("pfedgraph", &["rounds=2"]);
+    let dir = tempfile::tempdir().unwrap();
+    let files = fedweave_net::certs::generate(&dir.path().join("certs"), &[], 4, 0).unwrap();
+    let out = dir.path().join("run");
+    let (c, cert, key, ca) = (
+        cfg.clone(),
+        files.cert.clone(),
+        files.key.clone(),
+        files.ca.clone(),
+    );
+    let server = start_server(move |addr| {
+        let mut o = ServeOptions::new(c, addr, out);
+        o.tls = Some((cert, key));
+        o.client_ca = Some(ca);
+        o
+    });
+    let url = format!("https://localhost:{}", server.addr.port());
+    let ca = files.ca.clone();
+    let certs = dir.path().join("certs");
+    let with = move |paths: Option<(&str, &str)>| {
+        let (ca, certs) = (ca.clone(), certs.clone());
+        let paths = paths.map(|(c, k)| (certs.join(c), certs.join(k)));
+        move |o: &mut fedweave_net::client::ClientOptions| {
+            o.ca = Some(ca);
+            o.identity = paths;
+            o.retry_for = Duration::from_secs(2);
+        }
+    };
+    // Client 1's certificate for id 2.
+    refused(
+        join(
+            start_clients(
+                &cfg,
+                url.clone(),
+                vec![2],
+                with(Some(("client-1.pem", "client-1.key"))),
+            ),
+            60,
+        ),
+        "certificate",
+    );
+    // No certificate: the TLS handshake fails.
+    assert!(matches!(
+        join(start_clients(&cfg, url.clone(), vec![2], with(None)), 60),
+        Err(NetError::Transport(_))
+    ));
+    let clients = start_clients(
+        &cfg,
+        url,
+        vec![0, 1, 2, 3],
+        with(Some(("client-{id}.pem", "client-{id}.key"))),
+    );
+    let summary = join(server.handle, 300).expect("served with client certificates");
+    join(clients, 60).expect("clients finished");
+    let (sim_dir, sim) = simulate(&cfg);
+    assert_same(sim_dir.path(), &sim, &dir.path().join("run"), &summary);
 }

@@ -45,9 +45,16 @@ pub fn start_server(opts: impl FnOnce(SocketAddr) -> ServeOptions + Send + 'stat
             round_tx.send(r.clone()).ok();
         })
     });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("server listening");
+    let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(a) => a,
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            panic!(
+                "the server stopped: {:?}",
+                handle.join().map(|r| r.map(|_| ()))
+            )
+        }
+        Err(e) => panic!("server not listening: {e}"),
+    };
     Server {
         addr,
         handle,
@@ -128,5 +135,84 @@ pub fn assert_same(sim_dir: &Path, sim: &Summary, net_dir: &Path, net: &Summary)
     }
     for f in ["summary.json", "rounds.jsonl", "report.html"] {
         assert!(net_dir.join(f).exists(), "{f} written by the server");
+    }
+}
+
+/// A party speaking the protocol directly (tests of what the server
+/// accepts from a forged or hostile client).
+pub struct Raw {
+    pub lobby: fedweave_net::proto::lobby_client::LobbyClient<tonic::transport::Channel>,
+    pub rpc: fedweave_net::proto::federation_client::FederationClient<tonic::transport::Channel>,
+}
+
+impl Raw {
+    /// Connects to `url` (plaintext).
+    pub async fn connect(url: &str) -> Self {
+        let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        Self {
+            lobby: fedweave_net::proto::lobby_client::LobbyClient::new(channel.clone()),
+            rpc: fedweave_net::proto::federation_client::FederationClient::new(channel)
+                .max_decoding_message_size(usize::MAX),
+        }
+    }
+
+    /// Another handle on the same connection.
+    pub fn clone_channels(&self) -> Self {
+        Self {
+            lobby: self.lobby.clone(),
+            rpc: self.rpc.clone(),
+        }
+    }
+
+    /// `Join` as client `id`; the session.
+    pub async fn join(
+        &mut self,
+        id: u64,
+        token: &str,
+        info: Vec<u8>,
+        previous: Vec<u8>,
+    ) -> Result<Vec<u8>, tonic::Status> {
+        let hello = fedweave_net::wire::Hello {
+            id,
+            token: token.into(),
+            info,
+            previous,
+        };
+        Ok(self.lobby.join(hello).await?.into_inner().session)
+    }
+
+    fn who<T>(msg: T, id: u64, session: &[u8]) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        r.metadata_mut().insert(
+            fedweave_net::wire::CLIENT_HEADER,
+            id.to_string().parse().unwrap(),
+        );
+        r.metadata_mut().insert(
+            fedweave_net::wire::SESSION_HEADER,
+            fedweave_net::wire::hex(session).parse().unwrap(),
+        );
+        r
+    }
+
+    /// `Next` as (id, session): the packed task.
+    pub async fn next(&mut self, id: u64, session: &[u8]) -> Result<bytes::Bytes, tonic::Status> {
+        let r = Self::who(fedweave_net::wire::Poll {}, id, session);
+        Ok(self.rpc.next(r).await?.into_inner().payload)
+    }
+
+    /// `Report` as (id, session).
+    pub async fn report(
+        &mut self,
+        id: u64,
+        session: &[u8],
+        seq: u64,
+        payload: Vec<u8>,
+    ) -> Result<(), tonic::Status> {
+        let r = Self::who(fedweave_net::wire::Answer { seq, payload }, id, session);
+        self.rpc.report(r).await.map(|_| ())
     }
 }
