@@ -9,7 +9,7 @@
 # root for the mount namespace; says so and skips where it has none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! unshare -m true 2>/dev/null; then
+if ! unshare -m mount --bind /sys/devices/system/cpu /sys/devices/system/cpu 2>/dev/null; then
   echo "second_class_tests: no mount namespace here (needs root); skipped" >&2
   exit 0
 fi
