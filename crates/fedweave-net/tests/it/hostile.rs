@@ -88,12 +88,7 @@ fn a_party_without_a_token_can_neither_read_nor_answer_another_clients_task() {
         tries > 40,
         "the attacker kept trying during the run ({tries})"
     );
-    let summary = join(server.handle, 300).expect("served");
-    for c in honest {
-        join(c, 60).expect("client finished");
-    }
-    let (sim_dir, sim) = simulate(&cfg);
-    assert_same(sim_dir.path(), &sim, &out, &summary);
+    finish_and_compare(&cfg, server.handle, "served", honest, &out);
 }
 
 /// Without tokens (loopback, open federation), a join naming a guessed
@@ -139,12 +134,7 @@ fn a_guessed_previous_session_cannot_take_over_a_live_id() {
                 assert_eq!(e.code(), want, "{}", e.message());
             }
         });
-        let summary = join(server.handle, 300).expect("served");
-        for c in honest {
-            join(c, 60).expect("client finished");
-        }
-        let (sim_dir, sim) = simulate(&cfg);
-        assert_same(sim_dir.path(), &sim, &out, &summary);
+        finish_and_compare(&cfg, server.handle, "served", honest, &out);
     }
 }
 

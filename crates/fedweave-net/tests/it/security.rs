@@ -57,12 +57,13 @@ fn wrong_missing_and_unknown_tokens_and_a_second_connection_are_refused_and_the_
         join(start_clients(&cfg, url.clone(), vec![2], token("t2")), 60),
         "already connected",
     );
-    let summary = join(server.handle, 300).expect("the run went on");
-    for c in good {
-        join(c, 60).expect("client finished");
-    }
-    let (sim_dir, sim) = simulate(&cfg);
-    assert_same(sim_dir.path(), &sim, &dir.path().join("run"), &summary);
+    finish_and_compare(
+        &cfg,
+        server.handle,
+        "the run went on",
+        good,
+        &dir.path().join("run"),
+    );
 }
 
 #[test]

@@ -91,6 +91,24 @@ pub fn join<T: Send + 'static>(h: JoinHandle<T>, secs: u64) -> T {
     h.join().expect("thread did not panic")
 }
 
+/// Waits for the server (its `what` names the expectation) and the
+/// `clients`, then asserts that the run written to `out` equals the
+/// simulation of `cfg`.
+pub fn finish_and_compare(
+    cfg: &ExperimentConfig,
+    server: JoinHandle<Result<Summary, NetError>>,
+    what: &str,
+    clients: Vec<JoinHandle<Result<(), NetError>>>,
+    out: &Path,
+) {
+    let summary = join(server, 300).expect(what);
+    for c in clients {
+        join(c, 60).expect("client finished");
+    }
+    let (sim_dir, sim) = simulate(cfg);
+    assert_same(sim_dir.path(), &sim, out, &summary);
+}
+
 /// Serve options writing into `out`.
 pub fn serve_opts(
     cfg: &ExperimentConfig,
