@@ -24,11 +24,10 @@ use crate::transport::{Limits, ServerTls};
 use crate::wire::{self, CLIENT_HEADER, FetchRequest, Post, PostState, TOKEN_HEADER};
 use crate::{NetError, transport};
 use bytes::Bytes;
-use fedweave_algos::{Algorithm, EvalPoint, Message, PeerNet, PeerStep, Topology, Visitor};
+use fedweave_algos::{Algorithm, Message, PeerNet, PeerStep, Topology, Visitor};
 use fedweave_sim::ExperimentConfig;
-use fedweave_sim::config::EvalWhen;
 use fedweave_sim::runtime::{
-    Derived, Score, Trackers, check_loss, check_score, choose_participants, train_client,
+    Derived, Exchange, HostedPeers, Score, Scores, StepFn, Trackers, Upload, track, train_client,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -135,6 +134,25 @@ mod tests {
         );
         assert_eq!(super::peer_url("peer3:7071", true), "https://peer3:7071");
         assert_eq!(super::peer_url("http://a:1", true), "http://a:1");
+    }
+
+    #[test]
+    fn a_peer_skips_rounds_only_when_most_of_those_asked_are_ahead() {
+        use super::rejoin_round;
+        // Three others asked, in round 2 of 10.
+        assert_eq!(rejoin_round(&mut [], 3, 2, 10), 3);
+        // One liar naming round 9 cannot move it.
+        assert_eq!(rejoin_round(&mut [9], 3, 2, 10), 3);
+        // One of two is not a majority either.
+        assert_eq!(rejoin_round(&mut [9], 2, 2, 10), 3);
+        // Two of three: the earliest round they name.
+        assert_eq!(rejoin_round(&mut [9, 6], 3, 2, 10), 6);
+        // A majority naming a round past the end stops at the end; one
+        // naming an earlier round (stale) cannot move it backwards.
+        assert_eq!(rejoin_round(&mut [u64::MAX, 40], 3, 2, 10), 11);
+        assert_eq!(rejoin_round(&mut [1, 1], 2, 5, 10), 6);
+        // The only other peer ahead.
+        assert_eq!(rejoin_round(&mut [4], 1, 2, 10), 4);
     }
 }
 
@@ -680,6 +698,150 @@ impl<A: Algorithm> PeerNet<A::Up> for GrpcNet<'_, A> {
     }
 }
 
+/// This peer's one client, as the shared round ([`Derived::peer_round`])
+/// sees it: trained and scored here, published on this peer's board, the
+/// others' messages fetched over gRPC.
+struct PeerHost<'a, A: Algorithm> {
+    runner: &'a PeerRunner<'a>,
+    algo: &'a A,
+    state: A::Client,
+    /// The rounds named by the participants that were past the one asked
+    /// for, in the last exchange.
+    ahead: Vec<u64>,
+    /// The other participants asked in the last exchange.
+    asked: usize,
+}
+
+impl<A: Algorithm> HostedPeers<A> for PeerHost<'_, A> {
+    fn scores(&mut self) -> Vec<(usize, Score)> {
+        let (d, me) = (self.runner.derived, self.runner.opts.id);
+        if d.is_benign(me) {
+            vec![(me, d.score(self.algo, me, &self.state))]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn train(&mut self, round: usize, participants: &[usize], origin: bool) -> Vec<Upload<A::Up>> {
+        let (d, me) = (self.runner.derived, self.runner.opts.id);
+        if participants.binary_search(&me).is_err() {
+            return Vec::new();
+        }
+        let data = d.data(me);
+        let env = d.client_env(me);
+        vec![train_client(
+            self.algo,
+            &env,
+            data,
+            d.cfg().seed,
+            round,
+            me,
+            &mut self.state,
+            origin,
+            None,
+        )]
+    }
+
+    fn exchange(
+        &mut self,
+        round: usize,
+        participants: &[usize],
+        sound: Vec<(usize, A::Up)>,
+        step: &StepFn<'_, A>,
+    ) -> Exchange {
+        let r = self.runner;
+        let me = r.opts.id;
+        let mut own = sound.into_iter().find(|(i, _)| *i == me).map(|(_, u)| u);
+        match own.as_ref().map(wire::encode).transpose() {
+            Ok(post) => r.board.post(round as u64, post),
+            Err(e) => {
+                tracing::warn!(round, "own message not published: {e}");
+                r.board.post(round as u64, None);
+                own = None;
+            }
+        }
+        // Who published: each other participant's post, asked for at once
+        // and waited for until the round's deadline.
+        let others: Vec<usize> = participants.iter().copied().filter(|&j| j != me).collect();
+        let deadline = Instant::now() + r.round_timeout;
+        let found = r.ask_all(&others, round as u64, true, deadline);
+        let mut published = Vec::new();
+        let mut absent = Vec::new();
+        self.ahead.clear();
+        self.asked = others.len();
+        for &j in participants {
+            if j == me {
+                if own.is_some() {
+                    published.push(j);
+                }
+                continue;
+            }
+            let k = others.binary_search(&j).unwrap_or_default();
+            match &found[k] {
+                Found::Published(_) => published.push(j),
+                Found::Nothing => {}
+                Found::Absent { ahead } => {
+                    absent.push(j);
+                    self.ahead.extend(*ahead);
+                }
+            }
+        }
+        if !absent.is_empty() {
+            tracing::warn!(
+                round,
+                ?absent,
+                "peers absent this round (not reached within round_timeout)"
+            );
+        }
+        let net = GrpcNet {
+            runner: r,
+            algo: self.algo,
+            round: round as u64,
+            own: own.as_ref(),
+            published,
+            cache: (0..r.derived.cfg().clients)
+                .map(|_| OnceLock::new())
+                .collect(),
+            transfers: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+        };
+        let steps = match own {
+            Some(_) => step(me, &mut self.state, &net)
+                .map(|s| (me, s))
+                .into_iter()
+                .collect(),
+            None => Vec::new(),
+        };
+        Exchange {
+            steps,
+            absent,
+            transfers: net.transfers.load(Ordering::Relaxed),
+            bytes: net.bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The round a peer runs after `round` (of `rounds`), given the rounds
+/// named by the other participants that were past `round` (`ahead`) out
+/// of the `asked` ones: the next round, unless most of those asked are
+/// ahead — then the earliest round they name (never past the end), so
+/// one peer's word alone cannot make this one skip rounds.
+fn rejoin_round(ahead: &mut [u64], asked: usize, round: usize, rounds: usize) -> usize {
+    ahead.sort_unstable();
+    if 2 * ahead.len() > asked {
+        let earliest = usize::try_from(ahead[0]).unwrap_or(usize::MAX);
+        earliest.clamp(round + 1, rounds + 1)
+    } else {
+        round + 1
+    }
+}
+
+/// This peer's score among `scores`, if it is there.
+fn own_score(scores: &Scores, me: usize) -> Option<Score> {
+    let k = scores.clients.iter().position(|&i| i == me)?;
+    Some(scores.scores[k])
+}
+
 impl Visitor for PeerRunner<'_> {
     type Output = Result<PeerReport, NetError>;
 
@@ -692,141 +854,51 @@ impl Visitor for PeerRunner<'_> {
         }
         let d = self.derived;
         let cfg = d.cfg();
-        let env = d.env();
         let me = self.opts.id;
-        let n = cfg.clients;
-        let regression = d.facts().regression;
-        let mut state = algo.init_client(&env, me);
-        let mut trackers = Trackers::new(n);
+        let mut trackers = Trackers::new(cfg.clients);
         let mut rounds = Vec::new();
-        // A peer's own scores pass the same check as every runtime's.
-        let score = |state: &A::Client| {
-            let s = d.score(&algo, me, state);
-            check_score(&s, regression)
-                .map(|()| s)
-                .map_err(|why| tracing::warn!("own score refused ({why})"))
-                .ok()
+        let mut host = PeerHost {
+            runner: &self,
+            algo: &algo,
+            state: algo.init_client(&d.env(), me),
+            ahead: Vec::new(),
+            asked: 0,
         };
         let mut round = 1;
         while round <= cfg.rounds {
-            let participants = choose_participants(cfg, round);
-            let before = (cfg.eval.when == EvalWhen::BeforeAndAfter)
-                .then(|| score(&state))
-                .flatten();
-            if let Some(b) = before {
-                trackers.record(round, me, b);
-            }
-            let mut own = None;
-            if participants.binary_search(&me).is_ok() {
-                let u = train_client(
-                    &algo,
-                    &d.client_env(me),
-                    d.data(me),
-                    cfg.seed,
-                    round,
-                    me,
-                    &mut state,
-                    false,
-                    None,
-                );
-                // The checks the simulator's `screen` applies to what a
-                // peer publishes.
-                match check_loss(u.loss).and_then(|()| algo.check_upload(&env, &u.up)) {
-                    Ok(()) => own = Some(u.up),
-                    Err(why) => tracing::warn!(round, "own upload rejected ({why}); not published"),
-                }
-            }
-            self.board
-                .post(round as u64, own.as_ref().map(wire::encode).transpose()?);
-            let mut after = (algo.eval_point() == EvalPoint::AfterTraining)
-                .then(|| score(&state))
-                .flatten();
-            // Who published: each other participant's post, asked for at
-            // once and waited for until the round's deadline.
-            let others: Vec<usize> = participants.iter().copied().filter(|&j| j != me).collect();
-            let deadline = Instant::now() + self.round_timeout;
-            let found = self.ask_all(&others, round as u64, true, deadline);
-            let mut published = Vec::new();
-            let mut absent = Vec::new();
-            // The rounds of the peers that are past this one.
-            let mut ahead = Vec::new();
-            for &j in &participants {
-                if j == me {
-                    if own.is_some() {
-                        published.push(j);
-                    }
-                    continue;
-                }
-                let k = others.binary_search(&j).unwrap_or_default();
-                match &found[k] {
-                    Found::Published(_) => published.push(j),
-                    Found::Nothing => {}
-                    Found::Absent { ahead: a } => {
-                        absent.push(j);
-                        ahead.extend(*a);
-                    }
-                }
-            }
-            if !absent.is_empty() {
-                tracing::warn!(
-                    round,
-                    ?absent,
-                    "peers absent this round (not reached within round_timeout)"
-                );
-            }
-            let net = GrpcNet {
-                runner: &self,
-                algo: &algo,
-                round: round as u64,
-                own: own.as_ref(),
-                published,
-                cache: (0..n).map(|_| OnceLock::new()).collect(),
-                transfers: AtomicU64::new(0),
-                bytes: AtomicU64::new(0),
-            };
-            let step = if own.is_some() {
-                let mut cx = d.selection_cx(me, round);
-                algo.peer_step(&env, &mut cx, &mut state, &net)
-            } else {
-                PeerStep::keep(me)
-            };
-            if algo.eval_point() == EvalPoint::AfterReceive {
-                after = score(&state);
-            }
-            if let Some(a) = after {
-                trackers.record(round, me, a);
-            }
-            tracing::info!(round, published = own.is_some(), ?absent, "round done");
+            let outcome = d.peer_round(&algo, round, &mut host);
+            track(
+                &mut trackers,
+                round,
+                outcome.before.as_ref(),
+                &outcome.after,
+            );
+            let ex = outcome.exchange;
+            let published = outcome.published.contains(&me);
+            let step = ex
+                .steps
+                .into_iter()
+                .next()
+                .map_or_else(|| PeerStep::keep(me), |(_, s)| s);
+            tracing::info!(round, published, absent = ?ex.absent, "round done");
             rounds.push(PeerRound {
                 round,
-                published: own.is_some(),
+                published,
                 row: step.row,
-                before,
-                after: after.unwrap_or_default(),
-                transfers: net.transfers.load(Ordering::Relaxed),
-                bytes: net.bytes.load(Ordering::Relaxed),
+                before: outcome.before.as_ref().and_then(|s| own_score(s, me)),
+                after: own_score(&outcome.after, me).unwrap_or_default(),
+                transfers: ex.transfers,
+                bytes: ex.bytes,
                 evaluations: step.evaluations,
                 rewards: step.rewards,
-                absent,
+                absent: ex.absent,
             });
-            // Behind the others (this peer came back, or was too slow):
-            // join them in their round — when most of the other
-            // participants say so, at the earliest round they name (one
-            // peer's word cannot make this one skip rounds).
-            ahead.sort_unstable();
-            let next = if 2 * ahead.len() > others.len() {
-                usize::try_from(ahead[0])
-                    .unwrap_or(usize::MAX)
-                    .min(cfg.rounds + 1)
-            } else {
-                round + 1
-            };
+            // Behind the others (this peer came back, or was too slow)?
+            let next = rejoin_round(&mut host.ahead, host.asked, round, cfg.rounds);
             if next > round + 1 {
                 tracing::warn!(round, next, "the other peers are ahead: joining them");
-                round = next;
-            } else {
-                round += 1;
             }
+            round = next;
         }
         let (best, best_round) = trackers.best(me);
         let report = PeerReport {

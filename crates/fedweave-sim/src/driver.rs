@@ -1,6 +1,8 @@
-//! One round of a server method, written once for every runtime: the
-//! simulator (clients in memory) and `fedweave serve` (clients over gRPC)
-//! differ only in the [`Clients`] they hand to [`server_round`]. The round
+//! One round, written once for every runtime.
+//!
+//! A server method's round: the simulator (clients in memory) and
+//! `fedweave serve` (clients over gRPC) differ only in the [`Clients`] they
+//! hand to [`server_round`]. The round
 //! chooses the participants, asks every client to start the round (train
 //! where chosen, score where the protocol asks), admits what comes back
 //! with the shared checks of [`crate::checks`] (uploads only from
@@ -10,14 +12,25 @@
 //! after receiving, and closes the books. Attacks and batched training are
 //! the simulator's own: its [`Clients`] trains and wraps the uploads before
 //! they reach this round.
+//!
+//! A peer-to-peer method's round: the simulator (every client in memory)
+//! and `fedweave peer` (one client per process, the others over gRPC)
+//! differ only in the [`HostedPeers`] they hand to [`peer_round`]. The round
+//! chooses the participants, scores the hosted clients where the protocol
+//! asks, trains the hosted participants, screens their uploads with the
+//! same checks as a server's, publishes the sound ones, and runs each
+//! publishing client's `peer_step` (its own choice of collaborators)
+//! through whatever carries the others' messages.
 
 use crate::config::EvalWhen;
 use crate::protocol::{Facts, Score, Trackers};
 use crate::round::{
-    RoundBooks, Scores, Upload, choose_participants, close_round, screen, server_outcome,
+    RoundBooks, Scores, Screened, Upload, choose_participants, close_round, screen, server_outcome,
     wants_origins,
 };
-use fedweave_algos::{Algorithm, Env, EvalPoint, Message};
+use crate::runtime::selection_cx;
+use crate::setup::Setup;
+use fedweave_algos::{Algorithm, Env, EvalPoint, Message, PeerNet, PeerStep};
 use fedweave_records::RoundRecord;
 use std::time::Instant;
 
@@ -161,4 +174,123 @@ pub fn server_round<A: Algorithm, C: Clients<A>>(
         after,
     };
     close_round(facts, trackers, books)
+}
+
+/// A hosted client's peer step, as [`HostedPeers::exchange`] runs it: client
+/// `i` from its `state`, fetching through the net; `None` when the client
+/// does not choose this round (an attacker under `attack.run_selection =
+/// false`).
+pub type StepFn<'a, A> = dyn Fn(usize, &mut <A as Algorithm>::Client, &dyn PeerNet<<A as Algorithm>::Up>) -> Option<PeerStep>
+    + Sync
+    + 'a;
+
+/// The clients of a peer-to-peer method that one runtime hosts: all of
+/// them (the simulator) or one (`fedweave peer`).
+pub trait HostedPeers<A: Algorithm> {
+    /// Scores every hosted benign client on the model it holds now
+    /// (unchecked: the round checks them).
+    fn scores(&mut self) -> Vec<(usize, Score)>;
+
+    /// Trains the hosted clients among round `round`'s `participants`
+    /// from their states; `origin`: each reports where its training
+    /// started. Returns their uploads.
+    fn train(&mut self, round: usize, participants: &[usize], origin: bool) -> Vec<Upload<A::Up>>;
+
+    /// Publishes the hosted clients' `sound` messages of round `round`,
+    /// learns which other `participants` published, and runs `step` for
+    /// every hosted client that published, through a [`PeerNet`] serving
+    /// the published messages (each checked on arrival).
+    fn exchange(
+        &mut self,
+        round: usize,
+        participants: &[usize],
+        sound: Vec<(usize, A::Up)>,
+        step: &StepFn<'_, A>,
+    ) -> Exchange;
+}
+
+/// What the exchange of a peer-to-peer round did for the hosted clients.
+#[derive(Debug, Default)]
+pub struct Exchange {
+    /// The steps of the hosted clients that chose (ascending).
+    pub steps: Vec<(usize, PeerStep)>,
+    /// Participants not reached within the round's deadline (absent this
+    /// round for the hosted clients).
+    pub absent: Vec<usize>,
+    /// Messages the hosted clients fetched from other clients.
+    pub transfers: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// What a peer-to-peer round produced for the hosted clients.
+pub struct PeerOutcome {
+    /// The round's participants.
+    pub participants: Vec<usize>,
+    /// Hosted clients' checked scores before training
+    /// (`eval.when = "before_and_after"`).
+    pub before: Option<Scores>,
+    /// Hosted clients' checked scores at the algorithm's point.
+    pub after: Scores,
+    /// Training losses of the hosted sound uploads.
+    pub losses: Vec<f64>,
+    /// Hosted clients whose upload was rejected.
+    pub rejected: Vec<usize>,
+    /// Hosted clients that published a sound message.
+    pub published: Vec<usize>,
+    /// The exchange.
+    pub exchange: Exchange,
+}
+
+/// Runs round `round` of a peer-to-peer method for the clients `peers`
+/// hosts; the runtime keeps the books (the simulator assembles the whole
+/// graph, a peer its own row).
+pub(crate) fn peer_round<A: Algorithm, P: HostedPeers<A>>(
+    algo: &A,
+    setup: &Setup,
+    round: usize,
+    peers: &mut P,
+) -> PeerOutcome {
+    let cfg = &setup.cfg;
+    let env = setup.env();
+    let participants = choose_participants(cfg, round);
+    // Every score passes the same check, wherever it was computed.
+    let checked = |scores: Vec<(usize, Score)>| {
+        let (clients, scores): (Vec<usize>, Vec<Score>) = scores.into_iter().unzip();
+        Scores::checked(&clients, scores, setup.regression, round)
+    };
+    let before = (cfg.eval.when == EvalWhen::BeforeAndAfter).then(|| checked(peers.scores()));
+    let uploads = peers.train(round, &participants, wants_origins(cfg));
+    let Screened {
+        sound,
+        losses,
+        rejected,
+        ..
+    } = screen(algo, &env, cfg, round, &participants, uploads);
+    let mut after = Scores::default();
+    if algo.eval_point() == EvalPoint::AfterTraining {
+        after = checked(peers.scores());
+    }
+    let published = sound.iter().map(|(i, _)| *i).collect();
+    // Attackers choose collaborators only where the attack says so.
+    let chooses = |i: usize| cfg.attack.run_selection || !setup.is_malicious[i];
+    let step = |i: usize, state: &mut A::Client, net: &dyn PeerNet<A::Up>| {
+        chooses(i).then(|| {
+            let mut cx = selection_cx(setup.client_data(i), cfg.seed, round, i);
+            algo.peer_step(&setup.client_env(i), &mut cx, state, net)
+        })
+    };
+    let exchange = peers.exchange(round, &participants, sound, &step);
+    if algo.eval_point() == EvalPoint::AfterReceive {
+        after = checked(peers.scores());
+    }
+    PeerOutcome {
+        participants,
+        before,
+        after,
+        losses,
+        rejected,
+        published,
+        exchange,
+    }
 }

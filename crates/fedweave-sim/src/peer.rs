@@ -3,12 +3,9 @@
 //! counted transfer per fetch; each client combines what it fetched by its
 //! own rule and its graph row is its own decision.
 
-use crate::runtime::selection_cx;
-use crate::setup::Setup;
-use fedweave_algos::{Algorithm, Message, PeerNet, PeerStep};
+use fedweave_algos::{Message, PeerNet, PeerStep};
 use fedweave_core::CollaborationGraph;
 use fedweave_records::SelectionStats;
-use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Published messages served from memory; counts every transfer and its
@@ -68,35 +65,18 @@ impl<M: Message> PeerNet<M> for SharedMemoryNet<'_, M> {
     }
 }
 
-/// Runs every selecting client's `peer_step` in parallel (each owns only its
-/// state) and assembles the round's graph from their rows; other clients
-/// keep their models (identity rows).
-pub(crate) fn exchange<A: Algorithm>(
-    algo: &A,
-    setup: &Setup,
-    round: usize,
-    clients: &mut [A::Client],
-    selecting: &[bool],
-    net: &SharedMemoryNet<A::Up>,
+/// The round's graph and selection statistics from the clients' steps
+/// (`n` clients; those without a step keep their models: identity rows)
+/// and the transfers they made.
+pub(crate) fn assemble(
+    n: usize,
+    steps: &[(usize, PeerStep)],
+    transfers: u64,
 ) -> (CollaborationGraph, SelectionStats) {
-    let n = clients.len();
-    let seed = setup.cfg.seed;
-    let steps: Vec<(usize, PeerStep)> = clients
-        .par_iter_mut()
-        .enumerate()
-        .filter(|(i, _)| selecting[*i])
-        .map(|(i, client)| {
-            let mut cx = selection_cx(setup.client_data(i), seed, round, i);
-            (
-                i,
-                algo.peer_step(&setup.client_env(i), &mut cx, client, net),
-            )
-        })
-        .collect();
     let mut graph = CollaborationGraph::identity(n);
     let mut stats = SelectionStats::default();
     let mut gains = Vec::new();
-    for (i, step) in &steps {
+    for (i, step) in steps {
         let mut row = vec![0.0; n];
         for &(j, w) in &step.row {
             row[j] += w;
@@ -114,7 +94,7 @@ pub(crate) fn exchange<A: Algorithm>(
         stats.mean_reward_gain = gains.iter().sum::<f64>() / gains.len() as f64;
         stats.worst_reward_gain = gains.iter().copied().fold(0.0, f64::min);
     }
-    stats.transfers = net.transfers();
+    stats.transfers = transfers;
     (graph, stats)
 }
 

@@ -65,12 +65,6 @@ impl Trackers {
         }
     }
 
-    /// Records one client's score of round `round` (a peer keeps its own
-    /// books).
-    pub fn record(&mut self, round: usize, client: usize, score: Score) {
-        self.update(round, &[client], &[score]);
-    }
-
     /// Client `i`'s test metrics at its best validation, and that round.
     pub fn best(&self, i: usize) -> (TestMetrics, usize) {
         (self.best[i].test_at_best, self.best[i].round)

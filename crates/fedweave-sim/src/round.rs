@@ -12,17 +12,16 @@
 
 use crate::ExperimentConfig;
 use crate::checks::{check_loss, check_origin, check_score};
-use crate::config::EvalWhen;
-use crate::driver::{Clients, TrainAsk, TrainReply, server_round};
-use crate::peer::{SharedMemoryNet, exchange};
+use crate::driver::{
+    Clients, Exchange, HostedPeers, StepFn, TrainAsk, TrainReply, peer_round, server_round,
+};
+use crate::peer::{SharedMemoryNet, assemble};
 use crate::protocol::{Facts, Score, Trackers, evaluate_clients, fill_means, participant_accuracy};
 use crate::setup::Setup;
 use fedweave_algos::attack::{AttackKind, poison};
 use fedweave_algos::batching::TrainBatch;
 use fedweave_algos::robust::{AggregatorConfig, AggregatorKind};
-use fedweave_algos::{
-    Algorithm, ClientCx, ClientData, Env, EvalPoint, Message, RoundOutcome, Topology,
-};
+use fedweave_algos::{Algorithm, ClientCx, ClientData, Env, Message, RoundOutcome, Topology};
 use fedweave_core::vecmath::mean;
 use fedweave_core::{CollaborationGraph, Purpose, rng_stream};
 use fedweave_records::{RoundRecord, SelectionStats};
@@ -285,14 +284,20 @@ pub struct RoundBooks<'a> {
     pub after: Scores,
 }
 
+/// Records round `round`'s checked scores in the trackers: those before
+/// training, then those at the algorithm's point.
+pub fn track(trackers: &mut Trackers, round: usize, before: Option<&Scores>, after: &Scores) {
+    if let Some(b) = before {
+        trackers.update(round, &b.clients, &b.scores);
+    }
+    trackers.update(round, &after.clients, &after.scores);
+}
+
 /// Server side: records the round's scores in the trackers (before, then
 /// after) and builds its record.
 pub fn close_round(facts: &Facts, trackers: &mut Trackers, books: RoundBooks) -> RoundRecord {
     let round = books.round;
-    if let Some(b) = &books.before {
-        trackers.update(round, &b.clients, &b.scores);
-    }
-    trackers.update(round, &books.after.clients, &books.after.scores);
+    track(trackers, round, books.before.as_ref(), &books.after);
     let mut record = RoundRecord {
         round,
         mean_train_loss: mean(books.losses),
@@ -343,7 +348,7 @@ pub(crate) fn run_round<A: Algorithm>(
 ) -> RoundRecord {
     let round = state.round + 1;
     let record = if algo.topology() == Topology::PeerToPeer {
-        peer_round(algo, setup, facts, round, state, pool)
+        memory_peer_round(algo, setup, facts, round, state, pool)
     } else {
         let env = setup.env();
         let mut clients = MemoryClients {
@@ -530,11 +535,62 @@ impl<A: Algorithm> Clients<A> for MemoryClients<'_, A> {
     }
 }
 
-/// A peer-to-peer method's round in memory: participants train and
-/// publish, the server-side checks screen what they published, and each
-/// publishing client runs its own `peer_step` through the shared-memory
-/// message layer.
-fn peer_round<A: Algorithm>(
+/// The simulation's peers: every client in memory, trained as
+/// [`MemoryClients`] trains them, publishing through shared memory, their
+/// peer steps run in parallel (each owns only its state).
+struct MemoryPeers<'a, A: Algorithm> {
+    algo: &'a A,
+    setup: &'a Setup,
+    states: &'a mut Vec<A::Client>,
+    pool: &'a rayon::ThreadPool,
+}
+
+impl<A: Algorithm> HostedPeers<A> for MemoryPeers<'_, A> {
+    fn scores(&mut self) -> Vec<(usize, Score)> {
+        let scores = evaluate_clients(self.algo, self.setup, self.states, self.pool);
+        self.setup.benign.iter().copied().zip(scores).collect()
+    }
+
+    fn train(&mut self, round: usize, participants: &[usize], _: bool) -> Vec<Upload<A::Up>> {
+        // Origins are asked for by the same rule inside.
+        train_in_memory(
+            self.algo,
+            self.setup,
+            round,
+            participants,
+            self.states,
+            self.pool,
+        )
+    }
+
+    fn exchange(
+        &mut self,
+        _round: usize,
+        _participants: &[usize],
+        sound: Vec<(usize, A::Up)>,
+        step: &StepFn<'_, A>,
+    ) -> Exchange {
+        let net = SharedMemoryNet::new(self.states.len(), &sound);
+        let steps = self.pool.install(|| {
+            self.states
+                .par_iter_mut()
+                .enumerate()
+                .filter(|(i, _)| net.has_published(*i))
+                .filter_map(|(i, state)| step(i, state, &net).map(|s| (i, s)))
+                .collect()
+        });
+        Exchange {
+            steps,
+            absent: Vec::new(),
+            transfers: net.transfers(),
+            bytes: net.bytes(),
+        }
+    }
+}
+
+/// A peer-to-peer method's round in memory: [`peer_round`] with every
+/// client hosted here, and the whole graph assembled from their rows.
+fn memory_peer_round<A: Algorithm>(
     algo: &A,
     setup: &Setup,
     facts: &Facts,
@@ -543,50 +599,30 @@ fn peer_round<A: Algorithm>(
     pool: &rayon::ThreadPool,
 ) -> RoundRecord {
     let started = Instant::now();
-    let cfg = &setup.cfg;
-    let env = setup.env();
-    let participants = choose_participants(cfg, round);
-    // Every score passes the same check as a networked client's.
-    let scored =
-        |scores: Vec<Score>| Scores::checked(&setup.benign, scores, setup.regression, round);
-    let before = (cfg.eval.when == EvalWhen::BeforeAndAfter)
-        .then(|| scored(evaluate_clients(algo, setup, &state.clients, pool)));
-    let uploads = train_in_memory(algo, setup, round, &participants, &mut state.clients, pool);
-    let Screened {
-        sound,
-        losses,
-        rejected,
-        ..
-    } = screen(algo, &env, cfg, round, &participants, uploads);
-    let mut after = Scores::default();
-    if algo.eval_point() == EvalPoint::AfterTraining {
-        after = scored(evaluate_clients(algo, setup, &state.clients, pool));
-    }
-    let net = SharedMemoryNet::new(cfg.clients, &sound);
-    let selecting: Vec<bool> = (0..cfg.clients)
-        .map(|i| net.has_published(i) && (cfg.attack.run_selection || !setup.is_malicious[i]))
-        .collect();
-    let (graph, stats) =
-        pool.install(|| exchange(algo, setup, round, &mut state.clients, &selecting, &net));
-    // Every transfer leaves one peer and reaches another.
-    let bytes = net.bytes();
-    if algo.eval_point() == EvalPoint::AfterReceive {
-        after = scored(evaluate_clients(algo, setup, &state.clients, pool));
-    }
+    let mut peers = MemoryPeers {
+        algo,
+        setup,
+        states: &mut state.clients,
+        pool,
+    };
+    let outcome = peer_round(algo, setup, round, &mut peers);
+    let ex = &outcome.exchange;
+    let (graph, stats) = assemble(setup.cfg.clients, &ex.steps, ex.transfers);
     let books = RoundBooks {
         round,
         started,
-        participants,
+        participants: outcome.participants,
         absent: Vec::new(),
-        losses: &losses,
-        rejected,
-        bytes_up: bytes,
-        bytes_down: bytes,
+        losses: &outcome.losses,
+        rejected: outcome.rejected,
+        // Every transfer leaves one peer and reaches another.
+        bytes_up: ex.bytes,
+        bytes_down: ex.bytes,
         graph: &graph,
         layers: &[],
         selection: Some(stats),
-        before,
-        after,
+        before: outcome.before,
+        after: outcome.after,
     };
     close_round(facts, &mut state.trackers, books)
 }

@@ -19,12 +19,14 @@ use serde::{Deserialize, Serialize};
 pub use crate::checks::{
     DEFAULT_MAX_CLIENT_SAMPLES, check_hello, check_loss, check_origin, check_score,
 };
-pub use crate::driver::{Clients, TrainAsk, TrainReply, server_round};
+pub use crate::driver::{
+    Clients, Exchange, HostedPeers, PeerOutcome, StepFn, TrainAsk, TrainReply, server_round,
+};
 pub use crate::engine::{RunDir, checkpoint_due, resolve_config};
 pub use crate::protocol::{Facts, Score, TestMetrics, Trackers};
 pub use crate::round::{
     RoundBooks, RunState, Scores, Screened, Upload, choose_participants, close_round, screen,
-    server_outcome, train_client, wants_origins,
+    server_outcome, track, train_client, wants_origins,
 };
 
 /// What a client tells the server about itself when it joins: sizes and
@@ -124,9 +126,15 @@ impl Derived {
         self.setup.test_data(i)
     }
 
-    /// Client `i`'s context for its peer step in round `round`.
-    pub fn selection_cx(&self, i: usize, round: usize) -> ClientCx<'_> {
-        selection_cx(self.data(i), self.setup.cfg.seed, round, i)
+    /// Runs round `round` of a peer-to-peer method for the clients
+    /// `peers` hosts, exactly as the simulator runs it for all of them.
+    pub fn peer_round<A: Algorithm, P: HostedPeers<A>>(
+        &self,
+        algo: &A,
+        round: usize,
+        peers: &mut P,
+    ) -> PeerOutcome {
+        crate::driver::peer_round(algo, &self.setup, round, peers)
     }
 }
 
