@@ -238,6 +238,10 @@ impl Algorithm for Apple {
         RoundOutcome::new(uploaded_rows(env.clients(), uploads), downloads)
     }
 
+    fn check_download(&self, env: &Env, down: &Relayed) -> Result<(), String> {
+        down.check(env)
+    }
+
     fn receive(&self, _: &Env, state: &mut AppleClient, down: Relayed) {
         state.cores = down;
     }

@@ -483,6 +483,14 @@ pub trait Algorithm: Sized + Send + Sync + 'static {
         check_whole_models(env, up.vectors())
     }
 
+    /// Whether a client accepts a download: its check of what the server
+    /// sent before [`Algorithm::receive`] applies it (a hostile or broken
+    /// server must not crash or poison a client). Every vector a whole,
+    /// finite model unless the method sends something else.
+    fn check_download(&self, env: &Env, down: &Self::Down) -> Result<(), String> {
+        check_whole_models(env, down.vectors())
+    }
+
     /// Whether a server mixes ([`Algorithm::aggregate`]) or the clients
     /// exchange messages among themselves ([`Algorithm::peer_step`]).
     fn topology(&self) -> Topology {
@@ -503,6 +511,22 @@ pub trait Algorithm: Sized + Send + Sync + 'static {
     ) -> PeerStep {
         PeerStep::keep(cx.client)
     }
+}
+
+/// Each named vector finite and of its expected length.
+pub fn check_parts(parts: &[(&str, &[f32], usize)]) -> Result<(), String> {
+    for &(what, v, len) in parts {
+        if v.len() != len {
+            return Err(format!(
+                "{what} of {} values where {len} are expected",
+                v.len()
+            ));
+        }
+        if !fedweave_core::vecmath::all_finite(v) {
+            return Err(format!("non-finite {what}"));
+        }
+    }
+    Ok(())
 }
 
 /// Every vector finite and of the model's length.

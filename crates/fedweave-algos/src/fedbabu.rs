@@ -172,6 +172,10 @@ impl Algorithm for FedBabu {
     fn check_upload(&self, _: &Env, up: &Shared) -> Result<(), String> {
         self.fed.check(up)
     }
+
+    fn check_download(&self, _: &Env, down: &Shared) -> Result<(), String> {
+        self.fed.check(down)
+    }
 }
 
 #[cfg(test)]

@@ -45,12 +45,13 @@
 //!   initialisation are drawn from a stream keyed by the round-0 model, so
 //!   every run is reproducible.
 
+use crate::contract::check_parts;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
     RoundOutcome, Trained, embed_rows, ids_of,
 };
-use fedweave_core::vecmath::{all_finite, weighted_sum};
+use fedweave_core::vecmath::weighted_sum;
 use fedweave_core::{CollaborationGraph, Purpose, rng_stream};
 use fedweave_nn::conditional::{cpn_len, evaluate_policy, init_cpn};
 use fedweave_nn::{ConditionalPolicy, EvalStats, LocalData, PolicyObjective};
@@ -317,23 +318,27 @@ impl Algorithm for FedCp {
 
     fn check_upload(&self, env: &Env, up: &FedCpUp) -> Result<(), String> {
         let split = env.spec.split();
-        let want = [
-            ("body", split.base.len()),
-            ("head", split.head.len()),
-            ("cpn", cpn_len(env.spec.feature_len())),
-        ];
-        for ((what, len), v) in want.iter().zip(up.vectors()) {
-            if v.len() != *len {
-                return Err(format!(
-                    "{what} of {} values where {len} are expected",
-                    v.len()
-                ));
-            }
-            if !all_finite(v) {
-                return Err(format!("non-finite {what}"));
-            }
+        let cpn = cpn_len(env.spec.feature_len());
+        let [body, head, net] = up.vectors()[..] else {
+            return Err("an upload is a body, a head and a CPN".into());
+        };
+        check_parts(&[
+            ("body", body, split.base.len()),
+            ("head", head, split.head.len()),
+            ("cpn", net, cpn),
+        ])
+    }
+
+    fn check_download(&self, env: &Env, down: &FedCpDown) -> Result<(), String> {
+        let split = env.spec.split();
+        check_parts(&[("body", &down.body, split.base.len())])?;
+        match &down.global {
+            Some((head, cpn)) => check_parts(&[
+                ("head", head, split.head.len()),
+                ("cpn", cpn, cpn_len(env.spec.feature_len())),
+            ]),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn aggregate(

@@ -311,6 +311,10 @@ impl Algorithm for FedEm {
         )
     }
 
+    fn check_download(&self, env: &Env, down: &Models) -> Result<(), String> {
+        down.check(env, self.params.components)
+    }
+
     fn receive(&self, _: &Env, state: &mut FedEmClient, models: Models) {
         for (c, theta) in state.components.iter_mut().zip(models.0) {
             c.params = theta;

@@ -270,6 +270,10 @@ impl Algorithm for FedFomo {
         RoundOutcome::new(uploaded_rows(env.clients(), uploads), downloads)
     }
 
+    fn check_download(&self, env: &Env, down: &Relayed) -> Result<(), String> {
+        down.check(env)
+    }
+
     fn receive(&self, _: &Env, state: &mut FedFomoClient, down: Relayed) {
         state.received = down;
     }

@@ -54,6 +54,7 @@
 
 #![allow(clippy::needless_range_loop)] // index loops mirror the matrix formulas
 
+use crate::contract::check_parts;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
@@ -61,7 +62,7 @@ use crate::{
 };
 use fedweave_core::CollaborationGraph;
 use fedweave_core::pairwise::{Kernels, View};
-use fedweave_core::vecmath::{all_finite, weighted_sum};
+use fedweave_core::vecmath::weighted_sum;
 use fedweave_nn::{LocalData, Predictions, PrototypePull, TrainConfig};
 use serde::{Deserialize, Serialize};
 
@@ -714,17 +715,10 @@ impl Algorithm for FedPac {
             ));
         }
         let present = up.counts.iter().filter(|&&n| n > 0).count();
-        for (what, v) in [("prototypes", &up.prototypes), ("h", &up.h)] {
-            if v.len() != present * d {
-                return Err(format!(
-                    "{what} of {} values where {present} classes × {d} features are expected",
-                    v.len()
-                ));
-            }
-            if !all_finite(v) {
-                return Err(format!("non-finite {what}"));
-            }
-        }
+        check_parts(&[
+            ("prototypes", &up.prototypes, present * d),
+            ("h", &up.h, present * d),
+        ])?;
         if !(up.v.is_finite() && up.v >= 0.0) {
             return Err(format!("variance term {} is not finite and ≥ 0", up.v));
         }
@@ -793,6 +787,26 @@ impl Algorithm for FedPac {
             graph,
             layers: vec![("body".into(), body_graph), ("head".into(), head_graph)],
             downloads,
+        }
+    }
+
+    fn check_download(&self, env: &Env, down: &FedPacDown) -> Result<(), String> {
+        let (classes, d) = (env.spec.num_classes(), env.spec.feature_len());
+        let split = env.spec.split();
+        if down.known.len() != classes {
+            return Err(format!(
+                "{} class marks where the model has {classes} classes",
+                down.known.len()
+            ));
+        }
+        let known = down.known.iter().filter(|&&k| k).count();
+        check_parts(&[
+            ("body", &down.body, split.base.len()),
+            ("prototypes", &down.prototypes, known * d),
+        ])?;
+        match &down.head {
+            Some(head) => check_parts(&[("head", head, split.head.len())]),
+            None => Ok(()),
         }
     }
 

@@ -98,6 +98,22 @@ pub struct FedProto {
     dim: usize,
 }
 
+impl FedProto {
+    /// Prototypes of ascending class ids below the class count, one
+    /// finite row of the feature width each.
+    fn check_prototypes(&self, classes: &[u32], values: &[f32]) -> Result<(), String> {
+        if classes.windows(2).any(|w| w[0] >= w[1])
+            || classes.iter().any(|&c| c as usize >= self.classes)
+        {
+            return Err(format!(
+                "class ids must be ascending and below {}",
+                self.classes
+            ));
+        }
+        crate::contract::check_parts(&[("prototypes", values, classes.len() * self.dim)])
+    }
+}
+
 /// What a FedProto client keeps: its own model and the last global
 /// prototypes it received.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -372,25 +388,11 @@ impl Algorithm for FedProto {
         if up.counts.len() != k || up.counts.contains(&0) {
             return Err("class counts missing or zero".into());
         }
-        if up.classes.windows(2).any(|w| w[0] >= w[1])
-            || up.classes.iter().any(|&c| c as usize >= self.classes)
-        {
-            return Err(format!(
-                "class ids must be ascending and below {}",
-                self.classes
-            ));
-        }
-        if up.values.len() != k * self.dim {
-            return Err(format!(
-                "{} values for {k} prototypes of width {}",
-                up.values.len(),
-                self.dim
-            ));
-        }
-        if !fedweave_core::vecmath::all_finite(&up.values) {
-            return Err("non-finite values".into());
-        }
-        Ok(())
+        self.check_prototypes(&up.classes, &up.values)
+    }
+
+    fn check_download(&self, _: &Env, down: &GlobalPrototypes) -> Result<(), String> {
+        self.check_prototypes(&down.classes, &down.values)
     }
 }
 

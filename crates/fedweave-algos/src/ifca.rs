@@ -80,6 +80,19 @@ impl Message for Models {
     }
 }
 
+impl Models {
+    /// `count` whole, finite models.
+    pub fn check(&self, env: &Env, count: usize) -> Result<(), String> {
+        if self.0.len() != count {
+            return Err(format!(
+                "{} models where {count} are expected",
+                self.0.len()
+            ));
+        }
+        crate::contract::check_whole_models(env, self.vectors())
+    }
+}
+
 /// What a participant uploads: the cluster it chose and its trained model.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Chosen {
@@ -191,6 +204,10 @@ impl Algorithm for Ifca {
         crate::contract::check_whole_models(env, up.vectors())
     }
 
+    fn check_download(&self, env: &Env, down: &Models) -> Result<(), String> {
+        down.check(env, self.params.clusters)
+    }
+
     fn aggregate(
         &self,
         env: &Env,
@@ -250,6 +267,20 @@ impl Algorithm for Ifca {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_download_holds_exactly_one_whole_model_per_cluster() {
+        let t = Tiny::new();
+        let env = t.env();
+        let ok = Models(vec![t.init.clone(); 2]);
+        assert_eq!(ok.check(&env, 2), Ok(()));
+        assert!(ok.check(&env, 3).is_err());
+        assert!(
+            Models(vec![t.init.clone(), vec![1.0]])
+                .check(&env, 2)
+                .is_err()
+        );
+    }
     use crate::testkit::Tiny;
 
     #[test]

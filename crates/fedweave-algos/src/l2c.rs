@@ -230,6 +230,10 @@ impl Algorithm for L2c {
         RoundOutcome::new(uploaded_rows(env.clients(), uploads), downloads)
     }
 
+    fn check_download(&self, env: &Env, down: &Relayed) -> Result<(), String> {
+        down.check(env)
+    }
+
     fn receive(&self, _: &Env, state: &mut L2cClient, down: Relayed) {
         state.received = down;
     }

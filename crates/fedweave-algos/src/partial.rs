@@ -143,6 +143,10 @@ impl Algorithm for PartialAvg {
     fn check_upload(&self, _: &Env, up: &Shared) -> Result<(), String> {
         self.fed.check(up)
     }
+
+    fn check_download(&self, _: &Env, down: &Shared) -> Result<(), String> {
+        self.fed.check(down)
+    }
 }
 
 #[cfg(test)]

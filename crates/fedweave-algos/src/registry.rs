@@ -113,3 +113,66 @@ fn unknown(name: &str) -> AlgoError {
             .join(", "),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::Tiny;
+    use crate::{Message, Topology};
+
+    /// One honest round of an algorithm on the tiny federation; its
+    /// downloads must pass the clients' check, and each one with a NaN
+    /// planted in its first non-empty vector must not.
+    struct HonestDownloads<'a> {
+        tiny: &'a Tiny,
+    }
+
+    impl Visitor for HonestDownloads<'_> {
+        type Output = usize;
+
+        fn visit<A: Algorithm>(self, algo: A, _: toml::Table) -> usize {
+            let env = self.tiny.env();
+            let n = env.clients();
+            let mut server = algo.init_server(&env);
+            let mut clients: Vec<A::Client> = (0..n).map(|i| algo.init_client(&env, i)).collect();
+            let uploads: Vec<(usize, A::Up)> = clients
+                .iter_mut()
+                .enumerate()
+                .map(|(i, c)| (i, algo.local_round(&env, &mut self.tiny.cx(i, 1), c).up))
+                .collect();
+            if algo.topology() == Topology::PeerToPeer {
+                return 0;
+            }
+            let outcome = algo.aggregate(&env, &mut server, 1, &uploads);
+            let mut poisoned = 0;
+            for (i, down) in outcome.downloads {
+                let name = algo.name();
+                assert_eq!(algo.check_download(&env, &down), Ok(()), "{name} → {i}");
+                let mut bad = down.clone();
+                if let Some(v) = bad.vectors_mut().into_iter().find(|v| !v.is_empty()) {
+                    v[0] = f32::NAN;
+                    assert!(algo.check_download(&env, &bad).is_err(), "{name}: NaN");
+                    poisoned += 1;
+                }
+            }
+            poisoned
+        }
+    }
+
+    #[test]
+    fn honest_downloads_pass_the_clients_check_and_poisoned_ones_do_not() {
+        let tiny = Tiny::new();
+        let mut checked = Vec::new();
+        for info in catalogue() {
+            let visitor = HonestDownloads { tiny: &tiny };
+            // Methods that need what the tiny federation lacks (a relation
+            // graph) are left to the engine's tests.
+            if let Ok(poisoned) = dispatch(info.name, &toml::Table::new(), &tiny.env(), visitor)
+                && poisoned > 0
+            {
+                checked.push(info.name);
+            }
+        }
+        assert!(checked.len() >= 30, "only {checked:?}");
+    }
+}

@@ -30,6 +30,28 @@ impl Message for Relayed {
     }
 }
 
+impl Relayed {
+    /// What a client checks before keeping relayed models: one known,
+    /// distinct client id per whole, finite model.
+    pub fn check(&self, env: &Env) -> Result<(), String> {
+        if self.ids.len() != self.models.len() {
+            return Err(format!(
+                "{} ids for {} models",
+                self.ids.len(),
+                self.models.len()
+            ));
+        }
+        let n = env.clients();
+        let mut seen = vec![false; n];
+        for &j in &self.ids {
+            if j >= n || std::mem::replace(&mut seen[j], true) {
+                return Err(format!("client id {j} unknown or repeated"));
+            }
+        }
+        crate::contract::check_whole_models(env, self.vectors())
+    }
+}
+
 /// A trained model and the graph row its client mixed with at the start of
 /// the round.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -152,6 +174,25 @@ pub fn holdout_grad(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relayed_models_need_known_distinct_ids_one_per_whole_model() {
+        let t = crate::testkit::Tiny::new();
+        let env = t.env();
+        let m = || t.init.clone();
+        let relayed = |ids: Vec<usize>, models: Vec<Vec<f32>>| Relayed { ids, models };
+        assert_eq!(relayed(vec![2, 0], vec![m(), m()]).check(&env), Ok(()));
+        assert_eq!(relayed(vec![], vec![]).check(&env), Ok(()));
+        for (what, bad) in [
+            ("unknown id", relayed(vec![3], vec![m()])),
+            ("repeated id", relayed(vec![1, 1], vec![m(), m()])),
+            ("more ids", relayed(vec![0, 1], vec![m()])),
+            ("more models", relayed(vec![0], vec![m(), m()])),
+            ("short model", relayed(vec![0], vec![vec![0.0; 3]])),
+        ] {
+            assert!(bad.check(&env).is_err(), "{what}");
+        }
+    }
 
     #[test]
     fn rows_become_the_graph_and_the_store_relays_what_it_knows() {

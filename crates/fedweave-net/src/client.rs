@@ -18,7 +18,7 @@ use crate::{NetError, transport};
 use fedweave_algos::{Algorithm, Visitor};
 use fedweave_sim::ExperimentConfig;
 use fedweave_sim::packed::{Unpacked, pack};
-use fedweave_sim::runtime::{Derived, checkpoint_due, train_client};
+use fedweave_sim::runtime::{Derived, admit_download, checkpoint_due, train_client};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, HashMap};
@@ -411,8 +411,9 @@ impl<A: Algorithm> Host<A> {
         down: Option<A::Down>,
         after: bool,
     ) -> Result<Reply<A::Up>, NetError> {
-        if let Some(d) = down {
-            self.algo.receive(&self.derived.env(), &mut local.state, d);
+        let env = self.derived.env();
+        if let Some(d) = down.and_then(|d| admit_download(&self.algo, &env, i, round, d)) {
+            self.algo.receive(&env, &mut local.state, d);
         }
         let after = after.then(|| self.derived.score(&self.algo, i, &local.state));
         let cfg = self.derived.cfg();

@@ -4,21 +4,46 @@
 //! peers) call these same functions on what arrives: a hello (sizes and
 //! shapes, against what the receiver derives from its own config), an
 //! upload (only from a participant, once, with a sound training loss and,
-//! where the defence needs one, a sound origin), and a score (finite, in
-//! its range). In a simulation everything passes — the checks hold for
+//! where the defence needs one, a sound origin), a score (finite, in its
+//! range), and, on the client's side, a download (the algorithm's
+//! [`Algorithm::check_download`]: a hostile server cannot crash or poison
+//! a client with a wrong-shaped or non-finite message). In a simulation everything passes — the checks hold for
 //! every honest value by construction, so a simulated run is unchanged —
 //! and a networked run refuses exactly what a simulation could never
 //! produce.
 
 use crate::protocol::Score;
 use crate::runtime::ClientInfo;
-use fedweave_algos::Message;
+use fedweave_algos::{Algorithm, Env, Message};
 
 /// The largest number of samples a client may claim in any split when the
 /// receiver cannot derive its data (`data.dataset = "csv"`, natural
 /// clients whose files only they hold), unless the server is told
 /// otherwise (`fedweave serve --max-client-samples`).
 pub const DEFAULT_MAX_CLIENT_SAMPLES: usize = 1_000_000;
+
+/// Client `client`'s download of round `round` if it passes the
+/// algorithm's check; a refused one is logged and dropped (the client
+/// keeps its state, as if nothing had been sent).
+pub fn admit_download<A: Algorithm>(
+    algo: &A,
+    env: &Env,
+    client: usize,
+    round: usize,
+    down: A::Down,
+) -> Option<A::Down> {
+    match algo.check_download(env, &down) {
+        Ok(()) => Some(down),
+        Err(why) => {
+            tracing::warn!(
+                client,
+                round,
+                "download refused ({why}); the client keeps its state"
+            );
+            None
+        }
+    }
+}
 
 /// Whether `score` is a score an honest client can compute: every figure
 /// finite; accuracies in [0, 1]; errors (MAE, RMSE, MAPE) non-negative;

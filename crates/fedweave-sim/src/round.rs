@@ -11,7 +11,7 @@
 //! scored every round on its current personalised model, like everyone.
 
 use crate::ExperimentConfig;
-use crate::checks::{check_loss, check_origin, check_score};
+use crate::checks::{admit_download, check_loss, check_origin, check_score};
 use crate::driver::{
     Clients, Exchange, HostedPeers, StepFn, TrainAsk, TrainReply, peer_round, server_round,
 };
@@ -516,17 +516,12 @@ impl<A: Algorithm> Clients<A> for MemoryClients<'_, A> {
 
     fn deliver(
         &mut self,
-        _round: usize,
+        round: usize,
         inbox: Vec<Option<A::Down>>,
         _to: &[bool],
         score: bool,
     ) -> Vec<Option<Option<Score>>> {
-        let downloads = inbox
-            .into_iter()
-            .enumerate()
-            .filter_map(|(i, d)| d.map(|d| (i, d)))
-            .collect();
-        deliver(self.algo, self.setup, self.states, downloads, self.pool);
+        deliver(self.algo, self.setup, round, self.states, inbox, self.pool);
         if score {
             self.scores().into_iter().map(Some).collect()
         } else {
@@ -672,25 +667,27 @@ fn defend<U: Message>(
     kept
 }
 
-/// Applies each download to its client, in parallel.
+/// Applies each download of round `round` (`inbox[i]` to client i) that
+/// passes the client's check, in parallel.
 fn deliver<A: Algorithm>(
     algo: &A,
     setup: &Setup,
+    round: usize,
     clients: &mut [A::Client],
-    downloads: Vec<(usize, A::Down)>,
+    mut inbox: Vec<Option<A::Down>>,
     pool: &rayon::ThreadPool,
 ) {
     let env = setup.env();
-    let mut inbox: Vec<Option<A::Down>> = (0..clients.len()).map(|_| None).collect();
-    for (i, d) in downloads {
-        inbox[i] = Some(d);
-    }
     pool.install(|| {
         clients
             .par_iter_mut()
             .zip(inbox.par_iter_mut())
-            .for_each(|(client, d)| {
-                if let Some(d) = d.take() {
+            .enumerate()
+            .for_each(|(i, (client, d))| {
+                if let Some(d) = d
+                    .take()
+                    .and_then(|d| admit_download(algo, &env, i, round, d))
+                {
                     algo.receive(&env, client, d);
                 }
             });

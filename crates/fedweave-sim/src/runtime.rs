@@ -17,7 +17,7 @@ use fedweave_nn::{LocalData, ModelSpec};
 use serde::{Deserialize, Serialize};
 
 pub use crate::checks::{
-    DEFAULT_MAX_CLIENT_SAMPLES, check_hello, check_loss, check_origin, check_score,
+    DEFAULT_MAX_CLIENT_SAMPLES, admit_download, check_hello, check_loss, check_origin, check_score,
 };
 pub use crate::driver::{
     Clients, Exchange, HostedPeers, PeerOutcome, StepFn, TrainAsk, TrainReply, server_round,

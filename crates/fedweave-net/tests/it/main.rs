@@ -5,5 +5,6 @@ mod common;
 mod decoders;
 mod e2e;
 mod hostile;
+mod hostile_server;
 mod p2p;
 mod security;
