@@ -20,7 +20,7 @@
 use crate::auth::{self, Credential};
 use crate::proto::peers_client::PeersClient;
 use crate::proto::peers_server::{Peers, PeersServer};
-use crate::transport::{Limits, ServerTls};
+use crate::transport::{IDLE_TIMEOUT, Limits, ServerTls};
 use crate::wire::{self, CLIENT_HEADER, FetchRequest, Post, PostState, TOKEN_HEADER};
 use crate::{NetError, transport};
 use bytes::Bytes;
@@ -74,6 +74,9 @@ pub struct PeerOptions {
     pub insecure: bool,
     /// The longest one request may take.
     pub request_timeout: Duration,
+    /// The longest a connection may send nothing (default 60 s: honest
+    /// peers ping every 20 s).
+    pub idle_timeout: Duration,
     /// The largest message accepted from a peer (default: derived from
     /// the model, [`wire::message_limit`]).
     pub max_message: Option<usize>,
@@ -102,6 +105,7 @@ impl PeerOptions {
             token: None,
             insecure: false,
             request_timeout: Duration::from_secs(120),
+            idle_timeout: IDLE_TIMEOUT,
             max_message: None,
         }
     }
@@ -504,10 +508,11 @@ pub fn run_peer(
         // Each other peer asks one thing at a time, a few at the end.
         streams_per_connection: 16,
         request_timeout: opts.request_timeout,
+        idle_timeout: opts.idle_timeout,
     };
     let mut builder = transport::server(&tls, &limits)?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let incoming = transport::incoming(listener, limits.idle_timeout);
     let serving = runtime.spawn(builder.add_service(service).serve_with_incoming_shutdown(
         incoming,
         async {

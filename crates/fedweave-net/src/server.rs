@@ -8,7 +8,7 @@
 
 use crate::auth;
 use crate::hub::{Admission, FederationService, Hub};
-use crate::transport::{Limits, ServerTls};
+use crate::transport::{IDLE_TIMEOUT, Limits, ServerTls};
 use crate::wire::{self, Reply, Task};
 use crate::{NetError, transport};
 use bytes::Bytes;
@@ -46,6 +46,9 @@ pub struct ServeOptions {
     pub session_timeout: Duration,
     /// The longest one request may take, its upload included.
     pub request_timeout: Duration,
+    /// The longest a connection may send nothing (default 60 s: honest
+    /// clients ping every 20 s).
+    pub idle_timeout: Duration,
     /// The most samples a client whose data the server cannot derive
     /// (`csv`) may claim in one split.
     pub max_client_samples: usize,
@@ -69,6 +72,7 @@ impl ServeOptions {
             resume: false,
             session_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(120),
+            idle_timeout: IDLE_TIMEOUT,
             max_client_samples: DEFAULT_MAX_CLIENT_SAMPLES,
             max_message: None,
         }
@@ -167,10 +171,11 @@ pub fn serve(
         // A worker may host every client, each with a long poll open.
         streams_per_connection: u32::try_from(cfg.clients + 16).unwrap_or(u32::MAX),
         request_timeout: opts.request_timeout,
+        idle_timeout: opts.idle_timeout,
     };
     let mut builder = transport::server(&tls, &limits)?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let incoming = transport::incoming(listener, limits.idle_timeout);
     let serving = runtime.spawn(
         builder
             .add_service(lobby)

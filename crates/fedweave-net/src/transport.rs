@@ -1,12 +1,21 @@
 //! Transport settings shared by the server, clients and peers: HTTP/2
 //! flow-control windows sized for models, bounds on what one connection
 //! may hold (concurrent streams, header size, request duration),
-//! keepalive, and TLS (rustls through tonic) from PEM files, with client
-//! certificates (mutual TLS) when a client CA is given.
+//! keepalive, a deadline on connections that send nothing, and TLS
+//! (rustls through tonic) from PEM files, with client certificates (mutual
+//! TLS) when a client CA is given.
 
 use crate::NetError;
+use std::io;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::{Instant, Sleep};
+use tokio_stream::{Stream, StreamExt};
+use tonic::transport::server::{Connected, TcpIncoming};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig};
 
 /// HTTP/2 flow-control windows. The protocol's default (64 KiB) makes a
@@ -18,6 +27,13 @@ const CONNECTION_WINDOW: u32 = 32 << 20;
 const KEEPALIVE: Duration = Duration::from_secs(20);
 /// Headers of one request: ids, sessions and tokens are a few bytes.
 const MAX_HEADERS: u32 = 16 << 10;
+/// The longest a TLS handshake may take.
+const TLS_HANDSHAKE: Duration = Duration::from_secs(10);
+/// A connection that sends nothing for this long is closed. Honest
+/// parties never go quiet that long: their HTTP/2 pings (every
+/// [`KEEPALIVE`], and their answers to ours) are traffic; a stranger that
+/// connects and stays silent (no handshake, no preface) is not.
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(3 * KEEPALIVE.as_secs());
 
 /// How a listening side bounds its connections.
 #[derive(Clone, Debug)]
@@ -28,6 +44,105 @@ pub struct Limits {
     /// The longest a request may take, its upload included (a trickling
     /// sender is cut off).
     pub request_timeout: Duration,
+    /// The longest a connection may send nothing ([`IDLE_TIMEOUT`]).
+    pub idle_timeout: Duration,
+}
+
+/// The connections `listener` accepts, each closed once it has sent
+/// nothing for `idle` ([`IdleCutoff`]).
+pub(crate) fn incoming(
+    listener: TcpListener,
+    idle: Duration,
+) -> impl Stream<Item = io::Result<IdleCutoff<TcpStream>>> {
+    TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(KEEPALIVE))
+        .map(move |conn| conn.map(|io| IdleCutoff::new(io, idle)))
+}
+
+/// A connection whose reads fail (closing it) once the peer has sent
+/// nothing for `idle`: the deadline moves with every byte received.
+pub(crate) struct IdleCutoff<IO> {
+    io: IO,
+    idle: Duration,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl<IO> IdleCutoff<IO> {
+    fn new(io: IO, idle: Duration) -> Self {
+        Self {
+            io,
+            idle,
+            deadline: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for IdleCutoff<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    let next = Instant::now() + self.idle;
+                    self.deadline.as_mut().reset(next);
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match self.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the peer sent nothing for too long",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+            err => err,
+        }
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for IdleCutoff<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// The wrapped connection's address (and, under TLS, certificates) stay
+/// what the services see.
+impl<IO: Connected> Connected for IdleCutoff<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
 }
 
 /// TLS of a listening side: its certificate and key, and the CA its
@@ -55,8 +170,9 @@ pub(crate) fn server(tls: &ServerTls, limits: &Limits) -> Result<Server, NetErro
         .tcp_nodelay(true);
     match (&tls.identity, &tls.client_ca) {
         (Some((cert, key)), ca) => {
-            let mut config =
-                ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+            let mut config = ServerTlsConfig::new()
+                .identity(Identity::from_pem(read(cert)?, read(key)?))
+                .timeout(TLS_HANDSHAKE);
             if let Some(ca) = ca {
                 config = config.client_ca_root(Certificate::from_pem(read(ca)?));
             }

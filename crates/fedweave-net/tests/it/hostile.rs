@@ -428,3 +428,68 @@ fn one_client_cannot_open_calls_without_bound() {
     });
     drop(server);
 }
+
+/// Seconds from `started` until the server closes `conn` (reads return
+/// end of file or an error), waiting at most `limit`.
+fn closed_after(conn: &mut std::net::TcpStream, started: std::time::Instant, limit: f64) -> f64 {
+    use std::io::Read;
+    conn.set_read_timeout(Some(Duration::from_secs_f64(limit)))
+        .unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => break,
+            // The server's settings and pings.
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                panic!("still open after {limit} s")
+            }
+            Err(_) => break,
+        }
+    }
+    started.elapsed().as_secs_f64()
+}
+
+/// A connection that sends nothing (no preface), or stops after the
+/// HTTP/2 preface, is closed once the idle deadline passes; one that
+/// keeps calling stays open past it.
+#[test]
+fn silent_connections_are_closed_and_talking_ones_are_not() {
+    let cfg = config("fedavg", &["rounds=1"]);
+    let out = tempfile::tempdir().unwrap();
+    let (c, o) = (cfg.clone(), out.path().to_path_buf());
+    let server = start_server(move |addr| {
+        let mut opts = ServeOptions::new(c, addr, o);
+        opts.idle_timeout = Duration::from_secs(1);
+        opts
+    });
+    let started = std::time::Instant::now();
+    let mut silent = std::net::TcpStream::connect(server.addr).unwrap();
+    let mut preface = std::net::TcpStream::connect(server.addr).unwrap();
+    std::io::Write::write_all(&mut preface, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    for conn in [&mut silent, &mut preface] {
+        let t = closed_after(conn, started, 10.0);
+        assert!((0.9..5.0).contains(&t), "closed after {t} s");
+    }
+    let url = format!("http://{}", server.addr);
+    let info = wire::encode(&Derived::load(&cfg).unwrap().info(0)).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut raw = Raw::connect(&url).await;
+        let mut session = raw.join(0, "", info.clone(), vec![]).await.unwrap();
+        // Calls every 0.4 s for 3 s, on one connection: never idle.
+        for _ in 0..8 {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            session = raw
+                .join(0, "", info.clone(), session.clone())
+                .await
+                .expect("a talking connection stays open");
+        }
+    });
+    drop(server);
+}
