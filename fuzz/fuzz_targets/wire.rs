@@ -8,7 +8,9 @@
 #![no_main]
 use fedweave_algos::Algorithm;
 use fedweave_algos::pfedgraph::PFedGraph;
-use fedweave_net::wire::{self, Answer, Envelope, FetchRequest, Hello, Poll, Post, Reply, Task};
+use fedweave_net::wire::{
+    self, Answer, Envelope, FetchRequest, Hello, Poll, Post, Reply, Task, Welcome,
+};
 use fedweave_sim::runtime::{ClientInfo, Score, check_hello, check_score};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
@@ -27,6 +29,7 @@ fn round_trip<T: serde::Serialize + serde::de::DeserializeOwned>(data: &[u8]) ->
 
 fuzz_target!(|data: &[u8]| {
     let _ = Hello::decode(data);
+    let _ = Welcome::decode(data);
     let _ = Poll::decode(data);
     let _ = Answer::decode(data);
     let _ = Envelope::decode(data);
