@@ -2,11 +2,15 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use fedweave_sim::{ExperimentConfig, RoundRecord, Summary, resume_experiment, run_experiment};
+use fedweave_sim::{
+    ExperimentConfig, RoundRecord, RunError, Summary, resume_experiment, run_experiment,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 #[derive(Parser)]
@@ -29,6 +33,9 @@ enum Command {
         /// Output directory (default: a fresh directory under runs/).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Replace the run already in --out (otherwise refused).
+        #[arg(long)]
+        overwrite: bool,
         /// Override a config key by its dotted path, e.g. `--set rounds=5`.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
@@ -260,18 +267,121 @@ fn main() -> ExitCode {
         .init();
     match real_main(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if interrupted(&e) => {
+            eprintln!("{}", error_text(&e));
+            ExitCode::from(130)
+        }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
 }
 
+/// The error and its causes, each said once (an error whose message already
+/// quotes its cause does not get the cause repeated).
+fn error_text(e: &anyhow::Error) -> String {
+    if let Some(stop) = e.chain().find_map(|c| match c.downcast_ref::<RunError>() {
+        Some(r @ RunError::Interrupted { .. }) => Some(r.to_string()),
+        _ => None,
+    }) {
+        return stop;
+    }
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !text.contains(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+    }
+    text
+}
+
+/// Whether `e` is a run or sweep stopped by SIGINT/SIGTERM.
+fn interrupted(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(c.downcast_ref(), Some(RunError::Interrupted { .. }))
+            || matches!(
+                c.downcast_ref(),
+                Some(fedweave_sweep::SweepError::Interrupted { .. })
+            )
+    })
+}
+
+/// SIGINT and SIGTERM ask the runs of this process to stop after their
+/// current round ([`fedweave_sim::interrupt`]); a second one exits at once.
+fn stop_on_signals() -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let flag = fedweave_sim::stop_flag();
+    for sig in [SIGINT, SIGTERM] {
+        // Registered first, so it sees the flag before this signal sets it.
+        signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&flag))?;
+        signal_hook::flag::register(sig, Arc::clone(&flag))?;
+    }
+    std::thread::spawn(move || {
+        while !flag.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        eprintln!("stopping after the current round (press Ctrl-C again to quit at once)");
+    });
+    Ok(())
+}
+
+/// Files a run writes into its directory (`--overwrite` removes them).
+const RUN_FILES: [&str; 7] = [
+    "config.toml",
+    "rounds.jsonl",
+    "summary.json",
+    "report.html",
+    "partition.json",
+    "checkpoint",
+    "tensorboard",
+];
+
+/// Refuses to write a run into `out` when it already holds one, unless
+/// `overwrite`, which removes that run's files first.
+fn claim_out_dir(out: &std::path::Path, overwrite: bool) -> anyhow::Result<()> {
+    let present: Vec<&str> = RUN_FILES
+        .iter()
+        .copied()
+        .filter(|f| out.join(f).exists())
+        .collect();
+    if present.is_empty() {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        overwrite,
+        "{} already holds a run ({}): `fedweave resume {}` continues it, --overwrite replaces it, or choose another --out",
+        out.display(),
+        present.join(", "),
+        out.display()
+    );
+    for f in present {
+        let p = out.join(f);
+        let removed = if p.is_dir() {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
+        removed.with_context(|| format!("cannot remove {}", p.display()))?;
+    }
+    Ok(())
+}
+
 fn real_main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Run { config, out, set } => {
+        Command::Run {
+            config,
+            out,
+            overwrite,
+            set,
+        } => {
             let cfg = ExperimentConfig::from_file(&config, &set)?;
             let out = out.unwrap_or_else(|| default_out_dir(&cfg));
+            claim_out_dir(&out, overwrite)?;
+            warn_config(&cfg);
+            stop_on_signals()?;
             let summary = with_progress(cfg.rounds, |on_round| {
                 run_experiment(&cfg, &out, on_round)
                     .with_context(|| format!("run of {} failed", config.display()))
@@ -280,13 +390,20 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Resume { dir, rounds } => {
+            if !fedweave_sim::is_run_dir(&dir) {
+                return Err(RunError::NotARun { dir }.into());
+            }
             let total = match rounds {
                 Some(r) => r,
                 None => ExperimentConfig::from_file(&dir.join("config.toml"), &[])?.rounds,
             };
+            stop_on_signals()?;
             let summary = with_progress(total, |on_round| {
-                resume_experiment(&dir, rounds, on_round)
-                    .with_context(|| format!("resume of {} failed", dir.display()))
+                resume_experiment(&dir, rounds, on_round).map_err(|e| match e {
+                    e @ RunError::Finished { .. } => anyhow::Error::from(e),
+                    e => anyhow::Error::from(e)
+                        .context(format!("resume of {} failed", dir.display())),
+                })
             })?;
             print_summary(&summary, &dir);
             Ok(())
@@ -300,7 +417,10 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             println!("{}", path.display());
             Ok(())
         }
-        Command::Sweep(args) => Ok(fedweave_sweep::run_sweep_command(&args)?),
+        Command::Sweep(args) => {
+            stop_on_signals()?;
+            Ok(fedweave_sweep::run_sweep_command(&args)?)
+        }
         Command::Compare(args) => Ok(fedweave_sweep::run_compare_command(&args)?),
         Command::Tensorboard { dirs } => {
             let mut runs = Vec::new();
@@ -496,7 +616,19 @@ fn with_progress(
         );
         bar
     });
+    let mut all_rejected = Vec::new();
     let mut on_round = |r: &RoundRecord| {
+        if !r.participants.is_empty() && r.rejected.len() >= r.participants.len() {
+            all_rejected.push(r.round);
+            let line = format!(
+                "WARNING: round {}: every upload was rejected (non-finite or malformed updates; is the learning rate too high?) — no client learned from the others",
+                r.round
+            );
+            match &bar {
+                Some(b) => b.println(line),
+                None => eprintln!("{line}"),
+            }
+        }
         let msg = match (r.mean_val_acc, r.mean_test_acc) {
             (Some(v), Some(t)) => format!("val acc {v:.4}  test acc {t:.4}"),
             _ => format!(
@@ -517,11 +649,36 @@ fn with_progress(
             ),
         }
     };
-    let summary = job(&mut on_round)?;
+    let result = job(&mut on_round);
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    Ok(summary)
+    if !all_rejected.is_empty() {
+        eprintln!(
+            "WARNING: in {} of the rounds run every upload was rejected (rounds {}); these results mean little",
+            all_rejected.len(),
+            list_rounds(&all_rejected)
+        );
+    }
+    result
+}
+
+/// `1, 2, 3, …` for at most ten rounds.
+fn list_rounds(rounds: &[usize]) -> String {
+    let mut text: Vec<String> = rounds.iter().take(10).map(ToString::to_string).collect();
+    if rounds.len() > 10 {
+        text.push("…".into());
+    }
+    text.join(", ")
+}
+
+/// Loud warnings for configurations that run but mean little.
+fn warn_config(cfg: &ExperimentConfig) {
+    if cfg.clients == 1 {
+        eprintln!(
+            "WARNING: clients = 1: a federation of one client has no one to learn from; the results are those of local training"
+        );
+    }
 }
 
 fn print_summary(summary: &Summary, out: &std::path::Path) {

@@ -162,6 +162,7 @@ section.card h3{font-size:15px;margin:22px 0 6px}
 .legend i.dash{height:0;border-top:3px dashed #ea580c}
 .legend i.hatch{height:12px;width:14px;border:1px solid #9ca3af;background:repeating-linear-gradient(135deg,#e5e7eb 0 3px,#9ca3af 3px 4px)}
 .note{color:var(--muted);font-size:13.5px;margin:0 0 12px}
+.unfinished{background:#fef3c7;border:1px solid #f59e0b;border-radius:8px;padding:10px 14px;margin:16px 0}
 .bad{color:var(--bad);font-weight:600}
 .figure{overflow-x:auto}
 .figure svg{display:block;margin:0 auto;max-width:100%;height:auto}
@@ -264,6 +265,13 @@ impl Ctx<'_> {
 
     fn headline(&self, out: &mut String) {
         let s = self.s;
+        if let Some(done) = self.files.unfinished {
+            let _ = write!(
+                out,
+                r#"<p class="unfinished"><b>Unfinished run:</b> {done} of {} rounds done (no summary.json yet). The curves show the rounds so far; the best-validation results appear when <code>fedweave resume</code> has finished it.</p>"#,
+                s.rounds
+            );
+        }
         out.push_str(r#"<div class="cards" id="overview">"#);
         match self.mode {
             Mode::Accuracy => {

@@ -131,6 +131,16 @@ fn colour_scale_is_monotone_with_fixed_endpoints() {
 fn missing_summary_is_an_error_naming_the_file() {
     let dir = fixture_dir();
     fs::remove_file(dir.path().join("summary.json")).unwrap();
+    // With its rounds, a run without a summary is an unfinished one.
+    let rounds = fs::read_to_string(dir.path().join("rounds.jsonl")).unwrap();
+    let done = rounds.lines().filter(|l| !l.trim().is_empty()).count();
+    let page = write_report(dir.path()).unwrap();
+    let html = fs::read_to_string(&page).unwrap();
+    assert!(html.contains("Unfinished run"), "banner");
+    assert!(html.contains(&format!("<b>Unfinished run:</b> {done} of ")));
+    fs::remove_file(page).unwrap();
+    // Without them it is no run.
+    fs::remove_file(dir.path().join("rounds.jsonl")).unwrap();
     let err = write_report(dir.path()).unwrap_err();
     assert!(matches!(err, ReportError::Io { ref path, .. } if path.ends_with("summary.json")));
     assert!(err.to_string().contains("summary.json"), "{err}");
@@ -230,6 +240,7 @@ fn minimal_run_without_optional_fields_renders() {
             typed(json!({ "round": 2, "mean_val_acc": 0.5 })),
         ],
         partition: None,
+        unfinished: None,
     };
     let html = render_report(&files).unwrap();
     assert!(html.contains("no collaboration graph"));
@@ -241,6 +252,7 @@ fn minimal_run_without_optional_fields_renders() {
         summary: typed(json!({})),
         rounds: Vec::new(),
         partition: Some(json!({ "clients": [] })),
+        unfinished: None,
     };
     assert!(render_report(&empty).is_ok());
 }
@@ -254,6 +266,7 @@ fn final_graph_is_used_when_rounds_have_none() {
         ),
         rounds: vec![typed(json!({ "round": 1, "mean_val_acc": 0.5 }))],
         partition: None,
+        unfinished: None,
     };
     let html = render_report(&files).unwrap();
     assert_eq!(html.matches(r#"class="hm-frame""#).count(), 1);

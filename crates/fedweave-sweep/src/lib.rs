@@ -102,6 +102,14 @@ pub fn sweep_grid(grid: &Grid, out: &Path, opts: &ExecOptions) -> Result<SweepRe
     let outcome = execute(&plan, out, opts)?;
     let collection = Collection::from_plan(&plan, out)?;
     let written = write_outputs(&collection, out)?;
+    if !outcome.interrupted.is_empty() || outcome.not_started > 0 {
+        return Err(SweepError::Interrupted {
+            total: plan.runs.len(),
+            finished: collection.runs.len(),
+            stopped: outcome.interrupted.len(),
+            not_started: outcome.not_started,
+        });
+    }
     if !outcome.failed.is_empty() {
         return Err(SweepError::RunsFailed {
             total: plan.runs.len(),
