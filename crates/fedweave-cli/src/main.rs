@@ -263,7 +263,7 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .init();
     match real_main(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -655,7 +655,7 @@ fn with_progress(
     }
     if !all_rejected.is_empty() {
         eprintln!(
-            "WARNING: in {} of the rounds run every upload was rejected (rounds {}); these results mean little",
+            "WARNING: every upload was rejected in {} round(s) (round {}); these results mean little",
             all_rejected.len(),
             list_rounds(&all_rejected)
         );

@@ -24,6 +24,7 @@ mod protocol;
 mod round;
 pub mod runtime;
 mod setup;
+pub mod suggest;
 
 pub use config::{ConfigError, ExperimentConfig, ServerKernels};
 pub use engine::{RunError, is_run_dir, resume_experiment, run_experiment};
