@@ -1,5 +1,7 @@
 //! `fedweave`: personalized federated learning with collaboration graphs.
 
+mod init;
+
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fedweave_sim::{
@@ -49,7 +51,40 @@ enum Command {
         rounds: Option<usize>,
     },
     /// List algorithms, datasets, partitions, models, attacks and aggregators.
-    List,
+    List {
+        /// One JSON object (name → description lists) for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a commented configuration that runs (digits with fedavg by
+    /// default); `fedweave init > exp.toml`.
+    Init {
+        /// The algorithm (see `fedweave list`).
+        #[arg(long, default_value = "fedavg")]
+        algorithm: String,
+        /// The dataset (see `fedweave list`).
+        #[arg(long, default_value = "digits")]
+        dataset: String,
+        /// Write it to this file instead of printing it (an existing file
+        /// is refused).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Print the resolved configuration (every default filled in, the
+    /// algorithm's parameters too) without running anything.
+    Config {
+        /// The experiment config.
+        config: PathBuf,
+        /// Override a config key by its dotted path.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+    /// Print a shell completion script: `fedweave completions bash >
+    /// ~/.local/share/bash-completion/completions/fedweave`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
     /// Rebuild DIR/report.html from a run directory.
     Report {
         /// The run directory.
@@ -408,8 +443,60 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             print_summary(&summary, &dir);
             Ok(())
         }
-        Command::List => {
-            list();
+        Command::List { json } => {
+            if json {
+                println!("{}", list_json());
+            } else {
+                list();
+            }
+            Ok(())
+        }
+        Command::Init {
+            algorithm,
+            dataset,
+            out,
+        } => {
+            let text = init::template(&algorithm, &dataset);
+            // The template must name known things and parse: the same
+            // checks as `run`, with "did you mean" for a typo.
+            ExperimentConfig::from_toml_str(&text, &[])?;
+            match out {
+                None => print!("{text}"),
+                Some(path) => {
+                    anyhow::ensure!(
+                        !path.exists(),
+                        "{} exists; choose another file",
+                        path.display()
+                    );
+                    std::fs::write(&path, &text)
+                        .with_context(|| format!("cannot write {}", path.display()))?;
+                    eprintln!(
+                        "wrote {} — `fedweave run {}` runs it",
+                        path.display(),
+                        path.display()
+                    );
+                }
+            }
+            Ok(())
+        }
+        Command::Config { config, set } => {
+            let mut cfg = ExperimentConfig::from_file(&config, &set)?;
+            let name = cfg.algorithm_name().to_string();
+            let mut resolved =
+                fedweave_algos::check_params(&name, &cfg.algorithm_params(), cfg.clients)?;
+            resolved.insert("name".into(), name.into());
+            cfg.algorithm = resolved;
+            print!("{}", cfg.to_toml());
+            Ok(())
+        }
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "fedweave",
+                &mut std::io::stdout(),
+            );
             Ok(())
         }
         Command::Report { dir } => {
@@ -723,6 +810,32 @@ fn default_out_dir(cfg: &ExperimentConfig) -> PathBuf {
         cfg.algorithm_name(),
         cfg.data.dataset
     ))
+}
+
+/// `fedweave list --json`: `{"algorithms": [{"name", "summary",
+/// "reference"}], "datasets": [{"name", "description"}], ...}`.
+fn list_json() -> String {
+    let named = |items: &[(&str, &str)]| -> serde_json::Value {
+        items
+            .iter()
+            .map(|(n, d)| serde_json::json!({ "name": n, "description": d }))
+            .collect()
+    };
+    let algorithms: Vec<serde_json::Value> = fedweave_algos::catalogue()
+        .iter()
+        .map(|a| {
+            serde_json::json!({ "name": a.name, "summary": a.summary, "reference": a.reference })
+        })
+        .collect();
+    let v = serde_json::json!({
+        "algorithms": algorithms,
+        "datasets": named(fedweave_data::dataset_names()),
+        "partitions": named(fedweave_data::partition_kinds()),
+        "models": named(fedweave_nn::ModelKind::catalogue()),
+        "attacks": named(fedweave_algos::attack::AttackKind::catalogue()),
+        "aggregators": named(fedweave_algos::robust::AggregatorKind::catalogue()),
+    });
+    serde_json::to_string_pretty(&v).unwrap_or_default()
 }
 
 fn list() {

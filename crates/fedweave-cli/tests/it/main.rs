@@ -4,4 +4,5 @@ mod cli;
 mod errors;
 mod interrupt;
 mod net;
+mod start;
 mod sweep;
