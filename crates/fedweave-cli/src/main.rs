@@ -12,8 +12,8 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 #[derive(Parser)]
 #[command(
@@ -24,6 +24,12 @@ use std::time::Instant;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// No progress display (warnings and errors still show).
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    /// More log lines: -v for each round's events, -vv for debugging.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
 }
 
 #[derive(Subcommand)]
@@ -293,14 +299,22 @@ fn parse_ids(text: &str) -> anyhow::Result<Vec<usize>> {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = match (cli.quiet, cli.verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        _ => "debug",
+    };
+    QUIET.store(cli.quiet, Ordering::SeqCst);
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .init();
-    match real_main(Cli::parse()) {
+    match real_main(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if interrupted(&e) => {
             eprintln!("{}", error_text(&e));
@@ -506,7 +520,10 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Sweep(args) => {
             stop_on_signals()?;
-            Ok(fedweave_sweep::run_sweep_command(&args)?)
+            Ok(fedweave_sweep::run_sweep_command(
+                &args,
+                QUIET.load(Ordering::SeqCst),
+            )?)
         }
         Command::Compare(args) => Ok(fedweave_sweep::run_compare_command(&args)?),
         Command::Tensorboard { dirs } => {
@@ -685,26 +702,78 @@ fn export_tensorboard(dir: &std::path::Path) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// Set by `--quiet`: no progress display (warnings and errors still show).
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// How long a round may run without a word on a non-terminal stderr: 10 s,
+/// or `FEDWEAVE_PROGRESS_SECONDS`.
+fn in_round_every() -> Duration {
+    std::env::var("FEDWEAVE_PROGRESS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .unwrap_or(Duration::from_secs(10))
+}
+
 /// Runs `job` with a progress bar on a terminal (one line per round
-/// otherwise) over `rounds` rounds.
+/// otherwise) over `rounds` rounds: each round's accuracy, elapsed time and
+/// ETA, and inside a round the clients that have finished training (on a
+/// terminal live, otherwise a line every 10 s of a long round).
 fn with_progress(
     rounds: usize,
     job: impl FnOnce(&mut dyn FnMut(&RoundRecord)) -> anyhow::Result<Summary>,
 ) -> anyhow::Result<Summary> {
+    let quiet = QUIET.load(Ordering::SeqCst);
     let started = Instant::now();
-    let bar = std::io::stderr().is_terminal().then(|| {
+    let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
         let bar = ProgressBar::new(rounds as u64);
         bar.set_style(
             ProgressStyle::with_template(
-                "{spinner} round {pos}/{len} [{bar:30}] {msg} ({elapsed})",
+                "{spinner} round {pos}/{len} [{bar:30}] {msg} {prefix} ({elapsed}, ETA {eta})",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
         );
+        bar.enable_steady_tick(Duration::from_millis(200));
         bar
     });
+    // The round under way: when the last one ended, and which it was.
+    let last = Arc::new(std::sync::Mutex::new((Instant::now(), 0usize)));
+    let done = Arc::new(AtomicBool::new(false));
+    let ticker = (!quiet).then(|| {
+        let (bar, last, done) = (bar.clone(), Arc::clone(&last), Arc::clone(&done));
+        let every = in_round_every();
+        std::thread::spawn(move || {
+            let mut said = Instant::now();
+            while !done.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(50));
+                let p = fedweave_sim::progress::current();
+                let (since, prev) = *last.lock().unwrap_or_else(|e| e.into_inner());
+                let inside = p.round == prev + 1 && p.participants > 0;
+                match &bar {
+                    Some(b) if inside => {
+                        b.set_prefix(format!("· clients {}/{}", p.trained, p.participants));
+                    }
+                    Some(b) => b.set_prefix(""),
+                    None if inside && since.elapsed() >= every && said.elapsed() >= every => {
+                        said = Instant::now();
+                        eprintln!(
+                            "round {:>4}/{rounds}  {}/{} clients trained, {} into the round",
+                            p.round,
+                            p.trained,
+                            p.participants,
+                            fedweave_report::fmt::human_seconds(since.elapsed().as_secs_f64())
+                        );
+                    }
+                    None => {}
+                }
+            }
+        })
+    });
     let mut all_rejected = Vec::new();
+    let mut first: Option<(usize, Instant)> = None;
     let mut on_round = |r: &RoundRecord| {
+        *last.lock().unwrap_or_else(|e| e.into_inner()) = (Instant::now(), r.round);
         if !r.participants.is_empty() && r.rejected.len() >= r.participants.len() {
             all_rejected.push(r.round);
             let line = format!(
@@ -716,6 +785,9 @@ fn with_progress(
                 None => eprintln!("{line}"),
             }
         }
+        if quiet {
+            return;
+        }
         let msg = match (r.mean_val_acc, r.mean_test_acc) {
             (Some(v), Some(t)) => format!("val acc {v:.4}  test acc {t:.4}"),
             _ => format!(
@@ -724,19 +796,32 @@ fn with_progress(
                 r.mean_test_mae.unwrap_or(f64::NAN)
             ),
         };
+        // The ETA from the rounds of this session (a resumed run starts
+        // counting at its checkpoint).
+        let (first_round, t0) = *first.get_or_insert((r.round - 1, started));
+        let per_round = t0.elapsed().as_secs_f64() / (r.round - first_round).max(1) as f64;
+        let eta = per_round * rounds.saturating_sub(r.round) as f64;
         match &bar {
             Some(b) => {
+                if b.position() == 0 && r.round > 1 {
+                    b.reset_eta();
+                }
                 b.set_position(r.round as u64);
                 b.set_message(msg);
             }
             None => eprintln!(
-                "round {:>4}/{rounds}  {msg}  {:.1}s elapsed",
+                "round {:>4}/{rounds}  {msg}  {} elapsed  ETA {}",
                 r.round,
-                started.elapsed().as_secs_f64()
+                fedweave_report::fmt::human_seconds(started.elapsed().as_secs_f64()),
+                fedweave_report::fmt::human_seconds(eta)
             ),
         }
     };
     let result = job(&mut on_round);
+    done.store(true, Ordering::SeqCst);
+    if let Some(t) = ticker {
+        let _ = t.join();
+    }
     if let Some(b) = bar {
         b.finish_and_clear();
     }

@@ -20,6 +20,7 @@ mod engine;
 pub mod interrupt;
 pub mod packed;
 mod peer;
+pub mod progress;
 mod protocol;
 mod round;
 pub mod runtime;

@@ -133,11 +133,11 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>, SweepError>
     write_outputs(&c, out)
 }
 
-/// The `sweep` subcommand.
+/// The `sweep` subcommand; `quiet` shows no progress.
 ///
 /// # Errors
 /// See [`sweep`].
-pub fn run_sweep_command(args: &SweepArgs) -> Result<(), SweepError> {
+pub fn run_sweep_command(args: &SweepArgs, quiet: bool) -> Result<(), SweepError> {
     let out = args.out.clone().unwrap_or_else(|| default_out(&args.grid));
     let mut grid = Grid::read(&args.grid)?;
     grid.override_set(&args.set)?;
@@ -156,6 +156,7 @@ pub fn run_sweep_command(args: &SweepArgs) -> Result<(), SweepError> {
     }
     let opts = ExecOptions {
         jobs: args.jobs.max(1),
+        quiet,
         ..ExecOptions::default()
     };
     let rep = sweep_grid(&grid, &out, &opts)?;

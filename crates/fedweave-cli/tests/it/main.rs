@@ -4,5 +4,6 @@ mod cli;
 mod errors;
 mod interrupt;
 mod net;
+mod progress;
 mod start;
 mod sweep;
