@@ -856,16 +856,21 @@ fn warn_config(cfg: &ExperimentConfig) {
 fn print_summary(summary: &Summary, out: &std::path::Path) {
     let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.2}%", 100.0 * v));
     if let Some(mae) = summary.mean_test_mae {
-        let num = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{v:.4}"));
+        let unit = fedweave_report::fmt::error_unit(&summary.dataset)
+            .map_or(String::new(), |u| format!(" {u}"));
+        let num = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{v:.4}{unit}"));
+        let mape = summary
+            .mean_test_mape
+            .map_or("n/a".to_string(), |v| format!("{v:.4}%"));
         println!(
-            "{} on {} ({} clients, {} rounds): mean test MAE {} / RMSE {} / MAPE {}% (best-validation), last round MAE {}, {:.1}s",
+            "{} on {} ({} clients, {} rounds): mean test MAE {} / RMSE {} / MAPE {} (best-validation), last round MAE {}, {:.1}s",
             summary.algorithm,
             summary.dataset,
             summary.clients,
             summary.rounds,
             num(Some(mae)),
             num(summary.mean_test_rmse),
-            num(summary.mean_test_mape),
+            mape,
             num(summary.last_round_mean_test_mae),
             summary.wall_seconds
         );
@@ -886,15 +891,39 @@ fn print_summary(summary: &Summary, out: &std::path::Path) {
     println!("outputs in {}", out.display());
 }
 
+/// `runs/ALGORITHM-DATASET-PARTITION-sSEED`, with `-2`, `-3`, … added when
+/// that directory exists.
 fn default_out_dir(cfg: &ExperimentConfig) -> PathBuf {
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    PathBuf::from("runs").join(format!(
-        "{}-{}-{stamp}",
+    let base = format!(
+        "{}-{}-{}-s{}",
         cfg.algorithm_name(),
-        cfg.data.dataset
-    ))
+        cfg.data.dataset,
+        cfg.partition.kind,
+        cfg.seed
+    );
+    let clean: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    unique_dir(&PathBuf::from("runs"), &clean)
+}
+
+/// `parent/name`, or `parent/name-K` for the first K ≥ 2 not taken.
+fn unique_dir(parent: &std::path::Path, name: &str) -> PathBuf {
+    let first = parent.join(name);
+    if !first.exists() {
+        return first;
+    }
+    (2..)
+        .map(|k| parent.join(format!("{name}-{k}")))
+        .find(|p| !p.exists())
+        .unwrap_or(first)
 }
 
 /// `fedweave list --json`: `{"algorithms": [{"name", "summary",

@@ -315,3 +315,77 @@ fn many_clients_and_rounds_stay_bounded() {
     assert!(last.matches(r#"class="tick"#).count() <= 40);
     assert!(html.len() < 15_000_000, "page is {} bytes", html.len());
 }
+
+#[test]
+fn forecasting_figures_carry_units() {
+    let files = RunFiles {
+        config_toml: "[data]\ndataset = \"us-weather\"\n".into(),
+        summary: typed(json!({
+            "dataset": "us-weather", "clients": 2, "mean_test_acc": null,
+            "mean_test_mae": 1.5, "mean_test_rmse": 2.25, "mean_test_mape": 12.5,
+            "per_client_test_mae": [1.0, 2.0]
+        })),
+        rounds: vec![typed(
+            json!({ "round": 1, "mean_val_mae": 1.7, "mean_test_mae": 1.6 }),
+        )],
+        partition: None,
+        unfinished: None,
+    };
+    let html = render_report(&files).unwrap();
+    assert!(html.contains("1.500 °C"), "MAE in °C");
+    assert!(html.contains("2.250 °C"), "RMSE in °C");
+    assert!(html.contains("12.500 %"), "MAPE in %");
+    assert!(html.contains("MAE (°C)"), "axis label with its unit");
+    // A dataset of unknown unit gets none.
+    let mut other = files.clone();
+    other.summary.dataset = "csv".into();
+    let html = render_report(&other).unwrap();
+    assert!(!html.contains("°C"));
+    assert!(html.contains("12.500 %"));
+}
+
+#[test]
+fn the_config_shown_leaves_out_what_does_not_apply() {
+    let config = "seed = 1\n\n[data]\ndataset = \"digits\"\ninput_steps = 12\nhorizon = 3\nseq_len = 256\n\n\
+                  [data.synthetic]\ndim = 60\n\n[partition]\nkind = \"iid\"\n\n[attack]\nkind = \"none\"\nratio = 0.0\n\n\
+                  [aggregator]\nkind = \"mean\"\ntrim = 0.1\n\n[eval]\nwhen = \"algorithm\"\n";
+    let files = RunFiles {
+        config_toml: config.into(),
+        summary: typed(json!({ "dataset": "digits", "clients": 1, "mean_test_acc": 0.5 })),
+        rounds: vec![typed(json!({ "round": 1, "mean_val_acc": 0.5 }))],
+        partition: None,
+        unfinished: None,
+    };
+    let html = render_report(&files).unwrap();
+    let shown = html
+        .split("<pre><code>")
+        .nth(1)
+        .unwrap()
+        .split("</code>")
+        .next()
+        .unwrap();
+    for gone in [
+        "input_steps",
+        "seq_len",
+        "[data.synthetic]",
+        "[attack]",
+        "[aggregator]",
+        "trim",
+    ] {
+        assert!(!shown.contains(gone), "{gone} shown:\n{shown}");
+    }
+    for kept in [
+        "seed = 1",
+        "dataset = &quot;digits&quot;",
+        "[partition]",
+        "[eval]",
+    ] {
+        assert!(shown.contains(kept), "{kept} missing:\n{shown}");
+    }
+    assert!(!shown.contains("\n\n\n"));
+    // An attack that ran is shown.
+    let mut attacked = files.clone();
+    attacked.config_toml = config.replace("kind = \"none\"", "kind = \"sign_flip\"");
+    let html = render_report(&attacked).unwrap();
+    assert!(html.contains("[attack]\nkind = &quot;sign_flip&quot;"));
+}

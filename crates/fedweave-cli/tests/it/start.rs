@@ -167,3 +167,33 @@ fn completions_for_each_shell() {
     let o = fedweave(&["completions", "tcsh"]);
     assert!(!o.status.success());
 }
+
+#[test]
+fn default_run_directories_have_readable_unique_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(
+        tmp.path().join("exp.toml"),
+        "seed = 7\nclients = 3\nrounds = 1\n[partition]\nkind = \"iid\"\n[train]\nlocal_iterations = 2\n",
+    )
+    .unwrap();
+    for want in ["fedavg-digits-iid-s7", "fedavg-digits-iid-s7-2"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_fedweave"))
+            .current_dir(tmp.path())
+            .args(["run", "exp.toml"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(
+            stdout(&o).contains(&format!("outputs in runs/{want}")),
+            "{}",
+            stdout(&o)
+        );
+        assert!(
+            tmp.path()
+                .join("runs")
+                .join(want)
+                .join("summary.json")
+                .is_file()
+        );
+    }
+}
