@@ -62,6 +62,18 @@ pub enum SweepError {
         /// Runs not started.
         not_started: usize,
     },
+    /// `--collect` found grid points without a finished run (the tables
+    /// were written from the others).
+    #[error(
+        "{} of {total} grid points have no finished run yet (tables written from the others): {}",
+        .missing.len(), .missing.join(", ")
+    )]
+    Incomplete {
+        /// Runs planned.
+        total: usize,
+        /// `K (name)` of each missing grid point.
+        missing: Vec<String>,
+    },
     /// Drawing a figure failed.
     #[error(transparent)]
     Report(#[from] fedweave_report::ReportError),
