@@ -248,3 +248,89 @@ fn sigint_stops_a_sweep_and_a_rerun_finishes_it() {
         );
     }
 }
+
+#[test]
+fn a_second_sigint_quits_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("slow.toml");
+    // Rounds of a few seconds: the second Ctrl-C must not wait for one.
+    std::fs::write(
+        &cfg,
+        "seed = 1\nclients = 4\nrounds = 3\nthreads = 1\n[data]\ndataset = \"digits\"\n\
+         [partition]\nkind = \"iid\"\n[model]\nkind = \"mlp\"\n[train]\nlocal_iterations = 1500\n",
+    )
+    .unwrap();
+    let out = tmp.path().join("run");
+    let child = spawn(&["run", cfg.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let first_round = Instant::now();
+    let rounds = out.join("rounds.jsonl");
+    while lines(&rounds) < 1 && first_round.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let round_took = first_round.elapsed();
+    // Well inside round 2 (round 1 ending is a safe point of its own).
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = child.id().to_string();
+    let sent = Instant::now();
+    for _ in 0..2 {
+        assert!(
+            Command::new("kill")
+                .args(["-INT", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let o = child.wait_with_output().unwrap();
+    let waited = sent.elapsed();
+    assert_eq!(o.status.code(), Some(130));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !e.contains("interrupted after round"),
+        "quit without finishing the round: {e}"
+    );
+    assert!(
+        waited < round_took / 2 + Duration::from_millis(300),
+        "quit at once: {waited:?} (a round takes {round_took:?})"
+    );
+    // The last checkpoint (round 1) still resumes.
+    assert!(out.join("checkpoint/state.safetensors").is_file());
+}
+
+#[test]
+fn wall_time_adds_up_when_a_finished_run_is_extended() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tiny_config(tmp.path(), 2);
+    let out = tmp.path().join("run");
+    let out_s = out.to_str().unwrap();
+    let o = fedweave(&["run", &cfg, "--out", out_s]);
+    assert!(o.status.success(), "{}", text(&o));
+    let wall = |dir: &Path| -> f64 {
+        let s: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap())
+                .unwrap();
+        s["wall_seconds"].as_f64().unwrap()
+    };
+    let first = wall(&out);
+    let o = fedweave(&["resume", out_s, "--rounds", "4"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(lines(&out.join("rounds.jsonl")), 4);
+    let round_seconds: f64 = std::fs::read_to_string(out.join("rounds.jsonl"))
+        .unwrap()
+        .lines()
+        .skip(2)
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["seconds"]
+                .as_f64()
+                .unwrap()
+        })
+        .sum();
+    // The first session's time up to its last checkpoint (its summary
+    // also counts writing the report) plus the new rounds.
+    assert!(
+        wall(&out) >= first - 0.1 + round_seconds,
+        "{} < {first} - 0.1 + {round_seconds}",
+        wall(&out)
+    );
+}
