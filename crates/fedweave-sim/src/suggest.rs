@@ -2,9 +2,9 @@
 //! name or key (by edit distance), and serde's type names ("expected struct
 //! TrainSection", "expected usize") said as a person would.
 
-/// The candidate closest to `word` by edit distance, if it is close enough
-/// to be a typo (at most a third of the longer word's letters differ, and
-/// at least one may), case ignored.
+/// The candidate closest to `word` by edit distance (a transposition counts
+/// once), if it is close enough to be a typo (about a third of the longer
+/// word's letters may differ, at least one), case ignored.
 pub fn did_you_mean<'a>(
     word: &str,
     candidates: impl IntoIterator<Item = &'a str>,
@@ -13,7 +13,7 @@ pub fn did_you_mean<'a>(
     candidates
         .into_iter()
         .map(|c| (strsim::damerau_levenshtein(&w, &c.to_lowercase()), c))
-        .filter(|(d, c)| *d <= (w.chars().count().max(c.chars().count()) / 3).max(1))
+        .filter(|(d, c)| *d <= (w.chars().count().max(c.chars().count()).div_ceil(3)).max(1))
         .min_by_key(|(d, _)| *d)
         .map(|(_, c)| c)
 }

@@ -159,3 +159,26 @@ fn meaningless_runs_are_warned_about_loudly() {
     // Not a terminal: no colour codes in the log.
     assert!(!e.contains('\u{1b}'), "no ANSI codes in a pipe: {e}");
 }
+
+#[test]
+fn grid_files_get_suggestions_too() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let g = dir.path().join("grid.toml");
+    for (grid, want) in [
+        (
+            "base = \"cfg.toml\"\nsede = [1]\n",
+            "unknown key `sede`; did you mean `seeds`?",
+        ),
+        (
+            "base = \"cfg.toml\"\n[grid]\nrouns = [2, 3]\n",
+            "did you mean `rounds`?",
+        ),
+    ] {
+        std::fs::write(&g, grid).unwrap();
+        let o = fedweave(&["sweep", g.to_str().unwrap(), "--dry-run"]);
+        assert!(!o.status.success());
+        let e = stderr(&o);
+        assert_eq!(e.matches(want).count(), 1, "{e}");
+    }
+}
