@@ -399,13 +399,20 @@ fn claim_out_dir(out: &std::path::Path, overwrite: bool) -> anyhow::Result<()> {
     if present.is_empty() {
         return Ok(());
     }
-    anyhow::ensure!(
-        overwrite,
-        "{} already holds a run ({}): `fedweave resume {}` continues it, --overwrite replaces it, or choose another --out",
-        out.display(),
-        present.join(", "),
-        out.display()
-    );
+    if !overwrite {
+        if present == ["config.toml"] {
+            anyhow::bail!(
+                "{} holds a config.toml that is not a run's; the run would replace it with its resolved config: choose another --out, or --overwrite",
+                out.display()
+            );
+        }
+        anyhow::bail!(
+            "{} already holds a run ({}): `fedweave resume {}` continues it, --overwrite replaces it, or choose another --out",
+            out.display(),
+            present.join(", "),
+            out.display()
+        );
+    }
     for f in present {
         let p = out.join(f);
         let removed = if p.is_dir() {

@@ -189,6 +189,18 @@ fn run_refuses_an_existing_run_without_overwrite() {
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(s["seed"], 4);
+
+    // A folder holding someone's config.toml is not overwritten either.
+    let mine = tmp.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::write(mine.join("config.toml"), "# my notes\nrounds = 2\n").unwrap();
+    let o = fedweave(&["run", &cfg, "--out", mine.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("not a run's"), "{}", text(&o));
+    assert_eq!(
+        std::fs::read_to_string(mine.join("config.toml")).unwrap(),
+        "# my notes\nrounds = 2\n"
+    );
 }
 
 #[test]
