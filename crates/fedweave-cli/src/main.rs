@@ -1,13 +1,19 @@
 //! `fedweave`: personalized federated learning with collaboration graphs.
 
+mod init;
+
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use fedweave_sim::{ExperimentConfig, RoundRecord, Summary, resume_experiment, run_experiment};
+use fedweave_sim::{
+    ExperimentConfig, RoundRecord, RunError, Summary, resume_experiment, run_experiment,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 #[derive(Parser)]
 #[command(
@@ -18,6 +24,12 @@ use std::time::Instant;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// No progress display (warnings and errors still show).
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    /// More log lines: -v for each round's events, -vv for debugging.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
 }
 
 #[derive(Subcommand)]
@@ -29,6 +41,9 @@ enum Command {
         /// Output directory (default: a fresh directory under runs/).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Replace the run already in --out (otherwise refused).
+        #[arg(long)]
+        overwrite: bool,
         /// Override a config key by its dotted path, e.g. `--set rounds=5`.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
@@ -42,7 +57,40 @@ enum Command {
         rounds: Option<usize>,
     },
     /// List algorithms, datasets, partitions, models, attacks and aggregators.
-    List,
+    List {
+        /// One JSON object (name → description lists) for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a commented configuration that runs (digits with fedavg by
+    /// default); `fedweave init > exp.toml`.
+    Init {
+        /// The algorithm (see `fedweave list`).
+        #[arg(long, default_value = "fedavg")]
+        algorithm: String,
+        /// The dataset (see `fedweave list`).
+        #[arg(long, default_value = "digits")]
+        dataset: String,
+        /// Write it to this file instead of printing it (an existing file
+        /// is refused).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Print the resolved configuration (every default filled in, the
+    /// algorithm's parameters too) without running anything.
+    Config {
+        /// The experiment config.
+        config: PathBuf,
+        /// Override a config key by its dotted path.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+    /// Print a shell completion script: `fedweave completions bash >
+    /// ~/.local/share/bash-completion/completions/fedweave`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
     /// Rebuild DIR/report.html from a run directory.
     Report {
         /// The run directory.
@@ -251,27 +299,145 @@ fn parse_ids(text: &str) -> anyhow::Result<Vec<usize>> {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = match (cli.quiet, cli.verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        _ => "debug",
+    };
+    QUIET.store(cli.quiet, Ordering::SeqCst);
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into()),
         )
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .init();
-    match real_main(Cli::parse()) {
+    match real_main(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if interrupted(&e) => {
+            eprintln!("{}", error_text(&e));
+            ExitCode::from(130)
+        }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
 }
 
+/// The error and its causes, each said once (an error whose message already
+/// quotes its cause does not get the cause repeated).
+fn error_text(e: &anyhow::Error) -> String {
+    if let Some(stop) = e.chain().find_map(|c| match c.downcast_ref::<RunError>() {
+        Some(r @ RunError::Interrupted { .. }) => Some(r.to_string()),
+        _ => None,
+    }) {
+        return stop;
+    }
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !text.contains(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+    }
+    text
+}
+
+/// Whether `e` is a run or sweep stopped by SIGINT/SIGTERM.
+fn interrupted(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(c.downcast_ref(), Some(RunError::Interrupted { .. }))
+            || matches!(
+                c.downcast_ref(),
+                Some(fedweave_sweep::SweepError::Interrupted { .. })
+            )
+    })
+}
+
+/// SIGINT and SIGTERM ask the runs of this process to stop after their
+/// current round ([`fedweave_sim::interrupt`]); a second one exits at once.
+fn stop_on_signals() -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let flag = fedweave_sim::stop_flag();
+    for sig in [SIGINT, SIGTERM] {
+        // Registered first, so it sees the flag before this signal sets it.
+        signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&flag))?;
+        signal_hook::flag::register(sig, Arc::clone(&flag))?;
+    }
+    std::thread::spawn(move || {
+        while !flag.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        eprintln!("stopping after the current round (press Ctrl-C again to quit at once)");
+    });
+    Ok(())
+}
+
+/// Files a run writes into its directory (`--overwrite` removes them).
+const RUN_FILES: [&str; 7] = [
+    "config.toml",
+    "rounds.jsonl",
+    "summary.json",
+    "report.html",
+    "partition.json",
+    "checkpoint",
+    "tensorboard",
+];
+
+/// Refuses to write a run into `out` when it already holds one, unless
+/// `overwrite`, which removes that run's files first.
+fn claim_out_dir(out: &std::path::Path, overwrite: bool) -> anyhow::Result<()> {
+    let present: Vec<&str> = RUN_FILES
+        .iter()
+        .copied()
+        .filter(|f| out.join(f).exists())
+        .collect();
+    if present.is_empty() {
+        return Ok(());
+    }
+    if !overwrite {
+        if present == ["config.toml"] {
+            anyhow::bail!(
+                "{} holds a config.toml that is not a run's; the run would replace it with its resolved config: choose another --out, or --overwrite",
+                out.display()
+            );
+        }
+        anyhow::bail!(
+            "{} already holds a run ({}): `fedweave resume {}` continues it, --overwrite replaces it, or choose another --out",
+            out.display(),
+            present.join(", "),
+            out.display()
+        );
+    }
+    for f in present {
+        let p = out.join(f);
+        let removed = if p.is_dir() {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
+        removed.with_context(|| format!("cannot remove {}", p.display()))?;
+    }
+    Ok(())
+}
+
 fn real_main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Run { config, out, set } => {
+        Command::Run {
+            config,
+            out,
+            overwrite,
+            set,
+        } => {
             let cfg = ExperimentConfig::from_file(&config, &set)?;
             let out = out.unwrap_or_else(|| default_out_dir(&cfg));
+            claim_out_dir(&out, overwrite)?;
+            warn_config(&cfg);
+            stop_on_signals()?;
             let summary = with_progress(cfg.rounds, |on_round| {
                 run_experiment(&cfg, &out, on_round)
                     .with_context(|| format!("run of {} failed", config.display()))
@@ -280,19 +446,78 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Resume { dir, rounds } => {
+            if !fedweave_sim::is_run_dir(&dir) {
+                return Err(RunError::NotARun { dir }.into());
+            }
             let total = match rounds {
                 Some(r) => r,
                 None => ExperimentConfig::from_file(&dir.join("config.toml"), &[])?.rounds,
             };
+            stop_on_signals()?;
             let summary = with_progress(total, |on_round| {
-                resume_experiment(&dir, rounds, on_round)
-                    .with_context(|| format!("resume of {} failed", dir.display()))
+                resume_experiment(&dir, rounds, on_round).map_err(|e| match e {
+                    e @ RunError::Finished { .. } => anyhow::Error::from(e),
+                    e => anyhow::Error::from(e)
+                        .context(format!("resume of {} failed", dir.display())),
+                })
             })?;
             print_summary(&summary, &dir);
             Ok(())
         }
-        Command::List => {
-            list();
+        Command::List { json } => {
+            if json {
+                println!("{}", list_json());
+            } else {
+                list();
+            }
+            Ok(())
+        }
+        Command::Init {
+            algorithm,
+            dataset,
+            out,
+        } => {
+            let text = init::template(&algorithm, &dataset);
+            // The template must name known things and parse: the same
+            // checks as `run`, with "did you mean" for a typo.
+            ExperimentConfig::from_toml_str(&text, &[])?;
+            match out {
+                None => print!("{text}"),
+                Some(path) => {
+                    anyhow::ensure!(
+                        !path.exists(),
+                        "{} exists; choose another file",
+                        path.display()
+                    );
+                    std::fs::write(&path, &text)
+                        .with_context(|| format!("cannot write {}", path.display()))?;
+                    eprintln!(
+                        "wrote {} — `fedweave run {}` runs it",
+                        path.display(),
+                        path.display()
+                    );
+                }
+            }
+            Ok(())
+        }
+        Command::Config { config, set } => {
+            let mut cfg = ExperimentConfig::from_file(&config, &set)?;
+            let name = cfg.algorithm_name().to_string();
+            let mut resolved =
+                fedweave_algos::check_params(&name, &cfg.algorithm_params(), cfg.clients)?;
+            resolved.insert("name".into(), name.into());
+            cfg.algorithm = resolved;
+            print!("{}", cfg.to_toml());
+            Ok(())
+        }
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "fedweave",
+                &mut std::io::stdout(),
+            );
             Ok(())
         }
         Command::Report { dir } => {
@@ -300,7 +525,13 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             println!("{}", path.display());
             Ok(())
         }
-        Command::Sweep(args) => Ok(fedweave_sweep::run_sweep_command(&args)?),
+        Command::Sweep(args) => {
+            stop_on_signals()?;
+            Ok(fedweave_sweep::run_sweep_command(
+                &args,
+                QUIET.load(Ordering::SeqCst),
+            )?)
+        }
         Command::Compare(args) => Ok(fedweave_sweep::run_compare_command(&args)?),
         Command::Tensorboard { dirs } => {
             let mut runs = Vec::new();
@@ -478,25 +709,92 @@ fn export_tensorboard(dir: &std::path::Path) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// Set by `--quiet`: no progress display (warnings and errors still show).
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// How long a round may run without a word on a non-terminal stderr: 10 s,
+/// or `FEDWEAVE_PROGRESS_SECONDS`.
+fn in_round_every() -> Duration {
+    std::env::var("FEDWEAVE_PROGRESS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .unwrap_or(Duration::from_secs(10))
+}
+
 /// Runs `job` with a progress bar on a terminal (one line per round
-/// otherwise) over `rounds` rounds.
+/// otherwise) over `rounds` rounds: each round's accuracy, elapsed time and
+/// ETA, and inside a round the clients that have finished training (on a
+/// terminal live, otherwise a line every 10 s of a long round).
 fn with_progress(
     rounds: usize,
     job: impl FnOnce(&mut dyn FnMut(&RoundRecord)) -> anyhow::Result<Summary>,
 ) -> anyhow::Result<Summary> {
+    let quiet = QUIET.load(Ordering::SeqCst);
     let started = Instant::now();
-    let bar = std::io::stderr().is_terminal().then(|| {
+    let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
         let bar = ProgressBar::new(rounds as u64);
         bar.set_style(
             ProgressStyle::with_template(
-                "{spinner} round {pos}/{len} [{bar:30}] {msg} ({elapsed})",
+                "{spinner} round {pos}/{len} [{bar:30}] {msg} {prefix} ({elapsed}, ETA {eta})",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
         );
+        bar.enable_steady_tick(Duration::from_millis(200));
         bar
     });
+    // The round under way: when the last one ended, and which it was.
+    let last = Arc::new(std::sync::Mutex::new((Instant::now(), 0usize)));
+    let done = Arc::new(AtomicBool::new(false));
+    let ticker = (!quiet).then(|| {
+        let (bar, last, done) = (bar.clone(), Arc::clone(&last), Arc::clone(&done));
+        let every = in_round_every();
+        std::thread::spawn(move || {
+            let mut said = Instant::now();
+            while !done.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(50));
+                let p = fedweave_sim::progress::current();
+                let (since, prev) = *last.lock().unwrap_or_else(|e| e.into_inner());
+                let inside = p.round == prev + 1 && p.participants > 0;
+                match &bar {
+                    Some(b) if inside => {
+                        b.set_prefix(format!("· clients {}/{}", p.trained, p.participants));
+                    }
+                    Some(b) => b.set_prefix(""),
+                    None if inside && since.elapsed() >= every && said.elapsed() >= every => {
+                        said = Instant::now();
+                        eprintln!(
+                            "round {:>4}/{rounds}  {}/{} clients trained, {} into the round",
+                            p.round,
+                            p.trained,
+                            p.participants,
+                            fedweave_report::fmt::human_seconds(since.elapsed().as_secs_f64())
+                        );
+                    }
+                    None => {}
+                }
+            }
+        })
+    });
+    let mut all_rejected = Vec::new();
+    let mut first: Option<(usize, Instant)> = None;
     let mut on_round = |r: &RoundRecord| {
+        *last.lock().unwrap_or_else(|e| e.into_inner()) = (Instant::now(), r.round);
+        if !r.participants.is_empty() && r.rejected.len() >= r.participants.len() {
+            all_rejected.push(r.round);
+            let line = format!(
+                "WARNING: round {}: every upload was rejected (non-finite or malformed updates; is the learning rate too high?) — no client learned from the others",
+                r.round
+            );
+            match &bar {
+                Some(b) => b.println(line),
+                None => eprintln!("{line}"),
+            }
+        }
+        if quiet {
+            return;
+        }
         let msg = match (r.mean_val_acc, r.mean_test_acc) {
             (Some(v), Some(t)) => format!("val acc {v:.4}  test acc {t:.4}"),
             _ => format!(
@@ -505,38 +803,81 @@ fn with_progress(
                 r.mean_test_mae.unwrap_or(f64::NAN)
             ),
         };
+        // The ETA from the rounds of this session (a resumed run starts
+        // counting at its checkpoint).
+        let (first_round, t0) = *first.get_or_insert((r.round - 1, started));
+        let per_round = t0.elapsed().as_secs_f64() / (r.round - first_round).max(1) as f64;
+        let eta = per_round * rounds.saturating_sub(r.round) as f64;
         match &bar {
             Some(b) => {
+                if b.position() == 0 && r.round > 1 {
+                    b.reset_eta();
+                }
                 b.set_position(r.round as u64);
                 b.set_message(msg);
             }
             None => eprintln!(
-                "round {:>4}/{rounds}  {msg}  {:.1}s elapsed",
+                "round {:>4}/{rounds}  {msg}  {} elapsed  ETA {}",
                 r.round,
-                started.elapsed().as_secs_f64()
+                fedweave_report::fmt::human_seconds(started.elapsed().as_secs_f64()),
+                fedweave_report::fmt::human_seconds(eta)
             ),
         }
     };
-    let summary = job(&mut on_round)?;
+    let result = job(&mut on_round);
+    done.store(true, Ordering::SeqCst);
+    if let Some(t) = ticker {
+        let _ = t.join();
+    }
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    Ok(summary)
+    if !all_rejected.is_empty() {
+        eprintln!(
+            "WARNING: every upload was rejected in {} round(s) (round {}); these results mean little",
+            all_rejected.len(),
+            list_rounds(&all_rejected)
+        );
+    }
+    result
+}
+
+/// `1, 2, 3, …` for at most ten rounds.
+fn list_rounds(rounds: &[usize]) -> String {
+    let mut text: Vec<String> = rounds.iter().take(10).map(ToString::to_string).collect();
+    if rounds.len() > 10 {
+        text.push("…".into());
+    }
+    text.join(", ")
+}
+
+/// Loud warnings for configurations that run but mean little.
+fn warn_config(cfg: &ExperimentConfig) {
+    if cfg.clients == 1 {
+        eprintln!(
+            "WARNING: clients = 1: a federation of one client has no one to learn from; the results are those of local training"
+        );
+    }
 }
 
 fn print_summary(summary: &Summary, out: &std::path::Path) {
     let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.2}%", 100.0 * v));
     if let Some(mae) = summary.mean_test_mae {
-        let num = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{v:.4}"));
+        let unit = fedweave_report::fmt::error_unit(&summary.dataset)
+            .map_or(String::new(), |u| format!(" {u}"));
+        let num = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{v:.4}{unit}"));
+        let mape = summary
+            .mean_test_mape
+            .map_or("n/a".to_string(), |v| format!("{v:.4}%"));
         println!(
-            "{} on {} ({} clients, {} rounds): mean test MAE {} / RMSE {} / MAPE {}% (best-validation), last round MAE {}, {:.1}s",
+            "{} on {} ({} clients, {} rounds): mean test MAE {} / RMSE {} / MAPE {} (best-validation), last round MAE {}, {:.1}s",
             summary.algorithm,
             summary.dataset,
             summary.clients,
             summary.rounds,
             num(Some(mae)),
             num(summary.mean_test_rmse),
-            num(summary.mean_test_mape),
+            mape,
             num(summary.last_round_mean_test_mae),
             summary.wall_seconds
         );
@@ -557,15 +898,65 @@ fn print_summary(summary: &Summary, out: &std::path::Path) {
     println!("outputs in {}", out.display());
 }
 
+/// `runs/ALGORITHM-DATASET-PARTITION-sSEED`, with `-2`, `-3`, … added when
+/// that directory exists.
 fn default_out_dir(cfg: &ExperimentConfig) -> PathBuf {
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    PathBuf::from("runs").join(format!(
-        "{}-{}-{stamp}",
+    let base = format!(
+        "{}-{}-{}-s{}",
         cfg.algorithm_name(),
-        cfg.data.dataset
-    ))
+        cfg.data.dataset,
+        cfg.partition.kind,
+        cfg.seed
+    );
+    let clean: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    unique_dir(&PathBuf::from("runs"), &clean)
+}
+
+/// `parent/name`, or `parent/name-K` for the first K ≥ 2 not taken.
+fn unique_dir(parent: &std::path::Path, name: &str) -> PathBuf {
+    let first = parent.join(name);
+    if !first.exists() {
+        return first;
+    }
+    (2..)
+        .map(|k| parent.join(format!("{name}-{k}")))
+        .find(|p| !p.exists())
+        .unwrap_or(first)
+}
+
+/// `fedweave list --json`: `{"algorithms": [{"name", "summary",
+/// "reference"}], "datasets": [{"name", "description"}], ...}`.
+fn list_json() -> String {
+    let named = |items: &[(&str, &str)]| -> serde_json::Value {
+        items
+            .iter()
+            .map(|(n, d)| serde_json::json!({ "name": n, "description": d }))
+            .collect()
+    };
+    let algorithms: Vec<serde_json::Value> = fedweave_algos::catalogue()
+        .iter()
+        .map(|a| {
+            serde_json::json!({ "name": a.name, "summary": a.summary, "reference": a.reference })
+        })
+        .collect();
+    let v = serde_json::json!({
+        "algorithms": algorithms,
+        "datasets": named(fedweave_data::dataset_names()),
+        "partitions": named(fedweave_data::partition_kinds()),
+        "models": named(fedweave_nn::ModelKind::catalogue()),
+        "attacks": named(fedweave_algos::attack::AttackKind::catalogue()),
+        "aggregators": named(fedweave_algos::robust::AggregatorKind::catalogue()),
+    });
+    serde_json::to_string_pretty(&v).unwrap_or_default()
 }
 
 fn list() {

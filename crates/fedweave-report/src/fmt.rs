@@ -86,6 +86,27 @@ pub fn number(v: Option<f64>) -> String {
     }
 }
 
+/// The unit of a forecasting dataset's errors (MAE, RMSE), when known:
+/// `°C` for `us-weather`, vehicles per 5 minutes for the PeMS flow sets,
+/// `mph` for the METR-LA / PEMS-BAY speed sets.
+pub fn error_unit(dataset: &str) -> Option<&'static str> {
+    match dataset {
+        "us-weather" => Some("°C"),
+        "pems04" | "pems08" => Some("vehicles/5 min"),
+        "metr-la" | "pems-bay" => Some("mph"),
+        _ => None,
+    }
+}
+
+/// `number(v)` followed by `unit` (nothing added for `—`).
+pub fn with_unit(v: Option<f64>, unit: Option<&str>) -> String {
+    let n = number(v);
+    match unit {
+        Some(u) if n != "—" => format!("{n} {u}"),
+        _ => n,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

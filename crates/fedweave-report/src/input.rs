@@ -27,11 +27,18 @@ pub struct RunFiles {
     pub rounds: Vec<RoundRecord>,
     /// `partition.json`, when the run wrote one.
     pub partition: Option<Value>,
+    /// `Some(rounds done)` for a run without `summary.json` (interrupted or
+    /// still running): [`RunFiles::summary`] is then drawn up from
+    /// `config.toml` and `rounds.jsonl` (what ran, the last and best
+    /// rounds, the last graph, bytes and time so far), without the
+    /// best-validation results only a finished run has.
+    pub unfinished: Option<usize>,
 }
 
 impl RunFiles {
     /// Reads `summary.json`, `config.toml`, `rounds.jsonl` and (if present)
-    /// `partition.json` from `run_dir`.
+    /// `partition.json` from `run_dir`. A run without `summary.json` (one
+    /// interrupted or still running) reads as [`RunFiles::unfinished`].
     ///
     /// # Errors
     /// A missing or unreadable required file, or JSON that is invalid or of
@@ -39,13 +46,23 @@ impl RunFiles {
     /// naming the file.
     pub fn read(run_dir: &Path) -> Result<Self, ReportError> {
         let summary_path = run_dir.join(SUMMARY_FILE);
-        let summary: Summary =
-            serde_json::from_str(&read_text(&summary_path)?).map_err(|source| {
-                ReportError::Json {
+        let summary: Option<Summary> = match fs::read_to_string(&summary_path) {
+            Ok(text) => Some(
+                serde_json::from_str(&text).map_err(|source| ReportError::Json {
                     path: summary_path.clone(),
                     source,
-                }
-            })?;
+                })?,
+            ),
+            Err(e) if e.kind() == ErrorKind::NotFound && run_dir.join(ROUNDS_FILE).is_file() => {
+                None
+            }
+            Err(source) => {
+                return Err(ReportError::Io {
+                    path: summary_path,
+                    source,
+                });
+            }
+        };
 
         let config_toml = read_text(&run_dir.join(CONFIG_FILE))?;
 
@@ -83,12 +100,53 @@ impl RunFiles {
             }
         };
 
+        let unfinished = summary.is_none().then_some(rounds.len());
+        let summary = summary.unwrap_or_else(|| partial_summary(&config_toml, &rounds));
         Ok(RunFiles {
             config_toml,
             summary,
             rounds,
             partition,
+            unfinished,
         })
+    }
+}
+
+/// What can be said of an unfinished run from its configuration and the
+/// rounds it has done.
+fn partial_summary(config_toml: &str, rounds: &[RoundRecord]) -> Summary {
+    let cfg: toml::Table = config_toml.parse().unwrap_or_default();
+    let text = |section: &str, key: &str| {
+        cfg.get(section)
+            .and_then(|s| s.get(key))
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let int = |key: &str| cfg.get(key).and_then(toml::Value::as_integer).unwrap_or(0);
+    let last = rounds.last();
+    let max = rounds
+        .iter()
+        .filter_map(|r| r.mean_test_acc)
+        .filter(|x| x.is_finite())
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+    Summary {
+        algorithm: text("algorithm", "name"),
+        dataset: text("data", "dataset"),
+        partition: text("partition", "kind"),
+        model: text("model", "kind"),
+        attack: text("attack", "kind"),
+        clients: usize::try_from(int("clients")).unwrap_or(0),
+        rounds: usize::try_from(int("rounds")).unwrap_or(0),
+        seed: u64::try_from(int("seed")).unwrap_or(0),
+        last_round_mean_test_acc: last.and_then(|r| r.mean_test_acc),
+        max_round_mean_test_acc: max,
+        last_round_mean_test_mae: last.and_then(|r| r.mean_test_mae),
+        final_graph: last.map(|r| r.graph.clone()).unwrap_or_default(),
+        bytes_up: rounds.iter().map(|r| r.bytes_up).sum(),
+        bytes_down: rounds.iter().map(|r| r.bytes_down).sum(),
+        wall_seconds: rounds.iter().map(|r| r.seconds).sum(),
+        ..Summary::default()
     }
 }
 

@@ -7,7 +7,9 @@ use serde_json::Value;
 
 use crate::ReportError;
 use crate::charts::{self, BarChart, LineChart, Series, YFormat};
-use crate::fmt::{escape_html as esc, human_bytes, human_seconds, number, percent};
+use crate::fmt::{
+    error_unit, escape_html as esc, human_bytes, human_seconds, number, percent, with_unit,
+};
 use crate::heatmap::Heatmap;
 use crate::input::{Matrix, PARTITION_FILE, ROUNDS_FILE, RunFiles, SUMMARY_FILE};
 
@@ -162,6 +164,7 @@ section.card h3{font-size:15px;margin:22px 0 6px}
 .legend i.dash{height:0;border-top:3px dashed #ea580c}
 .legend i.hatch{height:12px;width:14px;border:1px solid #9ca3af;background:repeating-linear-gradient(135deg,#e5e7eb 0 3px,#9ca3af 3px 4px)}
 .note{color:var(--muted);font-size:13.5px;margin:0 0 12px}
+.unfinished{background:#fef3c7;border:1px solid #f59e0b;border-radius:8px;padding:10px 14px;margin:16px 0}
 .bad{color:var(--bad);font-weight:600}
 .figure{overflow-x:auto}
 .figure svg{display:block;margin:0 auto;max-width:100%;height:auto}
@@ -264,6 +267,13 @@ impl Ctx<'_> {
 
     fn headline(&self, out: &mut String) {
         let s = self.s;
+        if let Some(done) = self.files.unfinished {
+            let _ = write!(
+                out,
+                r#"<p class="unfinished"><b>Unfinished run:</b> {done} of {} rounds done (no summary.json yet). The curves show the rounds so far; the best-validation results appear when <code>fedweave resume</code> has finished it.</p>"#,
+                s.rounds
+            );
+        }
         out.push_str(r#"<div class="cards" id="overview">"#);
         match self.mode {
             Mode::Accuracy => {
@@ -303,21 +313,21 @@ impl Ctx<'_> {
                     out,
                     "primary",
                     "Mean test MAE",
-                    &number(fin(s.mean_test_mae)),
+                    &with_unit(fin(s.mean_test_mae), self.unit()),
                     "best-validation model per client",
                 );
                 stat(
                     out,
                     "",
                     "Mean test RMSE",
-                    &number(fin(s.mean_test_rmse)),
+                    &with_unit(fin(s.mean_test_rmse), self.unit()),
                     "lower is better",
                 );
                 stat(
                     out,
                     "",
                     "Mean test MAPE",
-                    &number(fin(s.mean_test_mape)),
+                    &with_unit(fin(s.mean_test_mape), Some("%")),
                     "lower is better",
                 );
             }
@@ -335,6 +345,19 @@ impl Ctx<'_> {
         out.push_str("</div>");
     }
 
+    /// The unit of the run's errors (forecasting), if known.
+    fn unit(&self) -> Option<&'static str> {
+        error_unit(&self.s.dataset)
+    }
+
+    /// `name (unit)`, or `name` when the unit is unknown.
+    fn labelled(&self, name: &str) -> String {
+        match self.unit() {
+            Some(u) => format!("{name} ({u})"),
+            None => name.to_string(),
+        }
+    }
+
     fn curves(&self, out: &mut String) -> Result<(), ReportError> {
         out.push_str(r#"<section class="card" id="curves">"#);
         let rounds = &self.files.rounds;
@@ -344,14 +367,14 @@ impl Ctx<'_> {
                 [|r| r.mean_val_acc, |r| r.mean_test_acc],
                 ["mean validation accuracy", "mean test accuracy"],
                 YFormat::Percent,
-                "accuracy (%)",
+                "accuracy (%)".to_string(),
                 100.0,
             ),
             Mode::Forecast => (
                 [|r| r.mean_val_mae, |r| r.mean_test_mae],
                 ["mean validation MAE", "mean test MAE"],
                 YFormat::Plain,
-                "MAE",
+                self.labelled("MAE"),
                 1.0,
             ),
         };
@@ -392,7 +415,7 @@ impl Ctx<'_> {
             name: "accuracy",
             series: &series,
             x_label: "round",
-            y_label,
+            y_label: &y_label,
             y_format: fmt,
             y_range: y,
             size: (1040, 400),
@@ -634,10 +657,14 @@ impl Ctx<'_> {
         let (title, y_label, fmt) = match self.mode {
             Mode::Accuracy => (
                 "Per-client test accuracy",
-                "test accuracy (%)",
+                "test accuracy (%)".to_string(),
                 YFormat::Percent,
             ),
-            Mode::Forecast => ("Per-client test MAE", "test MAE", YFormat::Plain),
+            Mode::Forecast => (
+                "Per-client test MAE",
+                self.labelled("test MAE"),
+                YFormat::Plain,
+            ),
         };
         let _ = write!(
             out,
@@ -658,7 +685,7 @@ impl Ctx<'_> {
             }
             Mode::Forecast => {
                 let m = fin(self.s.mean_test_mae);
-                (m, format!("mean {}", number(m)))
+                (m, format!("mean {}", with_unit(m, self.unit())))
             }
         };
         let hi = match fmt {
@@ -669,7 +696,7 @@ impl Ctx<'_> {
             values: &values,
             malicious: &mal,
             mean,
-            y_label,
+            y_label: &y_label,
             y_format: fmt,
             y_range: (0.0, hi),
             size: (1040, 360),
@@ -865,10 +892,67 @@ impl Ctx<'_> {
         }
         let _ = write!(
             out,
-            r#"<h3>Resolved configuration</h3><p class="note">config.toml as it ran, defaults filled in.</p><pre><code>{}</code></pre></section>"#,
-            esc(&self.files.config_toml)
+            r#"<h3>Resolved configuration</h3><p class="note">config.toml as it ran, defaults filled in; sections and keys that do not apply to this run (another dataset's options, no attack, the plain mean aggregator) are left out here.</p><pre><code>{}</code></pre></section>"#,
+            esc(&relevant_config(&self.files.config_toml))
         );
     }
+}
+
+/// `config_toml` without what does not apply to the run: `[data]` keys and
+/// `[data.synthetic]` of other datasets, `[attack]` when there is none,
+/// `[aggregator]` when it is the plain mean. Line by line, so the file's
+/// order and formatting stay.
+pub(crate) fn relevant_config(config_toml: &str) -> String {
+    let cfg: toml::Table = config_toml.parse().unwrap_or_default();
+    let get = |section: &str, key: &str| {
+        cfg.get(section)
+            .and_then(|t| t.get(key))
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let dataset = get("data", "dataset");
+    let forecasting = matches!(
+        dataset.as_str(),
+        "us-weather" | "pems04" | "pems08" | "metr-la" | "pems-bay"
+    );
+    let data_key_applies = |key: &str| match key {
+        "input_steps" | "horizon" => forecasting,
+        "coarse_labels" => dataset == "cifar100",
+        "emnist_split" => dataset == "emnist",
+        "vocab_size" | "seq_len" => dataset == "yahoo-answers",
+        _ => true,
+    };
+    let section_applies = |name: &str| match name {
+        "data.synthetic" => dataset == "synthetic",
+        "attack" => get("attack", "kind") != "none",
+        "aggregator" => get("aggregator", "kind") != "mean",
+        _ => true,
+    };
+    let mut out = String::new();
+    let mut section = String::new();
+    for line in config_toml.lines() {
+        let t = line.trim();
+        if t.starts_with('[') && t.ends_with(']') {
+            section = t.trim_matches(|c| c == '[' || c == ']').trim().to_string();
+        }
+        if !section_applies(&section) {
+            continue;
+        }
+        if section == "data"
+            && let Some((key, _)) = t.split_once('=')
+            && !data_key_applies(key.trim())
+        {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    // Dropped sections leave runs of blank lines.
+    while out.contains("\n\n\n") {
+        out = out.replace("\n\n\n", "\n\n");
+    }
+    out
 }
 
 fn list(v: &[usize]) -> String {

@@ -131,6 +131,16 @@ fn colour_scale_is_monotone_with_fixed_endpoints() {
 fn missing_summary_is_an_error_naming_the_file() {
     let dir = fixture_dir();
     fs::remove_file(dir.path().join("summary.json")).unwrap();
+    // With its rounds, a run without a summary is an unfinished one.
+    let rounds = fs::read_to_string(dir.path().join("rounds.jsonl")).unwrap();
+    let done = rounds.lines().filter(|l| !l.trim().is_empty()).count();
+    let page = write_report(dir.path()).unwrap();
+    let html = fs::read_to_string(&page).unwrap();
+    assert!(html.contains("Unfinished run"), "banner");
+    assert!(html.contains(&format!("<b>Unfinished run:</b> {done} of ")));
+    fs::remove_file(page).unwrap();
+    // Without them it is no run.
+    fs::remove_file(dir.path().join("rounds.jsonl")).unwrap();
     let err = write_report(dir.path()).unwrap_err();
     assert!(matches!(err, ReportError::Io { ref path, .. } if path.ends_with("summary.json")));
     assert!(err.to_string().contains("summary.json"), "{err}");
@@ -230,6 +240,7 @@ fn minimal_run_without_optional_fields_renders() {
             typed(json!({ "round": 2, "mean_val_acc": 0.5 })),
         ],
         partition: None,
+        unfinished: None,
     };
     let html = render_report(&files).unwrap();
     assert!(html.contains("no collaboration graph"));
@@ -241,6 +252,7 @@ fn minimal_run_without_optional_fields_renders() {
         summary: typed(json!({})),
         rounds: Vec::new(),
         partition: Some(json!({ "clients": [] })),
+        unfinished: None,
     };
     assert!(render_report(&empty).is_ok());
 }
@@ -254,6 +266,7 @@ fn final_graph_is_used_when_rounds_have_none() {
         ),
         rounds: vec![typed(json!({ "round": 1, "mean_val_acc": 0.5 }))],
         partition: None,
+        unfinished: None,
     };
     let html = render_report(&files).unwrap();
     assert_eq!(html.matches(r#"class="hm-frame""#).count(), 1);
@@ -301,4 +314,78 @@ fn many_clients_and_rounds_stay_bounded() {
     assert!(!last.contains("dominant-baseline=\"central\" font-size"));
     assert!(last.matches(r#"class="tick"#).count() <= 40);
     assert!(html.len() < 15_000_000, "page is {} bytes", html.len());
+}
+
+#[test]
+fn forecasting_figures_carry_units() {
+    let files = RunFiles {
+        config_toml: "[data]\ndataset = \"us-weather\"\n".into(),
+        summary: typed(json!({
+            "dataset": "us-weather", "clients": 2, "mean_test_acc": null,
+            "mean_test_mae": 1.5, "mean_test_rmse": 2.25, "mean_test_mape": 12.5,
+            "per_client_test_mae": [1.0, 2.0]
+        })),
+        rounds: vec![typed(
+            json!({ "round": 1, "mean_val_mae": 1.7, "mean_test_mae": 1.6 }),
+        )],
+        partition: None,
+        unfinished: None,
+    };
+    let html = render_report(&files).unwrap();
+    assert!(html.contains("1.500 °C"), "MAE in °C");
+    assert!(html.contains("2.250 °C"), "RMSE in °C");
+    assert!(html.contains("12.500 %"), "MAPE in %");
+    assert!(html.contains("MAE (°C)"), "axis label with its unit");
+    // A dataset of unknown unit gets none.
+    let mut other = files.clone();
+    other.summary.dataset = "csv".into();
+    let html = render_report(&other).unwrap();
+    assert!(!html.contains("°C"));
+    assert!(html.contains("12.500 %"));
+}
+
+#[test]
+fn the_config_shown_leaves_out_what_does_not_apply() {
+    let config = "seed = 1\n\n[data]\ndataset = \"digits\"\ninput_steps = 12\nhorizon = 3\nseq_len = 256\n\n\
+                  [data.synthetic]\ndim = 60\n\n[partition]\nkind = \"iid\"\n\n[attack]\nkind = \"none\"\nratio = 0.0\n\n\
+                  [aggregator]\nkind = \"mean\"\ntrim = 0.1\n\n[eval]\nwhen = \"algorithm\"\n";
+    let files = RunFiles {
+        config_toml: config.into(),
+        summary: typed(json!({ "dataset": "digits", "clients": 1, "mean_test_acc": 0.5 })),
+        rounds: vec![typed(json!({ "round": 1, "mean_val_acc": 0.5 }))],
+        partition: None,
+        unfinished: None,
+    };
+    let html = render_report(&files).unwrap();
+    let shown = html
+        .split("<pre><code>")
+        .nth(1)
+        .unwrap()
+        .split("</code>")
+        .next()
+        .unwrap();
+    for gone in [
+        "input_steps",
+        "seq_len",
+        "[data.synthetic]",
+        "[attack]",
+        "[aggregator]",
+        "trim",
+    ] {
+        assert!(!shown.contains(gone), "{gone} shown:\n{shown}");
+    }
+    for kept in [
+        "seed = 1",
+        "dataset = &quot;digits&quot;",
+        "[partition]",
+        "[eval]",
+    ] {
+        assert!(shown.contains(kept), "{kept} missing:\n{shown}");
+    }
+    assert!(!shown.contains("\n\n\n"));
+    // An attack that ran is shown.
+    let mut attacked = files.clone();
+    attacked.config_toml = config.replace("kind = \"none\"", "kind = \"sign_flip\"");
+    let html = render_report(&attacked).unwrap();
+    assert!(html.contains("[attack]\nkind = &quot;sign_flip&quot;"));
 }

@@ -45,11 +45,14 @@ fn fail(p: &Path, message: impl Into<String>) -> RunError {
     }
 }
 
-/// Writes `state` as the run's checkpoint, atomically.
+/// Writes `state` as the run's checkpoint, atomically, with the run's wall
+/// time so far (`wall_seconds` in the metadata, so that a resumed run's
+/// summary counts every session).
 pub(crate) fn save<S: Serialize, C: Serialize>(
     dir: &Path,
     id: &Identity,
     state: &RunState<S, C>,
+    wall_seconds: f64,
 ) -> Result<(), RunError> {
     let target = path(dir);
     let folder = target.parent().unwrap_or(dir);
@@ -64,6 +67,7 @@ pub(crate) fn save<S: Serialize, C: Serialize>(
         ("algorithm".to_string(), id.algorithm.to_string()),
         ("config".to_string(), id.config.to_string()),
         ("round".to_string(), state.round.to_string()),
+        ("wall_seconds".to_string(), wall_seconds.to_string()),
     ]);
     let bytes = pack(state, metadata).map_err(|e| fail(&target, e))?;
     let tmp = folder.join("state.safetensors.tmp");
@@ -76,20 +80,38 @@ pub(crate) fn save<S: Serialize, C: Serialize>(
     Ok(())
 }
 
-/// Reads the run's checkpoint; `Ok(None)` when there is none (the run
-/// stopped before its first checkpoint). A file that is corrupt, of another
-/// version, or of another run is an error that says which.
+/// A checkpoint's state and the run's wall-clock seconds when it was written.
+pub(crate) type Restored<S, C> = (RunState<S, C>, f64);
+
+/// Reads the run's checkpoint and the wall-clock seconds the run had taken
+/// when it was written (0 for a checkpoint that does not say); `Ok(None)`
+/// when there is none (the run stopped before its first checkpoint). A file
+/// that is corrupt, of another version, or of another run is an error that
+/// says which.
 pub(crate) fn load<S: DeserializeOwned, C: DeserializeOwned>(
     dir: &Path,
     id: &Identity,
-) -> Result<Option<RunState<S, C>>, RunError> {
+) -> Result<Option<Restored<S, C>>, RunError> {
     let p = path(dir);
     let buffer = match std::fs::read(&p) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(fail(&p, e.to_string())),
     };
-    parse(&buffer, id).map(Some).map_err(|m| fail(&p, m))
+    let wall = safetensors::SafeTensors::read_metadata(&buffer)
+        .ok()
+        .and_then(|(_, h)| {
+            h.metadata()
+                .as_ref()?
+                .get("wall_seconds")?
+                .parse::<f64>()
+                .ok()
+        })
+        .filter(|w| w.is_finite() && *w >= 0.0)
+        .unwrap_or(0.0);
+    parse(&buffer, id)
+        .map(|s| Some((s, wall)))
+        .map_err(|m| fail(&p, m))
 }
 
 /// Checks a checkpoint buffer against the run's identity and decodes it;

@@ -483,10 +483,8 @@ impl ExperimentConfig {
         let cfg: Self = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
-            key_err(
-                if path == "." { "(top level)" } else { &path },
-                inner.message().to_string(),
-            )
+            let message = crate::suggest::explain(&path, inner.message());
+            key_err(if path == "." { "(top level)" } else { &path }, message)
         })?;
         cfg.validate()?;
         Ok(cfg)
@@ -544,10 +542,31 @@ impl ExperimentConfig {
                 format!("{e}; remove the key"),
             ));
         }
+        let datasets: Vec<&str> = fedweave_data::dataset_names()
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
+        if !datasets.contains(&self.data.dataset.as_str()) {
+            return Err(key_err(
+                "data.dataset",
+                crate::suggest::unknown_name("dataset", &self.data.dataset, &datasets),
+            ));
+        }
         match self.algorithm.get("name") {
             Some(toml::Value::String(name)) => {
+                let catalogue = fedweave_algos::catalogue();
+                let known: Vec<&str> = catalogue.iter().map(|a| a.name).collect();
+                if !known.contains(&name.as_str()) {
+                    return Err(key_err(
+                        "algorithm.name",
+                        format!(
+                            "{} (`fedweave list` describes them)",
+                            crate::suggest::unknown_name("algorithm", name, &known)
+                        ),
+                    ));
+                }
                 fedweave_algos::check_params(name, &self.algorithm_params(), self.clients)
-                    .map_err(|e| key_err("algorithm", e.to_string()))?;
+                    .map_err(|e| key_err("algorithm", algorithm_message(&e.to_string())))?;
             }
             Some(_) => return Err(key_err("algorithm.name", "must be a string")),
             None => return Err(key_err("algorithm.name", "missing")),
@@ -651,6 +670,23 @@ impl ExperimentConfig {
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self)
             .unwrap_or_else(|e| format!("# could not serialise config: {e}\n"))
+    }
+}
+
+/// An `[algorithm]` parameter error with "did you mean" for an unknown key
+/// (`… unknown key `algorithm.alpah`, expected one of `alpha`, …`).
+fn algorithm_message(message: &str) -> String {
+    const MARK: &str = "unknown key `algorithm.";
+    let Some(at) = message.find(MARK) else {
+        return message.to_string();
+    };
+    let rest = &message[at + MARK.len()..];
+    let (word, tail) = rest.split_once('`').unwrap_or((rest, ""));
+    let known: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
+    let head = &message[..at];
+    match crate::suggest::did_you_mean(word, known.iter().copied()) {
+        Some(s) => format!("{head}unknown key `algorithm.{word}`; did you mean `algorithm.{s}`?"),
+        None => message.to_string(),
     }
 }
 

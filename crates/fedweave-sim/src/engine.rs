@@ -54,6 +54,35 @@ pub enum RunError {
     /// The thread pool could not be built.
     #[error("cannot start worker threads: {0}")]
     Threads(String),
+    /// A stop was asked for ([`crate::interrupt`]): the run stopped after
+    /// round `round` with its checkpoint written.
+    #[error("interrupted after round {round} — fedweave resume {} continues", .dir.display())]
+    Interrupted {
+        /// The last round done (and checkpointed).
+        round: usize,
+        /// The run directory.
+        dir: PathBuf,
+    },
+    /// `resume` of a directory that holds no run.
+    #[error(
+        "{} is not a run directory (it has no config.toml with rounds.jsonl or a checkpoint); start a run with `fedweave run CONFIG --out {}`",
+        .dir.display(), .dir.display()
+    )]
+    NotARun {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// `resume` of a run that has done every round asked for.
+    #[error(
+        "{} is already finished ({rounds} rounds); `fedweave resume {} --rounds N` with N > {rounds} extends it",
+        .dir.display(), .dir.display()
+    )]
+    Finished {
+        /// The run directory.
+        dir: PathBuf,
+        /// Rounds it has done.
+        rounds: usize,
+    },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
@@ -78,17 +107,50 @@ pub fn run_experiment(
 /// Continues the run in `dir` from its last checkpoint (from the start if
 /// it stopped before its first one), up to `rounds` rounds if given (more
 /// than it was configured for extends it), else to its configured end.
+///
+/// # Errors
+/// [`RunError::NotARun`] for a directory that holds no run (see
+/// [`is_run_dir`]), [`RunError::Finished`] for a run that has already done
+/// those rounds, and whatever a run can fail with.
 pub fn resume_experiment(
     dir: &Path,
     rounds: Option<usize>,
     on_round: &mut dyn FnMut(&RoundRecord),
 ) -> Result<Summary, RunError> {
+    if !is_run_dir(dir) {
+        return Err(RunError::NotARun {
+            dir: dir.to_path_buf(),
+        });
+    }
     let mut cfg = ExperimentConfig::from_file(&dir.join("config.toml"), &[])?;
     if let Some(r) = rounds {
         cfg.rounds = r;
         cfg.validate()?;
     }
+    if let Some(done) = finished_rounds(dir)
+        && done == cfg.rounds
+    {
+        return Err(RunError::Finished {
+            dir: dir.to_path_buf(),
+            rounds: done,
+        });
+    }
     start(&cfg, dir, true, on_round)
+}
+
+/// Whether `dir` holds a run that [`resume_experiment`] can continue: its
+/// `config.toml` and `rounds.jsonl` or a checkpoint (a `config.toml` alone
+/// may be anyone's config file).
+pub fn is_run_dir(dir: &Path) -> bool {
+    dir.join("config.toml").is_file()
+        && (dir.join("rounds.jsonl").is_file() || checkpoint::path(dir).is_file())
+}
+
+/// The rounds of a finished run (one with `summary.json`).
+fn finished_rounds(dir: &Path) -> Option<usize> {
+    let text = std::fs::read_to_string(dir.join("summary.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v.get("rounds")?.as_u64().map(|r| r as usize)
 }
 
 fn start(
@@ -138,6 +200,7 @@ impl Visitor for Runner<'_> {
         let cfg = resolve_config(&setup.cfg, &algo, resolved)?;
         let partition = serde_json::to_string(&setup.report).unwrap_or_default();
         let mut dir = RunDir::open(out_dir, &cfg, algo.name(), Some(&partition))?;
+        dir.set_started(started);
         let facts = Facts {
             cfg,
             ..setup.facts()
@@ -167,6 +230,13 @@ impl Visitor for Runner<'_> {
             dir.commit(&record, &state)?;
             on_round(&record);
             records.push(record);
+            if crate::interrupt::stop_requested() && state.round < cfg.rounds {
+                dir.checkpoint_now(&state)?;
+                return Err(RunError::Interrupted {
+                    round: state.round,
+                    dir: out_dir.to_path_buf(),
+                });
+            }
         }
         dir.finish(&facts, algo.name(), &state.trackers, &records, started)
     }
@@ -210,6 +280,11 @@ pub struct RunDir {
     /// Whether to keep a TensorBoard event file beside `rounds.jsonl`.
     tensorboard: bool,
     events: Option<tensorboard::EventWriter>,
+    /// When this session of the run started.
+    started: Instant,
+    /// Wall-clock seconds of the sessions before this one (from the
+    /// checkpoint restored).
+    prior_wall: f64,
 }
 
 impl RunDir {
@@ -231,12 +306,25 @@ impl RunDir {
             rounds_file: None,
             tensorboard: cfg.tensorboard,
             events: None,
+            started: Instant::now(),
+            prior_wall: 0.0,
         };
         this.write("config.toml", &cfg.to_toml())?;
         if let Some(p) = partition {
             this.write("partition.json", p)?;
         }
         Ok(this)
+    }
+
+    /// When this session of the run started (default: when the directory
+    /// was opened); wall time is counted from there.
+    pub fn set_started(&mut self, started: Instant) {
+        self.started = started;
+    }
+
+    /// Wall-clock seconds of the run so far, earlier sessions included.
+    fn wall_seconds(&self) -> f64 {
+        self.prior_wall + self.started.elapsed().as_secs_f64()
     }
 
     fn write(&self, name: &str, text: &str) -> Result<(), RunError> {
@@ -256,9 +344,9 @@ impl RunDir {
     /// end is an error that says how to extend the run.
     #[allow(clippy::type_complexity)]
     pub fn restore<S: DeserializeOwned, C: DeserializeOwned>(
-        &self,
+        &mut self,
     ) -> Result<Option<(RunState<S, C>, Vec<RoundRecord>)>, RunError> {
-        let Some(state) = checkpoint::load::<S, C>(&self.dir, &self.identity())? else {
+        let Some((state, wall)) = checkpoint::load::<S, C>(&self.dir, &self.identity())? else {
             return Ok(None);
         };
         if state.round > self.rounds {
@@ -271,6 +359,7 @@ impl RunDir {
             });
         }
         let records = read_records(&self.dir, state.round)?;
+        self.prior_wall = wall;
         Ok(Some((state, records)))
     }
 
@@ -324,12 +413,26 @@ impl RunDir {
         writeln!(file, "{line}").map_err(io(&p))?;
         file.flush().map_err(io(&p))?;
         if checkpoint_due(self.checkpoint_every, self.rounds, state.round) {
-            checkpoint::save(&self.dir, &self.identity(), state)?;
+            checkpoint::save(&self.dir, &self.identity(), state, self.wall_seconds())?;
         }
         Ok(())
     }
 
-    /// Writes `summary.json` and `report.html` and returns the summary.
+    /// Checkpoints `state` now unless [`RunDir::commit`] just did (a run
+    /// stopping between its regular checkpoints).
+    pub fn checkpoint_now<S: Serialize, C: Serialize>(
+        &self,
+        state: &RunState<S, C>,
+    ) -> Result<(), RunError> {
+        if checkpoint_due(self.checkpoint_every, self.rounds, state.round) {
+            return Ok(());
+        }
+        checkpoint::save(&self.dir, &self.identity(), state, self.wall_seconds())
+    }
+
+    /// Writes `summary.json` and `report.html` and returns the summary. Its
+    /// `wall_seconds` adds the time since `started` to that of the sessions
+    /// before a resume.
     pub fn finish(
         &self,
         facts: &Facts,
@@ -338,7 +441,7 @@ impl RunDir {
         records: &[RoundRecord],
         started: Instant,
     ) -> Result<Summary, RunError> {
-        let elapsed = started.elapsed().as_secs_f64();
+        let elapsed = self.prior_wall + started.elapsed().as_secs_f64();
         let summary = summarize(facts, algorithm, trackers, records, elapsed);
         self.write(
             "summary.json",

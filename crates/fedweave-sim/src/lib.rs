@@ -17,13 +17,17 @@ pub mod checks;
 pub mod config;
 mod driver;
 mod engine;
+pub mod interrupt;
 pub mod packed;
 mod peer;
+pub mod progress;
 mod protocol;
 mod round;
 pub mod runtime;
 mod setup;
+pub mod suggest;
 
 pub use config::{ConfigError, ExperimentConfig, ServerKernels};
-pub use engine::{RunError, resume_experiment, run_experiment};
+pub use engine::{RunError, is_run_dir, resume_experiment, run_experiment};
 pub use fedweave_records::{PROTOCOL, RoundRecord, SelectionStats, Summary};
+pub use interrupt::{request_stop, stop_flag, stop_requested};

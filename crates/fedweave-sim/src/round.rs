@@ -389,10 +389,11 @@ fn train_in_memory<A: Algorithm>(
     let attack = cfg.attack.kind;
     let inv_grad = |i: usize| attack == AttackKind::InvGrad && setup.is_malicious[i];
     let wants_origin = |i: usize| inv_grad(i) || wants_origins(cfg);
+    crate::progress::round_started(round, participants.len());
     let train = |i: usize, client: &mut A::Client, batch: Option<&TrainBatch>| {
         let data = setup.client_data(i);
         let env = setup.client_env(i);
-        train_client(
+        let up = train_client(
             algo,
             &env,
             data,
@@ -402,7 +403,9 @@ fn train_in_memory<A: Algorithm>(
             client,
             wants_origin(i),
             batch,
-        )
+        );
+        crate::progress::client_trained();
+        up
     };
     let taking: Vec<(usize, &mut A::Client)> = clients
         .iter_mut()

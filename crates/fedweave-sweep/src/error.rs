@@ -47,6 +47,33 @@ pub enum SweepError {
         /// `(run name, error)` of each failed run.
         failed: Vec<(String, String)>,
     },
+    /// The sweep was interrupted (SIGINT/SIGTERM): finished runs stay,
+    /// running ones stopped at a checkpoint; running the sweep again goes on.
+    #[error(
+        "sweep interrupted: {finished} of {total} runs finished, {stopped} stopped at a checkpoint, {not_started} not started — run the same `fedweave sweep` again to continue"
+    )]
+    Interrupted {
+        /// Runs planned.
+        total: usize,
+        /// Runs with a summary.
+        finished: usize,
+        /// Runs stopped at a checkpoint.
+        stopped: usize,
+        /// Runs not started.
+        not_started: usize,
+    },
+    /// `--collect` found grid points without a finished run (the tables
+    /// were written from the others).
+    #[error(
+        "{} of {total} grid points have no finished run yet (tables written from the others): {}",
+        .missing.len(), .missing.join(", ")
+    )]
+    Incomplete {
+        /// Runs planned.
+        total: usize,
+        /// `K (name)` of each missing grid point.
+        missing: Vec<String>,
+    },
     /// Drawing a figure failed.
     #[error(transparent)]
     Report(#[from] fedweave_report::ReportError),

@@ -85,6 +85,11 @@ pub struct ExecOutcome {
     pub skipped: Vec<String>,
     /// Runs that failed, with the error.
     pub failed: Vec<(String, String)>,
+    /// Runs stopped by an interrupt ([`fedweave_sim::interrupt`]) at a
+    /// checkpoint: the next sweep resumes them.
+    pub interrupted: Vec<String>,
+    /// Runs not started because of an interrupt.
+    pub not_started: usize,
     /// Wall-clock seconds of the whole execution.
     pub seconds: f64,
 }
@@ -93,6 +98,10 @@ pub struct ExecOutcome {
 pub fn threads_per_run(cores: usize, jobs: usize) -> usize {
     (cores / jobs.max(1)).max(1)
 }
+
+/// How one run ended: done, stopped by an interrupt (`Err(None)`), or
+/// failed with this error.
+type Ended = Result<(), Option<String>>;
 
 /// Runs every planned run that is not finished, `jobs` at a time.
 pub fn execute(plan: &Plan, out: &Path, opts: &ExecOptions) -> Result<ExecOutcome, SweepError> {
@@ -135,12 +144,15 @@ pub fn execute(plan: &Plan, out: &Path, opts: &ExecOptions) -> Result<ExecOutcom
     });
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
-    let results: Mutex<Vec<(usize, Result<(), String>)>> = Mutex::new(Vec::new());
+    let results: Mutex<Vec<(usize, Ended)>> = Mutex::new(Vec::new());
     let total = todo.len();
     std::thread::scope(|scope| {
         for _ in 0..jobs {
             scope.spawn(|| {
                 loop {
+                    if fedweave_sim::stop_requested() {
+                        break;
+                    }
                     let k = next.fetch_add(1, Ordering::SeqCst);
                     let Some(&(run, state)) = todo.get(k) else {
                         break;
@@ -152,6 +164,9 @@ pub fn execute(plan: &Plan, out: &Path, opts: &ExecOptions) -> Result<ExecOutcom
                     let n = done.fetch_add(1, Ordering::SeqCst) + 1;
                     let what = match &res {
                         Ok(s) => headline(s),
+                        Err(OneRunError::Run(RunError::Interrupted { round, .. })) => {
+                            format!("stopped after round {round} (checkpoint written)")
+                        }
                         Err(e) => format!("FAILED: {e}"),
                     };
                     let line = format!("{}: {what} ({:.1}s)", run.name, t0.elapsed().as_secs_f64());
@@ -174,10 +189,15 @@ pub fn execute(plan: &Plan, out: &Path, opts: &ExecOptions) -> Result<ExecOutcom
                         }
                         None => {}
                     }
+                    let res = match res {
+                        Ok(_) => Ok(()),
+                        Err(OneRunError::Run(RunError::Interrupted { .. })) => Err(None),
+                        Err(e) => Err(Some(e.to_string())),
+                    };
                     results
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .push((k, res.map(|_| ()).map_err(|e| e.to_string())));
+                        .push((k, res));
                 }
             });
         }
@@ -187,11 +207,13 @@ pub fn execute(plan: &Plan, out: &Path, opts: &ExecOptions) -> Result<ExecOutcom
     }
     let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
     results.sort_by_key(|(k, _)| *k);
+    outcome.not_started = todo.len() - results.len();
     for (k, r) in results {
         let name = todo[k].0.name.clone();
         match r {
             Ok(()) => outcome.ran.push(name),
-            Err(e) => outcome.failed.push((name, e)),
+            Err(None) => outcome.interrupted.push(name),
+            Err(Some(e)) => outcome.failed.push((name, e)),
         }
     }
     outcome.seconds = started.elapsed().as_secs_f64();
@@ -223,7 +245,8 @@ pub(crate) enum OneRunError {
 /// A [`RunState::Stale`] directory whose marker carries this run's
 /// fingerprint was interrupted: it resumes from its checkpoint (bit-identical
 /// to an uninterrupted run). One whose configuration changed, or that cannot
-/// be resumed, is wiped and started from scratch.
+/// be resumed, is wiped and started from scratch; one stopped again by an
+/// interrupt keeps its checkpoint.
 fn start_or_resume(
     run: &PlannedRun,
     cfg: &fedweave_sim::ExperimentConfig,
@@ -239,11 +262,12 @@ fn start_or_resume(
         let same = marker
             .and_then(|m| serde_json::from_str::<serde_json::Value>(&m).ok())
             .is_some_and(|m| m["fingerprint"] == serde_json::json!(run.fingerprint));
-        if same
-            && dir.join("config.toml").exists()
-            && let Ok(summary) = fedweave_sim::resume_experiment(dir, None, &mut |_| {})
-        {
-            return Ok(summary);
+        if same && dir.join("config.toml").exists() {
+            match fedweave_sim::resume_experiment(dir, None, &mut |_| {}) {
+                Ok(summary) => return Ok(summary),
+                Err(e @ RunError::Interrupted { .. }) => return Err(e.into()),
+                Err(_) => {}
+            }
         }
         std::fs::remove_dir_all(dir).map_err(ioe(dir))?;
     }

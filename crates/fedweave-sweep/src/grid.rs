@@ -139,10 +139,12 @@ impl Grid {
             .map_err(|e: toml::de::Error| err(format!("not valid TOML: {e}")))?;
         for k in doc.keys() {
             if !TOP_KEYS.contains(&k.as_str()) {
-                return Err(err(format!(
-                    "unknown key `{k}` (expected {})",
-                    TOP_KEYS.join(", ")
-                )));
+                return Err(err(
+                    match fedweave_sim::suggest::did_you_mean(k, TOP_KEYS) {
+                        Some(s) => format!("unknown key `{k}`; did you mean `{s}`?"),
+                        None => format!("unknown key `{k}` (expected {})", TOP_KEYS.join(", ")),
+                    },
+                ));
             }
         }
         let base_text = match doc.get("base") {

@@ -14,6 +14,7 @@
 //! go).
 #![warn(missing_docs)]
 
+pub mod cluster;
 mod error;
 pub mod exec;
 pub mod grid;
@@ -22,6 +23,7 @@ pub mod results;
 
 use std::path::{Path, PathBuf};
 
+pub use cluster::Emit;
 pub use error::SweepError;
 pub use exec::{ExecOptions, ExecOutcome, RunState, execute, run_state};
 pub use grid::{Grid, Plan, PlannedRun, fingerprint};
@@ -39,10 +41,25 @@ pub struct SweepArgs {
     /// Experiments to run at once; the cores are divided between them.
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
-    /// Check the grid and list the runs (and which would be skipped)
-    /// without running anything.
+    /// Check the grid and list the runs with their index K (and which
+    /// would be skipped) without running anything.
     #[arg(long)]
     pub dry_run: bool,
+    /// Write a cluster job file into the output directory instead of
+    /// running: a Slurm array job (`slurm`, DIR/sweep.slurm) or a
+    /// Kubernetes indexed Job (`k8s`, DIR/sweep-job.yaml); task K runs grid
+    /// point K.
+    #[arg(long, value_enum, conflicts_with_all = ["only", "collect", "dry_run"])]
+    pub emit: Option<Emit>,
+    /// Run grid point K only (0-based, the order `--dry-run` lists), as a
+    /// cluster task does; the tables wait for `--collect`.
+    #[arg(long, value_name = "K", conflicts_with_all = ["collect", "dry_run"])]
+    pub only: Option<usize>,
+    /// Run nothing: build results.csv, the tables and the page from the
+    /// runs already in the output directory (when the cluster tasks are
+    /// done); an error lists the grid points still missing.
+    #[arg(long, conflicts_with = "dry_run")]
+    pub collect: bool,
     /// Override a key for every run on top of the grid's `[set]`, e.g.
     /// `--set rounds=50` for a grid written at reduced scale (use another
     /// `--out`: changed runs are not skipped).
@@ -102,6 +119,14 @@ pub fn sweep_grid(grid: &Grid, out: &Path, opts: &ExecOptions) -> Result<SweepRe
     let outcome = execute(&plan, out, opts)?;
     let collection = Collection::from_plan(&plan, out)?;
     let written = write_outputs(&collection, out)?;
+    if !outcome.interrupted.is_empty() || outcome.not_started > 0 {
+        return Err(SweepError::Interrupted {
+            total: plan.runs.len(),
+            finished: collection.runs.len(),
+            stopped: outcome.interrupted.len(),
+            not_started: outcome.not_started,
+        });
+    }
     if !outcome.failed.is_empty() {
         return Err(SweepError::RunsFailed {
             total: plan.runs.len(),
@@ -125,29 +150,39 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>, SweepError>
     write_outputs(&c, out)
 }
 
-/// The `sweep` subcommand.
+/// The `sweep` subcommand; `quiet` shows no progress.
 ///
 /// # Errors
 /// See [`sweep`].
-pub fn run_sweep_command(args: &SweepArgs) -> Result<(), SweepError> {
+pub fn run_sweep_command(args: &SweepArgs, quiet: bool) -> Result<(), SweepError> {
     let out = args.out.clone().unwrap_or_else(|| default_out(&args.grid));
     let mut grid = Grid::read(&args.grid)?;
     grid.override_set(&args.set)?;
     if args.dry_run {
         let plan = grid.plan()?;
-        for r in &plan.runs {
+        for (k, r) in plan.runs.iter().enumerate() {
             let state = match run_state(&out, r) {
                 RunState::Done => "finished (skip)",
-                RunState::Stale => "stale (rerun)",
+                RunState::Stale => "stale (resume)",
                 RunState::New => "new",
             };
-            println!("{:<16} {}", state, r.name);
+            println!("{k:>4}  {state:<16} {}", r.name);
         }
         println!("{} runs, all configurations valid", plan.runs.len());
         return Ok(());
     }
+    if let Some(emit) = args.emit {
+        return emit_job(&grid, args, &out, emit);
+    }
+    if let Some(k) = args.only {
+        return run_only(&grid, &out, k, quiet);
+    }
+    if args.collect {
+        return collect(&grid, &out);
+    }
     let opts = ExecOptions {
         jobs: args.jobs.max(1),
+        quiet,
         ..ExecOptions::default()
     };
     let rep = sweep_grid(&grid, &out, &opts)?;
@@ -162,6 +197,100 @@ pub fn run_sweep_command(args: &SweepArgs) -> Result<(), SweepError> {
         println!("{}", p.display());
     }
     Ok(())
+}
+
+/// `--emit`: writes the job file into `out`.
+fn emit_job(grid: &Grid, args: &SweepArgs, out: &Path, emit: Emit) -> Result<(), SweepError> {
+    let plan = grid.plan()?;
+    std::fs::create_dir_all(out).map_err(error::io(out))?;
+    let text = match emit {
+        // Tasks start in other directories: absolute paths.
+        Emit::Slurm => {
+            let abs = |p: &Path| std::path::absolute(p).map_err(error::io(p));
+            cluster::slurm_script(&plan, &abs(&args.grid)?, &abs(out)?, &args.set)
+        }
+        // Pods see the shared volume at /work: paths relative to it.
+        Emit::K8s => cluster::k8s_manifest(&plan, &args.grid, out, &args.set),
+    };
+    let path = out.join(emit.file_name());
+    std::fs::write(&path, text).map_err(error::io(&path))?;
+    println!(
+        "{} ({} tasks, task K = grid point K); when they are done: fedweave sweep {} --collect --out {}",
+        path.display(),
+        plan.runs.len(),
+        args.grid.display(),
+        out.display()
+    );
+    Ok(())
+}
+
+/// `--only K`: runs grid point K (resuming it if it was stopped).
+fn run_only(grid: &Grid, out: &Path, k: usize, quiet: bool) -> Result<(), SweepError> {
+    let mut plan = grid.plan()?;
+    let n = plan.runs.len();
+    if k >= n {
+        return Err(SweepError::Input {
+            path: out.to_path_buf(),
+            message: format!(
+                "--only {k}: the grid has {n} runs (K in 0..={})",
+                n.saturating_sub(1)
+            ),
+        });
+    }
+    plan.runs = vec![plan.runs.swap_remove(k)];
+    let opts = ExecOptions {
+        quiet,
+        ..ExecOptions::default()
+    };
+    let outcome = execute(&plan, out, &opts)?;
+    let name = &plan.runs[0].name;
+    if let Some((_, e)) = outcome.failed.first() {
+        return Err(SweepError::RunsFailed {
+            total: 1,
+            failed: vec![(name.clone(), e.clone())],
+        });
+    }
+    if !outcome.interrupted.is_empty() || outcome.not_started > 0 {
+        return Err(SweepError::Interrupted {
+            total: 1,
+            finished: 0,
+            stopped: outcome.interrupted.len(),
+            not_started: outcome.not_started,
+        });
+    }
+    let what = if outcome.skipped.is_empty() {
+        "done"
+    } else {
+        "finished before (skipped)"
+    };
+    println!("grid point {k}: {} {what}", out.join(name).display());
+    Ok(())
+}
+
+/// `--collect`: the tables and the page from the runs in `out`.
+fn collect(grid: &Grid, out: &Path) -> Result<(), SweepError> {
+    let plan = grid.plan()?;
+    let collection = Collection::from_plan(&plan, out)?;
+    let written = write_outputs(&collection, out)?;
+    let missing: Vec<String> = plan
+        .runs
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| run_state(out, r) != RunState::Done)
+        .map(|(k, r)| format!("{k} ({})", r.name))
+        .collect();
+    for p in &written {
+        println!("{}", p.display());
+    }
+    if missing.is_empty() {
+        println!("collected all {} runs", plan.runs.len());
+        Ok(())
+    } else {
+        Err(SweepError::Incomplete {
+            total: plan.runs.len(),
+            missing,
+        })
+    }
 }
 
 /// The `compare` subcommand.

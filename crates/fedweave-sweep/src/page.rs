@@ -27,6 +27,9 @@ fn c(v: f64) -> String {
 }
 
 /// About five round tick values covering `[lo, hi]`.
+/// Longest row label drawn in full beside a row chart.
+const ROW_LABEL_CHARS: usize = 36;
+
 fn ticks(lo: f64, hi: f64) -> Vec<f64> {
     let span = (hi - lo).max(1e-12);
     let raw = span / 5.0;
@@ -120,6 +123,11 @@ impl Frame {
         };
         let yb = self.h - self.bottom;
         for v in &xt {
+            // An empty label drops the tick (e.g. round 1.5).
+            let label = x_fmt(*v);
+            if label.is_empty() {
+                continue;
+            }
             let x = self.px(*v);
             let _ = write!(
                 s,
@@ -127,7 +135,7 @@ impl Frame {
                 c(self.top),
                 c(yb),
                 c(yb + 18.0),
-                esc(&x_fmt(*v)),
+                esc(&label),
                 x = c(x)
             );
         }
@@ -243,7 +251,13 @@ fn curves_svg(groups: &[Group<'_>], metric: Metric) -> String {
         Metric::Accuracy => "mean test accuracy (%)",
         Metric::Mae => "mean test MAE",
     };
-    f.axes(&mut s, "round", y_title, &|v| format!("{v:.0}"));
+    f.axes(&mut s, "round", y_title, &|v| {
+        if (v - v.round()).abs() < 1e-9 {
+            format!("{v:.0}")
+        } else {
+            String::new()
+        }
+    });
     for (i, b) in bands.iter().enumerate() {
         if b.is_empty() {
             continue;
@@ -372,8 +386,10 @@ fn rows_svg(labels: &[String], rows: &[RowData], x_title: &str, zero: bool, aria
     for (i, (label, r)) in labels.iter().zip(rows).enumerate() {
         let cy = f.top + row_h * (i as f64 + 0.5);
         let col = color(i);
-        let short: String = if label.chars().count() > 42 {
-            label.chars().take(41).collect::<String>() + "…"
+        // 13 px text in the 300 px margin: about 36 characters fit (the
+        // full label is the tooltip).
+        let short: String = if label.chars().count() > ROW_LABEL_CHARS {
+            label.chars().take(ROW_LABEL_CHARS - 1).collect::<String>() + "…"
         } else {
             label.clone()
         };

@@ -502,6 +502,24 @@ impl Table {
                 ));
             }
         }
+        // Settings that vary together (each row filled in one column only)
+        // would make a diagonal of empty cells: one row per setting instead.
+        let diagonal = cols.len() > 1
+            && (0..rows.len()).all(|r| entries.iter().filter(|e| e.0 == r).count() <= 1);
+        if diagonal {
+            let title = ri.map_or_else(|| "setting".to_string(), |i| labels[i].clone());
+            let rows_joined: Vec<String> = entries
+                .iter()
+                .map(|(r, col, _)| format!("{}, {}", rows[*r], cols[*col]))
+                .collect();
+            return Table {
+                row_title: format!("{title}, setting"),
+                rows: rows_joined,
+                cols: vec![metric.key().to_string()],
+                cells: entries.into_iter().map(|e| vec![Some(e.2)]).collect(),
+                metric,
+            };
+        }
         let mut cells = vec![vec![None; cols.len()]; rows.len()];
         for (r, col, cell) in entries {
             cells[r][col] = Some(cell);

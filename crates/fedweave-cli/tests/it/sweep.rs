@@ -107,3 +107,59 @@ fn bad_grid_is_a_clear_error() {
     assert!(!o.status.success());
     assert!(text(&o).contains("summary.json"), "{}", text(&o));
 }
+
+/// Runs that differ in two keys at once (algorithm and partition) make one
+/// row per setting, not a diagonal of empty cells; row labels beside the
+/// charts fit their margin (the full label is the tooltip).
+#[test]
+fn compare_of_settings_that_vary_together() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_grid(tmp.path());
+    let base = tmp.path().join("base.toml");
+    let mut dirs = Vec::new();
+    for (algo, kind, lr) in [("fedavg", "iid", "0.05"), ("local", "dirichlet", "0.02")] {
+        let d = tmp.path().join(format!("{algo}-{kind}"));
+        let o = fedweave(&[
+            "run",
+            base.to_str().unwrap(),
+            "--out",
+            d.to_str().unwrap(),
+            "--set",
+            &format!("algorithm.name={algo}"),
+            "--set",
+            &format!("partition.kind={kind}"),
+            "--set",
+            &format!("train.lr={lr}"),
+            "--set",
+            "train.weight_decay=0.000123456789",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        dirs.push(d.display().to_string());
+    }
+    let cmp = tmp.path().join("cmp");
+    let mut args = vec!["compare"];
+    args.extend(dirs.iter().map(String::as_str));
+    args.extend(["--out", cmp.to_str().unwrap()]);
+    let o = fedweave(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    let md = std::fs::read_to_string(cmp.join("table.md")).unwrap();
+    assert!(!md.contains('—'), "no empty cells:\n{md}");
+    assert!(
+        md.contains("| algorithm, setting | mean_test_acc |"),
+        "{md}"
+    );
+    assert!(md.contains("| fedavg, "), "{md}");
+    assert!(md.contains("| local, "), "{md}");
+    let html = std::fs::read_to_string(cmp.join("index.html")).unwrap();
+    let mut cut = 0;
+    for label in html.split("</title>").skip(1) {
+        let shown = label.split("</text>").next().unwrap_or("");
+        if !shown.contains('<') && !shown.is_empty() {
+            assert!(shown.chars().count() <= 36, "row label too long: {shown}");
+            cut += usize::from(shown.ends_with('…'));
+        }
+    }
+    assert!(cut > 0, "long labels are shortened");
+    // Two rounds: the round axis has ticks 1 and 2 only, once each.
+    assert!(!html.contains(">1.5<"), "no fractional round ticks");
+}

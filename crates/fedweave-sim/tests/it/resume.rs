@@ -86,7 +86,10 @@ fn a_run_without_checkpoint_resumes_from_the_start() {
     let want = run_experiment(&config("pfedgraph", 3), whole.path(), &mut |_| {}).unwrap();
     let dir = tempfile::tempdir().unwrap();
     run_experiment(&config("pfedgraph", 3), dir.path(), &mut |_| {}).unwrap();
+    // As a run stopped before its first checkpoint: no checkpoint, no
+    // summary (a run with a summary is finished, and `resume` says so).
     std::fs::remove_dir_all(dir.path().join("checkpoint")).unwrap();
+    std::fs::remove_file(dir.path().join("summary.json")).unwrap();
     let mut ran = Vec::new();
     let got = resume_experiment(dir.path(), None, &mut |r| ran.push(r.round)).unwrap();
     assert_eq!(ran, [1, 2, 3]);
