@@ -6,6 +6,7 @@
 //! and message types, the round protocol); [`registry`] is the one list of
 //! algorithms. One file per algorithm holds both rules and the paper's
 //! defaults: [`local`], [`fedavg`] (FedAvg, FedAvg-FT, FedProx, FedProx-FT),
+//! [`fedavgm`] (FedAvg with server momentum),
 //! [`pfedgraph`], [`feddwa`], [`fedaghn`], [`sfl`], [`dpfl`], and the
 //! personalised baselines [`ditto`], [`apfl`], [`fedala`]. Model-poisoning
 //! and label-flip attacks are in [`attack`]; the defences against them
@@ -34,6 +35,7 @@ pub mod fedaghn;
 pub mod fedala;
 pub mod fedamp;
 pub mod fedavg;
+pub mod fedavgm;
 pub mod fedbabu;
 pub mod fedcp;
 pub mod feddwa;
