@@ -5,8 +5,8 @@
 use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};
 use crate::{
-    apfl, apple, cfl, ditto, dpfl, fedaghn, fedala, fedamp, fedavg, fedavgm, fedbabu, fedcp,
-    feddwa, feddyn, fedem, fedfomo, fednova, fedpac, fedphp, fedproto, fedrep, fedrod, ifca,
+    apfl, apple, cfl, ditto, dpfl, fedaghn, fedala, fedamp, fedatt, fedavg, fedavgm, fedbabu,
+    fedcp, feddwa, feddyn, fedem, fedfomo, fednova, fedpac, fedphp, fedproto, fedrep, fedrod, ifca,
     knnper, l2c, local, moon, partial, perfedavg, pfedgraph, pfedhn, pfedla, pfedme, scaffold, sfl,
 };
 
@@ -69,6 +69,7 @@ registry!(
     local::Local,
     fedavg::FedAvg,
     fedavgm::FedAvgM,
+    fedatt::FedAtt,
     pfedgraph::PFedGraph,
     feddwa::FedDwa,
     fedaghn::FedAghn,

@@ -72,6 +72,7 @@ const ALL: &[&str] = &[
     "fednova",
     "moon",
     "fedavgm",
+    "fedatt",
     "cfl",
     "ifca",
     "fedem",
