@@ -6,6 +6,8 @@
 //! and message types, the round protocol); [`registry`] is the one list of
 //! algorithms. One file per algorithm holds both rules and the paper's
 //! defaults: [`local`], [`fedavg`] (FedAvg, FedAvg-FT, FedProx, FedProx-FT),
+//! [`fedavgm`] (FedAvg with server momentum), [`fedatt`] (attentive
+//! aggregation toward the clients, layer by layer),
 //! [`pfedgraph`], [`feddwa`], [`fedaghn`], [`sfl`], [`dpfl`], and the
 //! personalised baselines [`ditto`], [`apfl`], [`fedala`]. Model-poisoning
 //! and label-flip attacks are in [`attack`]; the defences against them
@@ -33,7 +35,9 @@ pub mod dpfl;
 pub mod fedaghn;
 pub mod fedala;
 pub mod fedamp;
+pub mod fedatt;
 pub mod fedavg;
+pub mod fedavgm;
 pub mod fedbabu;
 pub mod fedcp;
 pub mod feddwa;
@@ -200,6 +204,20 @@ pub(crate) fn layered_outcome<D>(
         layers,
         downloads,
     }
+}
+
+/// Every parameter tensor of the model as its own layer (weight and bias
+/// apart), named like `fc1.weight`: the unit pFedLA and FedAtt weigh by.
+pub(crate) fn tensor_layers(env: &Env) -> Vec<LayerGroup> {
+    env.spec
+        .layout()
+        .tensors()
+        .iter()
+        .map(|t| LayerGroup {
+            name: t.name.clone(),
+            range: t.offset..t.offset + t.shape.iter().product::<usize>(),
+        })
+        .collect()
 }
 
 /// The layer groups of the model (a module's weight and bias), or one group

@@ -39,9 +39,8 @@ use crate::hypernet::{HyperNet, Sgd, Shape};
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-    ids_of, layered_outcome, models_of,
+    ids_of, layered_outcome, models_of, tensor_layers,
 };
-use fedweave_core::LayerGroup;
 use fedweave_core::vecmath::{dot, weighted_sum};
 use fedweave_core::{Purpose, rng_stream};
 use rand::Rng;
@@ -145,19 +144,6 @@ pub struct PFedLaServer {
     /// θ̄_i as last sent (`None`: never sent).
     #[serde(with = "fedweave_core::stash::opt_vectors")]
     built: Vec<Option<Vec<f32>>>,
-}
-
-/// The layers pFedLA weighs: every parameter tensor.
-fn tensor_layers(env: &Env) -> Vec<LayerGroup> {
-    env.spec
-        .layout()
-        .tensors()
-        .iter()
-        .map(|t| LayerGroup {
-            name: t.name.clone(),
-            range: t.offset..t.offset + t.shape.iter().product::<usize>(),
-        })
-        .collect()
 }
 
 impl PFedLa {

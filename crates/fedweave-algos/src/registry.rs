@@ -5,9 +5,9 @@
 use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};
 use crate::{
-    apfl, apple, cfl, ditto, dpfl, fedaghn, fedala, fedamp, fedavg, fedbabu, fedcp, feddwa, feddyn,
-    fedem, fedfomo, fednova, fedpac, fedphp, fedproto, fedrep, fedrod, ifca, knnper, l2c, local,
-    moon, partial, perfedavg, pfedgraph, pfedhn, pfedla, pfedme, scaffold, sfl,
+    apfl, apple, cfl, ditto, dpfl, fedaghn, fedala, fedamp, fedatt, fedavg, fedavgm, fedbabu,
+    fedcp, feddwa, feddyn, fedem, fedfomo, fednova, fedpac, fedphp, fedproto, fedrep, fedrod, ifca,
+    knnper, l2c, local, moon, partial, perfedavg, pfedgraph, pfedhn, pfedla, pfedme, scaffold, sfl,
 };
 
 /// What the engine does with a concrete algorithm type: the registry hands
@@ -68,6 +68,8 @@ macro_rules! registry {
 registry!(
     local::Local,
     fedavg::FedAvg,
+    fedavgm::FedAvgM,
+    fedatt::FedAtt,
     pfedgraph::PFedGraph,
     feddwa::FedDwa,
     fedaghn::FedAghn,

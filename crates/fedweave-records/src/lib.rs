@@ -150,6 +150,12 @@ pub struct Summary {
     pub min_test_acc: Option<f64>,
     /// Mean of the lowest 10 % of clients (at least one).
     pub bottom10_test_acc: Option<f64>,
+    /// Mean best-validation test accuracy of the best ⌈5 % · N⌉ benign
+    /// clients (SFL's "best 5 %"); absent in summaries written before it.
+    pub top5pct_test_acc: Option<f64>,
+    /// Mean best-validation test accuracy of the worst ⌈5 % · N⌉ benign
+    /// clients (SFL's "worst 5 %"); absent in summaries written before it.
+    pub bottom5pct_test_acc: Option<f64>,
     /// Per client (null for malicious ones).
     pub per_client_test_acc: Vec<Option<f64>>,
     /// Round of each client's best validation score (null for malicious).
@@ -190,6 +196,22 @@ pub struct Summary {
     pub threads: usize,
     /// The evaluation protocol.
     pub protocol: String,
+}
+
+/// The means of the best and of the worst ⌈`percent` % · n⌉ of `values`
+/// (n = `values.len()`, higher is better; at least one value each), or
+/// `None` for no values. The count is exact integer arithmetic: 20 values
+/// at 5 % give one each, 21 give two. NaNs sort as the largest values.
+pub fn top_bottom_means(values: &[f64], percent: usize) -> Option<(f64, f64)> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    let k = (n * percent).div_ceil(100).clamp(1, n);
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    Some((mean(&sorted[n - k..]), mean(&sorted[..k])))
 }
 
 /// A matrix whose `null` entries (how JSON writes NaN) read back as NaN, and
@@ -239,5 +261,33 @@ mod tests {
         assert_eq!(partial.algorithm, "local");
         assert!(partial.final_graph.is_empty() && partial.mean_test_acc.is_none());
         assert!(serde_json::from_str::<Summary>("[1, 2]").is_err());
+        // A summary from before the 5 % figures reads back without them.
+        let old: Summary = serde_json::from_str(
+            r#"{"algorithm":"sfl","mean_test_acc":0.5,"bottom10_test_acc":0.25}"#,
+        )
+        .unwrap();
+        assert_eq!(old.mean_test_acc, Some(0.5));
+        assert_eq!(
+            (old.top5pct_test_acc, old.bottom5pct_test_acc),
+            (None, None)
+        );
+    }
+
+    /// 20 values: ⌈5 % · 20⌉ = 1 on each side (the largest and smallest);
+    /// 21 values: ⌈1.05⌉ = 2; 3 values: one each; none: `None`.
+    #[test]
+    fn best_and_worst_shares_by_hand() {
+        let twenty: Vec<f64> = (0..20).map(|k| f64::from((k * 7) % 20) / 20.0).collect();
+        assert_eq!(top_bottom_means(&twenty, 5), Some((0.95, 0.0)));
+        let mut more = twenty.clone();
+        more.push(0.5);
+        // Best two: 0.95, 0.9; worst two: 0.0, 0.05.
+        let (top, bottom) = top_bottom_means(&more, 5).unwrap();
+        assert!((top - 0.925).abs() < 1e-15 && (bottom - 0.025).abs() < 1e-15);
+        assert_eq!(top_bottom_means(&[0.3, 0.9, 0.6], 5), Some((0.9, 0.3)));
+        // 10 % of 20 = 2: (0.95 + 0.9)/2 and (0 + 0.05)/2.
+        let (top, bottom) = top_bottom_means(&twenty, 10).unwrap();
+        assert!((top - 0.925).abs() < 1e-15 && (bottom - 0.025).abs() < 1e-15);
+        assert_eq!(top_bottom_means(&[], 5), None);
     }
 }

@@ -9,7 +9,7 @@ use crate::setup::Setup;
 use fedweave_algos::{Algorithm, ClientData, Env};
 use fedweave_core::vecmath::{mean, std_dev};
 use fedweave_nn::{EvalStats, LocalData};
-use fedweave_records::{PROTOCOL, RoundRecord, Summary};
+use fedweave_records::{PROTOCOL, RoundRecord, Summary, top_bottom_means};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -264,6 +264,7 @@ pub(crate) fn summarize(
         }
     });
     let bottom = (sorted.len() / 10).max(1).min(sorted.len());
+    let five = top_bottom_means(&benign_best, 5).filter(|_| !regression);
     let mut secs: Vec<f64> = records.iter().map(|r| r.seconds).collect();
     secs.sort_by(f64::total_cmp);
     let last = records.last();
@@ -307,6 +308,8 @@ pub(crate) fn summarize(
         std_test_acc: c.then(|| std_dev(&benign_best)),
         min_test_acc: sorted.first().copied().filter(|_| c),
         bottom10_test_acc: (!sorted.is_empty() && c).then(|| mean(&sorted[..bottom])),
+        top5pct_test_acc: five.map(|f| f.0),
+        bottom5pct_test_acc: five.map(|f| f.1),
         per_client_test_acc: if regression {
             vec![None; cfg.clients]
         } else {

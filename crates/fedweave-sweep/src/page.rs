@@ -718,8 +718,8 @@ pub(crate) fn render(c: &Collection, table: &Table, out: &Path) -> Result<String
             .collect()
     };
     b.push_str(r#"<section class="card" id="fairness"><h2>Fairness</h2><p class="note">Mean over seeds, whisker ± sample std.</p>"#);
-    let figs: [(&str, &str); 2] = match metric {
-        Metric::Accuracy => [
+    let figs: &[(&str, &str)] = match metric {
+        Metric::Accuracy => &[
             (
                 "std_test_acc",
                 "std of per-client test accuracy (%), lower is fairer",
@@ -728,8 +728,16 @@ pub(crate) fn render(c: &Collection, table: &Table, out: &Path) -> Result<String
                 "bottom10_test_acc",
                 "mean test accuracy of the worst 10 % of clients (%)",
             ),
+            (
+                "top5pct_test_acc",
+                "mean test accuracy of the best ⌈5 % · N⌉ clients (%)",
+            ),
+            (
+                "bottom5pct_test_acc",
+                "mean test accuracy of the worst ⌈5 % · N⌉ clients (%)",
+            ),
         ],
-        Metric::Mae => [
+        Metric::Mae => &[
             (
                 "worst10_test_mae",
                 "mean test MAE of the worst 10 % of clients",
@@ -737,7 +745,7 @@ pub(crate) fn render(c: &Collection, table: &Table, out: &Path) -> Result<String
             ("mean_test_rmse", "mean test RMSE"),
         ],
     };
-    for (key, title) in figs {
+    for &(key, title) in figs {
         let _ = write!(
             b,
             r#"<h3>{}</h3><div class="figure">{}</div>"#,

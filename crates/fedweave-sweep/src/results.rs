@@ -365,12 +365,16 @@ fn cmp_values(a: Option<&str>, b: Option<&str>) -> std::cmp::Ordering {
 }
 
 /// The metrics columns of `results.csv`.
-pub const CSV_METRICS: [&str; 8] = [
+/// The best and worst 5 % (SFL's columns) are empty for runs whose
+/// summaries predate them.
+pub const CSV_METRICS: [&str; 10] = [
     "mean_test_acc",
     "last_round_mean_test_acc",
     "max_round_mean_test_acc",
     "std_test_acc",
     "bottom10_test_acc",
+    "top5pct_test_acc",
+    "bottom5pct_test_acc",
     "bytes_up",
     "bytes_down",
     "wall_seconds",
@@ -400,7 +404,7 @@ pub fn results_csv(c: &Collection) -> String {
         .any(|r| num(&r.summary, "mean_test_mae").is_some());
     let mut metrics: Vec<&str> = CSV_METRICS.to_vec();
     if with_mae {
-        metrics.insert(5, "mean_test_mae");
+        metrics.insert(7, "mean_test_mae");
     }
     let mut out = String::new();
     let mut head = vec!["run".to_string()];

@@ -47,7 +47,7 @@ const IID_LIKE_FEDAVG_FT: &[&str] = &["ditto", "apfl", "fedala", "fedrep", "fedp
 /// Global-model baselines of issue 12 (drift correction, normalised or
 /// contrastive FedAvg): FedAvg's accuracy on IID digits, and no divergence
 /// on Dirichlet(0.1).
-const GLOBAL_MODEL: &[&str] = &["scaffold", "feddyn", "fednova", "moon"];
+const GLOBAL_MODEL: &[&str] = &["scaffold", "feddyn", "fednova", "moon", "fedavgm"];
 
 /// Every baseline of issues 11 and 12 (determinism across thread counts).
 const ALL: &[&str] = &[
@@ -71,6 +71,8 @@ const ALL: &[&str] = &[
     "feddyn",
     "fednova",
     "moon",
+    "fedavgm",
+    "fedatt",
     "cfl",
     "ifca",
     "fedem",
@@ -301,4 +303,37 @@ fn cfl_and_ifca_recover_planted_groups() {
         let ari = adjusted_rand_index(&planted, &found);
         assert!(ari >= 0.8, "{name}: clusters {found:?}, ARI {ari}");
     }
+}
+
+/// FedAvgM without momentum (β = 0, η = 1) is FedAvg: the same summary
+/// and the same round records, graphs and per-client accuracies included,
+/// under partial participation (absent clients receive the global model
+/// too); with the default β = 0.1 the rounds differ.
+#[test]
+fn fedavgm_without_momentum_is_fedavg_round_for_round() {
+    let o = ["rounds=4", "participation=0.5"];
+    let (avg, r_avg) = run(&[&o[..], &["algorithm.name=fedavg"]].concat());
+    let (m0, r_m0) = run(&[
+        &o[..],
+        &["algorithm.name=fedavgm", "algorithm.server_momentum=0.0"],
+    ]
+    .concat());
+    let (m1, r_m1) = run(&[&o[..], &["algorithm.name=fedavgm"]].concat());
+    let strip = |s: &Summary| {
+        let mut v = common::untimed(s);
+        v.as_object_mut().unwrap().remove("algorithm");
+        v
+    };
+    assert_eq!(strip(&avg), strip(&m0));
+    assert_eq!(
+        common::untimed_rounds(&r_avg),
+        common::untimed_rounds(&r_m0)
+    );
+    assert_eq!(r_avg.len(), 4);
+    assert_ne!(
+        common::untimed_rounds(&r_avg)[1..],
+        common::untimed_rounds(&r_m1)[1..],
+        "momentum changes rounds 2 to 4"
+    );
+    assert_ne!(strip(&avg), strip(&m1));
 }

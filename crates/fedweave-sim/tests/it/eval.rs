@@ -98,3 +98,35 @@ fn unknown_eval_options_are_clear_errors() {
         assert!(err.contains(needle), "{o}: {err}");
     }
 }
+
+/// SFL's best and worst 5 %: with 21 clients, 3 of them sign-flip
+/// attackers, ⌈5 % · 18⌉ = 1 benign client on each side; with all 21
+/// benign, ⌈1.05⌉ = 2. Both figures are means of the same per-client
+/// best-validation accuracies as the headline, malicious clients excluded.
+#[test]
+fn best_and_worst_five_percent_come_from_the_benign_per_client_figures() {
+    for (attack, k) in [
+        (&["attack.kind=sign_flip", "attack.ratio=0.15"][..], 1),
+        (&[][..], 2),
+    ] {
+        let o = [
+            &["clients=21", "rounds=2", "algorithm.name=local"][..],
+            attack,
+        ]
+        .concat();
+        let (s, _) = run(&o);
+        let mut per: Vec<f64> = s.per_client_test_acc.iter().flatten().copied().collect();
+        assert_eq!(per.len(), 21 - s.malicious.len());
+        assert_eq!(s.malicious.len(), if k == 1 { 3 } else { 0 });
+        per.sort_by(f64::total_cmp);
+        let n = per.len();
+        let top: f64 = per[n - k..].iter().sum::<f64>() / k as f64;
+        let bottom: f64 = per[..k].iter().sum::<f64>() / k as f64;
+        assert_eq!(s.top5pct_test_acc, Some(top));
+        assert_eq!(s.bottom5pct_test_acc, Some(bottom));
+        if k == 1 {
+            assert_eq!(s.bottom5pct_test_acc, s.min_test_acc);
+        }
+        assert!(top > bottom, "{top} vs {bottom}");
+    }
+}

@@ -53,6 +53,8 @@ fn aggregates_exactly_and_skips_finished_runs() {
         "max_round_mean_test_acc",
         "std_test_acc",
         "bottom10_test_acc",
+        "top5pct_test_acc",
+        "bottom5pct_test_acc",
         "bytes_up",
         "bytes_down",
         "wall_seconds",
