@@ -1,15 +1,9 @@
 //! The `fedweave` binary as scripts use it: the contract's commands, its
 //! outputs, and clear failures on bad input.
 
+use crate::fedweave;
 use std::path::Path;
 use std::process::{Command, Output};
-
-fn fedweave(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fedweave"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

@@ -1,22 +1,8 @@
 //! Sweeps on a cluster: `--emit slurm|k8s`, `--only K`, `--collect`.
 
+use crate::{fedweave, text};
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn fedweave(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fedweave"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use std::process::Command;
 
 /// Two algorithms × two seeds, tiny runs.
 fn write_grid(dir: &Path) -> String {

@@ -2,15 +2,9 @@
 //! no Rust type names, each cause once, and loud warnings for runs whose
 //! results mean little.
 
+use crate::fedweave;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn fedweave(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fedweave"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
+use std::process::Output;
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

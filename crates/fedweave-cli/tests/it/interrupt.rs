@@ -3,26 +3,12 @@
 //! continues it to the numbers of an uninterrupted run, and nothing is
 //! overwritten without being asked.
 
+use crate::{fedweave, text};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cli::summary_numbers;
-
-fn fedweave(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fedweave"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// Six digits clients, `rounds` rounds of a few steps each; checkpoints
 /// only every 5 rounds, so a stop in between must write its own.

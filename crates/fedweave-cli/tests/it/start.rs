@@ -1,13 +1,7 @@
 //! Getting started: `init`, `config`, `list --json` and `completions`.
 
+use crate::fedweave;
 use std::process::{Command, Output};
-
-fn fedweave(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fedweave"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()

@@ -1,23 +1,8 @@
 //! `fedweave sweep` and `fedweave compare` end to end (tiny: digits, three
 //! clients, two rounds).
 
+use crate::{fedweave, text};
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn fedweave(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fedweave"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn write_grid(dir: &Path) -> String {
     std::fs::write(
