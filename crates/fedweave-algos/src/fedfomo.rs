@@ -15,9 +15,14 @@
 //!
 //! The reference codes: PFLlib (`clientfomo.py`, `serverfomo.py`) adds 1e-5
 //! to the distance, starts P at the identity and sends the top M of P[i]
-//! (so the client's own model takes one of the M slots, always weighted 0),
-//! and has no exploration; FL-bench sends the top M among the previous
-//! round's participants plus the client's own model.
+//! (so the client's own model takes one of the M slots), and has no
+//! exploration. Its losses are measured on the client's last training
+//! batches: L_ is the mean loss during its last training, compared with
+//! each received model's loss on those batches. The own model is at
+//! distance 0, so its weight is (L_ − L_own)/1e-5: whenever its training
+//! lowered the loss on those batches it dominates the mix, and only
+//! otherwise is it clipped to 0. FL-bench sends the top M among the
+//! previous round's participants plus the client's own model.
 //!
 //! fedweave: the ε-greedy exploration of the paper (`epsilon` = 0.3 at round
 //! 1, minus `epsilon_decay` = 0.05 per round, floored at 0: the paper's
