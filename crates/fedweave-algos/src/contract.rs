@@ -246,6 +246,17 @@ impl ClientCx<'_> {
         self.train(env, model, env.train, extras, &[], None)
             .mean_loss
     }
+
+    /// The round of a method that trains the whole model plainly and
+    /// uploads it: [`Self::train_plain`] with no extra terms, the trained
+    /// parameters as the upload.
+    pub fn train_whole(&mut self, env: &Env, model: &mut Model) -> Trained<Vec<f32>> {
+        let train_loss = self.train_plain(env, model, &[]);
+        Trained {
+            up: model.params.clone(),
+            train_loss,
+        }
+    }
 }
 
 /// A message between a client and the server (or between peers).

@@ -271,11 +271,7 @@ impl Algorithm for PFedLa {
     }
 
     fn local_round(&self, env: &Env, cx: &mut ClientCx, model: &mut Model) -> Trained<Vec<f32>> {
-        let train_loss = cx.train_plain(env, model, &[]);
-        Trained {
-            up: model.params.clone(),
-            train_loss,
-        }
+        cx.train_whole(env, model)
     }
 
     fn aggregate(
