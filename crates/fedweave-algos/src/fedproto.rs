@@ -52,7 +52,7 @@ use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
     Trained, embed_rows, ids_of,
 };
-use fedweave_nn::{LocalData, PrototypePull, predict};
+use fedweave_nn::{PrototypePull, predict};
 use serde::{Deserialize, Serialize};
 
 /// How the server averages the clients' prototypes of one class.
@@ -204,6 +204,30 @@ pub fn class_means(
     out
 }
 
+/// Per class c, the weighted mean Σ_j (ω_j / Σ_l ω_l) v_j of the rows
+/// `(c, ω_j, v_j)` given for it, `classes × dim` row-major (0 for a class
+/// with no row), and the normalisers Σ_l ω_l per class: the prototype
+/// aggregation of FedProto and FedPAC. Rows of classes ≥ `classes` are
+/// ignored.
+pub(crate) fn weighted_class_means(
+    rows: &[(usize, f64, &[f32])],
+    classes: usize,
+    dim: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut total = vec![0.0f64; classes];
+    for &(c, w, _) in rows.iter().filter(|r| r.0 < classes) {
+        total[c] += w;
+    }
+    let mut sums = vec![0.0f64; classes * dim];
+    for &(c, w, v) in rows.iter().filter(|r| r.0 < classes) {
+        let w = w / total[c];
+        for (s, &x) in sums[c * dim..(c + 1) * dim].iter_mut().zip(v) {
+            *s += w * x as f64;
+        }
+    }
+    (sums, total)
+}
+
 /// The server rule: global prototypes and each participant's graph row
 /// (entries over the participants, in upload order).
 pub fn aggregate_prototypes(
@@ -217,25 +241,21 @@ pub fn aggregate_prototypes(
         ProtoWeighting::Samples => n as f64,
         ProtoWeighting::Clients => 1.0,
     };
-    let mut total = vec![0.0f64; classes];
-    for u in uploads {
-        for (&c, &n) in u.classes.iter().zip(&u.counts) {
-            total[c as usize] += raw(n);
-        }
-    }
-    let mut sums = vec![0.0f64; classes * dim];
-    for u in uploads {
-        for (k, (&c, &n)) in u.classes.iter().zip(&u.counts).enumerate() {
-            let c = c as usize;
-            let w = raw(n) / total[c];
-            for (s, &v) in sums[c * dim..(c + 1) * dim]
-                .iter_mut()
-                .zip(&u.values[k * dim..(k + 1) * dim])
-            {
-                *s += w * v as f64;
-            }
-        }
-    }
+    let rows: Vec<(usize, f64, &[f32])> = uploads
+        .iter()
+        .flat_map(|u| {
+            u.classes
+                .iter()
+                .zip(&u.counts)
+                .zip(
+                    u.values
+                        .chunks(dim.max(1))
+                        .chain(std::iter::repeat(&[][..])),
+                )
+                .map(|((&c, &n), v)| (c as usize, raw(n), v))
+        })
+        .collect();
+    let (means, total) = weighted_class_means(&rows, classes, dim);
     let mut global = GlobalPrototypes {
         classes: Vec::new(),
         values: Vec::new(),
@@ -244,7 +264,7 @@ pub fn aggregate_prototypes(
         global.classes.push(c as u32);
         global
             .values
-            .extend(sums[c * dim..(c + 1) * dim].iter().map(|&s| s as f32));
+            .extend(means[c * dim..(c + 1) * dim].iter().map(|&s| s as f32));
     }
     // W_ij = Σ_c (n_ic / n_i)·ω_jc over the classes i holds.
     let rows = uploads
@@ -271,10 +291,6 @@ pub fn aggregate_prototypes(
         })
         .collect();
     (global, rows)
-}
-
-fn labels_of(data: &LocalData) -> Vec<u32> {
-    (0..data.len()).map(|k| data.label(k)).collect()
 }
 
 impl Algorithm for FedProto {
@@ -340,7 +356,12 @@ impl Algorithm for FedProto {
         let train = cx.data.train;
         let pred = predict(env.spec, &state.model.params, &state.model.buffers, &train);
         Trained {
-            up: class_means(&pred.features, &labels_of(&train), self.dim, self.classes),
+            up: class_means(
+                &pred.features,
+                &train.local_labels(),
+                self.dim,
+                self.classes,
+            ),
             train_loss: stats.mean_loss,
         }
     }

@@ -40,7 +40,7 @@ use crate::params::Validate;
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
 };
-use fedweave_nn::{BalancedSoftmax, BatchSampler, LocalData, Predictions, TrainConfig, predict};
+use fedweave_nn::{BalancedSoftmax, BatchSampler, Predictions, TrainConfig, predict};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
@@ -154,10 +154,6 @@ pub fn train_personal_head(
     total / steps as f64
 }
 
-fn labels_of(data: &LocalData) -> Vec<u32> {
-    (0..data.len()).map(|k| data.label(k)).collect()
-}
-
 impl Algorithm for FedRod {
     const NAMES: &'static [Info] = &[Info {
         name: "fedrod",
@@ -204,7 +200,7 @@ impl Algorithm for FedRod {
         state: &mut RodClient,
     ) -> Trained<Vec<f32>> {
         let train = cx.data.train;
-        let labels = labels_of(&train);
+        let labels = train.local_labels();
         let mut counts = vec![0usize; env.spec.num_classes()];
         for &y in &labels {
             if let Some(c) = counts.get_mut(y as usize) {

@@ -218,10 +218,6 @@ pub fn score(
     stats
 }
 
-fn labels_of(data: &LocalData) -> Vec<u32> {
-    (0..data.len()).map(|k| data.label(k)).collect()
-}
-
 impl Algorithm for KnnPer {
     const NAMES: &'static [Info] = &[Info {
         name: "knn-per",
@@ -289,7 +285,7 @@ impl Algorithm for KnnPer {
     ) -> Vec<EvalStats> {
         let features = |d: &LocalData| predict(env.spec, &model.params, &model.buffers, d);
         let store = features(train);
-        let labels = labels_of(train);
+        let labels = train.local_labels();
         let store = Datastore {
             features: &store.features,
             labels: &labels,
@@ -300,7 +296,7 @@ impl Algorithm for KnnPer {
                 score(
                     &store,
                     &features(on),
-                    &labels_of(on),
+                    &on.local_labels(),
                     &self.params,
                     env.kernels,
                 )
