@@ -147,15 +147,9 @@ impl Algorithm for Apfl {
     /// The trained global copy.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: ApflParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: ApflParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
     }
-
-    fn name(&self) -> &'static str {
-        "apfl"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> ApflClient {
         ApflClient {

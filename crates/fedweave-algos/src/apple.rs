@@ -137,12 +137,8 @@ impl Algorithm for Apple {
     /// The core model and the DR row.
     type Up = RowUp;
 
-    fn new(_: &str, params: AppleParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: AppleParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "apple"
     }
 
     fn init_server(&self, env: &Env) -> Store {

@@ -90,7 +90,7 @@ pub struct Cfl {
 }
 
 /// The server's clusters and their models.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CflServer {
     /// The clusters' members, each ascending; clusters ordered by their
     /// smallest member.
@@ -179,12 +179,8 @@ impl Algorithm for Cfl {
     /// θ_i after training.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: CflParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: CflParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "cfl"
     }
 
     fn init_server(&self, env: &Env) -> CflServer {

@@ -1,5 +1,12 @@
 //! The algorithm contract: what an algorithm declares and what a runtime
-//! (the simulator today, the network runtime later) does with it.
+//! (the simulator, the client/server deployment and the peer-to-peer
+//! deployment of `fedweave-net`) does with it.
+//!
+//! Writing a method is one file and one line in the registry: the trait's
+//! provided methods cover the common cases (the name is the first of
+//! [`Algorithm::NAMES`], the server starts from `Server::default()`, a
+//! whole-model upload and download are checked as models, the engine scores
+//! after training), and the parameters arrive checked.
 //!
 //! An algorithm owns its state types: `Client` (what one client keeps
 //! between rounds) and `Server` (what the server keeps). The runtime stores
@@ -417,23 +424,33 @@ pub trait Algorithm: Sized + Send + Sync + 'static {
     type Params: Params;
     /// What one client keeps between rounds.
     type Client: State;
-    /// What the server keeps between rounds (`()` for stateless servers).
-    type Server: State;
+    /// What the server keeps between rounds (`()` for stateless servers);
+    /// its `Default` is the state before round 1 unless
+    /// [`Algorithm::init_server`] says otherwise.
+    type Server: State + Default;
     /// What the server sends one client.
     type Down: Message;
     /// What a client uploads (or, peer-to-peer, publishes).
     type Up: Message;
 
-    /// Builds the algorithm called `name` (one of [`Algorithm::NAMES`]) for
-    /// this federation; `Err` says what the federation lacks (e.g. SFL's
-    /// `graph = "given"` without a dataset graph).
-    fn new(name: &str, params: Self::Params, env: &Env) -> Result<Self, AlgoError>;
+    /// Builds the algorithm called `name` (always one of
+    /// [`Algorithm::NAMES`]: the registry passes the entry's own string) for
+    /// this federation, from parameters already checked for `name`; `Err`
+    /// says what the federation lacks (e.g. SFL's `graph = "given"` without
+    /// a dataset graph).
+    fn new(name: &'static str, params: Self::Params, env: &Env) -> Result<Self, AlgoError>;
 
-    /// The name it runs under.
-    fn name(&self) -> &'static str;
+    /// The name it runs under: the first of [`Algorithm::NAMES`]; types
+    /// with several names override it.
+    fn name(&self) -> &'static str {
+        Self::NAMES[0].name
+    }
 
-    /// The server's state before round 1.
-    fn init_server(&self, env: &Env) -> Self::Server;
+    /// The server's state before round 1: `Server::default()` unless the
+    /// method overrides it.
+    fn init_server(&self, _env: &Env) -> Self::Server {
+        Self::Server::default()
+    }
 
     /// Client `client`'s state before round 1.
     fn init_client(&self, env: &Env, client: usize) -> Self::Client;

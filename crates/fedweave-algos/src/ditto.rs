@@ -119,15 +119,9 @@ impl Algorithm for Ditto {
     /// The trained global copy.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: DittoParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: DittoParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
     }
-
-    fn name(&self) -> &'static str {
-        "ditto"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> DittoClient {
         DittoClient {

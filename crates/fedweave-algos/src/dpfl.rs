@@ -203,19 +203,13 @@ impl Algorithm for Dpfl {
     /// The trained model, published to the peers.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: DpflParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: DpflParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "dpfl"
     }
 
     fn topology(&self) -> Topology {
         Topology::PeerToPeer
     }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> DpflClient {
         DpflClient {

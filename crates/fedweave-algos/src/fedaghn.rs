@@ -183,7 +183,7 @@ pub struct FedAghn {
 }
 
 /// The server's hypernetwork state and its memory of the clients.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FedAghnServer {
     /// p_i^r, per client then layer.
     pub p: Vec<Vec<f64>>,
@@ -247,12 +247,8 @@ impl Algorithm for FedAghn {
     type Down = Vec<f32>;
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: FedAghnParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: FedAghnParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "fedaghn"
     }
 
     fn init_server(&self, env: &Env) -> FedAghnServer {

@@ -221,15 +221,9 @@ impl Algorithm for FedAla {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: FedAlaParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: FedAlaParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
     }
-
-    fn name(&self) -> &'static str {
-        "fedala"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> FedAlaClient {
         FedAlaClient {

@@ -275,15 +275,9 @@ impl<R: Attention> Algorithm for Amp<R> {
     /// θ_i after training.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: R, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: R, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
     }
-
-    fn name(&self) -> &'static str {
-        R::NAMES[0].name
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> AmpClient {
         AmpClient {

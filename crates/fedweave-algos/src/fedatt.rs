@@ -125,12 +125,8 @@ impl Algorithm for FedAtt {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &str, p: FedAttParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, p: FedAttParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { step: p.step })
-    }
-
-    fn name(&self) -> &'static str {
-        "fedatt"
     }
 
     fn init_server(&self, env: &Env) -> Vec<f32> {

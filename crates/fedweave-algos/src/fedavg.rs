@@ -35,6 +35,16 @@ impl Validate for FedAvgParams {
     fn validate(&self) -> Result<(), ParamError> {
         non_negative("mu", self.mu)
     }
+
+    /// `mu` only for FedProx and FedProx-FT.
+    fn applies(name: &str, key: &str) -> bool {
+        key != "mu" || proximal(name)
+    }
+}
+
+/// Whether the family member `name` adds the proximal term.
+fn proximal(name: &str) -> bool {
+    name.starts_with("fedprox")
 }
 
 /// The FedAvg family.
@@ -76,25 +86,17 @@ impl Algorithm for FedAvg {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(name: &str, p: FedAvgParams, _: &Env) -> Result<Self, AlgoError> {
-        let (name, prox, fine_tuned) = match name {
-            "fedavg-ft" => ("fedavg-ft", false, true),
-            "fedprox" => ("fedprox", true, false),
-            "fedprox-ft" => ("fedprox-ft", true, true),
-            _ => ("fedavg", false, false),
-        };
+    fn new(name: &'static str, p: FedAvgParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             name,
-            mu: if prox { p.mu as f32 } else { 0.0 },
-            fine_tuned,
+            mu: if proximal(name) { p.mu as f32 } else { 0.0 },
+            fine_tuned: name.ends_with("-ft"),
         })
     }
 
     fn name(&self) -> &'static str {
         self.name
     }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> Model {
         env.initial_model()

@@ -87,7 +87,7 @@ pub struct FedAvgM {
 }
 
 /// The server: the global model and the momentum buffer.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FedAvgMServer {
     /// w, as last sent.
     #[serde(with = "fedweave_core::stash::vector")]
@@ -112,16 +112,12 @@ impl Algorithm for FedAvgM {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &str, p: FedAvgMParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, p: FedAvgMParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             beta: p.server_momentum,
             nesterov: p.nesterov,
             lr: p.server_lr,
         })
-    }
-
-    fn name(&self) -> &'static str {
-        "fedavgm"
     }
 
     fn init_server(&self, env: &Env) -> FedAvgMServer {

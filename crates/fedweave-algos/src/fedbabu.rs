@@ -110,18 +110,12 @@ impl Algorithm for FedBabu {
     /// The trained body.
     type Up = Shared;
 
-    fn new(_: &str, params: FedBabuParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: FedBabuParams, env: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             fed: Federation::new(Part::base(env.spec), env.init.len(), "base", "head"),
             ft_epochs: params.ft_epochs,
         })
     }
-
-    fn name(&self) -> &'static str {
-        "fedbabu"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> BabuClient {
         BabuClient {

@@ -219,7 +219,7 @@ impl Algorithm for FedCp {
     type Down = FedCpDown;
     type Up = FedCpUp;
 
-    fn new(name: &str, params: FedCpParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, params: FedCpParams, env: &Env) -> Result<Self, AlgoError> {
         if env.label_counts.iter().all(|c| c.is_empty()) {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
@@ -228,12 +228,6 @@ impl Algorithm for FedCp {
         }
         Ok(Self { params })
     }
-
-    fn name(&self) -> &'static str {
-        "fedcp"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, client: usize) -> FedCpClient {
         let d = env.spec.feature_len();

@@ -154,15 +154,9 @@ impl Algorithm for FedDwa {
     type Down = Vec<f32>;
     type Up = Guided;
 
-    fn new(_: &str, params: FedDwaParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: FedDwaParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
     }
-
-    fn name(&self) -> &'static str {
-        "feddwa"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> Model {
         env.initial_model()

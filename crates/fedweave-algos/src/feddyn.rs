@@ -79,7 +79,7 @@ pub struct FedDynClient {
 }
 
 /// The server: its model θ and h.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FedDynServer {
     /// θ, as last sent.
     #[serde(with = "fedweave_core::stash::vector")]
@@ -103,14 +103,10 @@ impl Algorithm for FedDyn {
     /// θ_i.
     type Up = Vec<f32>;
 
-    fn new(_: &str, p: FedDynParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, p: FedDynParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             alpha: p.alpha as f32,
         })
-    }
-
-    fn name(&self) -> &'static str {
-        "feddyn"
     }
 
     fn init_server(&self, env: &Env) -> FedDynServer {

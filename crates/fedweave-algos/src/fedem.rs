@@ -80,7 +80,7 @@ pub struct FedEmClient {
 
 /// The server remembers each client's last mixture weights (for the graph
 /// rows of absent clients).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FedEmServer {
     /// π_j as last uploaded (uniform before the first upload).
     pub pi: Vec<Vec<f64>>,
@@ -195,7 +195,7 @@ impl Algorithm for FedEm {
     type Down = Models;
     type Up = Mixture;
 
-    fn new(name: &str, params: FedEmParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, params: FedEmParams, env: &Env) -> Result<Self, AlgoError> {
         if env.label_counts.iter().all(|c| c.is_empty()) {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
@@ -204,10 +204,6 @@ impl Algorithm for FedEm {
             });
         }
         Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "fedem"
     }
 
     fn init_server(&self, env: &Env) -> FedEmServer {

@@ -195,15 +195,11 @@ impl Algorithm for FedFomo {
     /// The trained model and the weights used.
     type Up = RowUp;
 
-    fn new(_: &str, params: FedFomoParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: FedFomoParams, env: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             params,
             seed: crate::init_seed(env.init),
         })
-    }
-
-    fn name(&self) -> &'static str {
-        "fedfomo"
     }
 
     fn init_server(&self, env: &Env) -> FedFomoServer {

@@ -110,12 +110,8 @@ impl Algorithm for FedNova {
     type Down = Vec<f32>;
     type Up = NovaUp;
 
-    fn new(_: &str, _: FedNovaParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, _: FedNovaParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self)
-    }
-
-    fn name(&self) -> &'static str {
-        "fednova"
     }
 
     fn init_server(&self, env: &Env) -> Vec<f32> {

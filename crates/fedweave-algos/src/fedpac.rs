@@ -55,7 +55,6 @@
 #![allow(clippy::needless_range_loop)] // index loops mirror the matrix formulas
 
 use crate::contract::check_parts;
-use crate::fedproto::weighted_class_means;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
@@ -360,7 +359,7 @@ impl Algorithm for FedPac {
     type Down = FedPacDown;
     type Up = FedPacUp;
 
-    fn new(name: &str, params: FedPacParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, params: FedPacParams, env: &Env) -> Result<Self, AlgoError> {
         if env.label_counts.iter().all(|c| c.is_empty()) {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
@@ -369,12 +368,6 @@ impl Algorithm for FedPac {
         }
         Ok(Self { params })
     }
-
-    fn name(&self) -> &'static str {
-        "fedpac"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> FedPacClient {
         FedPacClient {
@@ -571,34 +564,44 @@ impl Algorithm for FedPac {
 /// `counts > 0`.
 fn dense_rows(packed: &[f32], counts: &[usize], d: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; counts.len() * d];
-    for (c, row) in present_rows(packed, counts, d) {
-        out[c * d..(c + 1) * d].copy_from_slice(row);
+    let mut rows = packed.chunks_exact(d.max(1));
+    for (c, _) in counts.iter().enumerate().filter(|(_, n)| **n > 0) {
+        if let Some(row) = rows.next() {
+            out[c * d..(c + 1) * d].copy_from_slice(row);
+        }
     }
     out
 }
 
-/// The classes with `counts > 0` paired with their rows of `packed`.
-fn present_rows<'a>(
-    packed: &'a [f32],
-    counts: &'a [usize],
-    d: usize,
-) -> impl Iterator<Item = (usize, &'a [f32])> {
-    let present = counts.iter().enumerate().filter(|(_, n)| **n > 0);
-    present.map(|(c, _)| c).zip(packed.chunks_exact(d.max(1)))
-}
-
-/// c_k = Σ_j (n_jk / Σ_l n_lk) c_jk over the uploads holding class k.
+/// c_k = Σ_j n_jk c_jk / Σ_j n_jk over the uploads holding class k.
 fn aggregate_prototypes(uploads: &[(usize, FedPacUp)], classes: usize, d: usize) -> Prototypes {
-    let rows: Vec<(usize, f64, &[f32])> = uploads
-        .iter()
-        .flat_map(|(_, u)| {
-            present_rows(&u.prototypes, &u.counts, d).map(|(c, row)| (c, u.counts[c] as f64, row))
+    let mut sums = vec![0.0f64; classes * d];
+    let mut totals = vec![0usize; classes];
+    for (_, u) in uploads {
+        let dense = dense_rows(&u.prototypes, &u.counts, d);
+        for (c, &n) in u.counts.iter().enumerate().filter(|(_, n)| **n > 0) {
+            totals[c] += n;
+            for (s, &x) in sums[c * d..(c + 1) * d]
+                .iter_mut()
+                .zip(&dense[c * d..(c + 1) * d])
+            {
+                *s += n as f64 * x as f64;
+            }
+        }
+    }
+    let values = (0..classes * d)
+        .map(|j| {
+            let t = totals[j / d.max(1)];
+            if t > 0 {
+                (sums[j] / t as f64) as f32
+            } else {
+                0.0
+            }
         })
         .collect();
-    let (means, totals) = weighted_class_means(&rows, classes, d);
     Prototypes {
-        values: means.iter().map(|&x| x as f32).collect(),
-        known: totals.iter().map(|&t| t > 0.0).collect(),
+        values,
+        known: totals.iter().map(|&t| t > 0).collect(),
     }
 }
 

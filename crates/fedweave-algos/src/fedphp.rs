@@ -138,7 +138,7 @@ impl Algorithm for FedPhp {
     /// The trained local model.
     type Up = Vec<f32>;
 
-    fn new(name: &str, params: FedPhpParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, params: FedPhpParams, env: &Env) -> Result<Self, AlgoError> {
         if env.label_counts.is_empty() {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
@@ -148,12 +148,6 @@ impl Algorithm for FedPhp {
         }
         Ok(Self { params })
     }
-
-    fn name(&self) -> &'static str {
-        "fedphp"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> PhpClient {
         PhpClient {

@@ -206,9 +206,9 @@ pub fn class_means(
 
 /// Per class c, the weighted mean Σ_j (ω_j / Σ_l ω_l) v_j of the rows
 /// `(c, ω_j, v_j)` given for it, `classes × dim` row-major (0 for a class
-/// with no row), and the normalisers Σ_l ω_l per class: the prototype
-/// aggregation of FedProto and FedPAC. Rows of classes ≥ `classes` are
-/// ignored.
+/// with no row), and the normalisers Σ_l ω_l per class. Rows of classes ≥
+/// `classes` are ignored. (FedPAC's aggregation sums before it normalises,
+/// which rounds differently: sharing this one would move its results.)
 pub(crate) fn weighted_class_means(
     rows: &[(usize, f64, &[f32])],
     classes: usize,
@@ -305,7 +305,7 @@ impl Algorithm for FedProto {
     type Down = GlobalPrototypes;
     type Up = LocalPrototypes;
 
-    fn new(name: &str, params: FedProtoParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, params: FedProtoParams, env: &Env) -> Result<Self, AlgoError> {
         if env.label_counts.is_empty() {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
@@ -318,12 +318,6 @@ impl Algorithm for FedProto {
             dim: env.spec.feature_len(),
         })
     }
-
-    fn name(&self) -> &'static str {
-        "fedproto"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> ProtoClient {
         ProtoClient {

@@ -83,18 +83,12 @@ impl Algorithm for FedRep {
     /// The trained body.
     type Up = Shared;
 
-    fn new(_: &str, params: FedRepParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: FedRepParams, env: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             fed: Federation::new(Part::base(env.spec), env.init.len(), "base", "head"),
             head_epochs: params.head_epochs,
         })
     }
-
-    fn name(&self) -> &'static str {
-        "fedrep"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> Model {
         env.initial_model()

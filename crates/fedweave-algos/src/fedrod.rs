@@ -168,7 +168,7 @@ impl Algorithm for FedRod {
     /// The trained shared model.
     type Up = Vec<f32>;
 
-    fn new(name: &str, _: FedRodParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, _: FedRodParams, env: &Env) -> Result<Self, AlgoError> {
         if env.label_counts.is_empty() {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
@@ -178,12 +178,6 @@ impl Algorithm for FedRod {
         }
         Ok(Self {})
     }
-
-    fn name(&self) -> &'static str {
-        "fedrod"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> RodClient {
         let head = env.spec.split().head;

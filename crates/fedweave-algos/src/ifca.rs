@@ -68,7 +68,7 @@ pub struct Ifca {
 
 /// Several whole models in one message (IFCA's cluster models, FedEM's
 /// components).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Models(#[serde(with = "fedweave_core::stash::vectors")] pub Vec<Vec<f32>>);
 
 impl Message for Models {
@@ -160,12 +160,8 @@ impl Algorithm for Ifca {
     type Down = Models;
     type Up = Chosen;
 
-    fn new(_: &str, params: IfcaParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: IfcaParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "ifca"
     }
 
     fn init_server(&self, env: &Env) -> Models {

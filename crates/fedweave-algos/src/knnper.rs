@@ -233,7 +233,7 @@ impl Algorithm for KnnPer {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(name: &str, params: KnnPerParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, params: KnnPerParams, env: &Env) -> Result<Self, AlgoError> {
         if env.label_counts.is_empty() {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
@@ -242,12 +242,6 @@ impl Algorithm for KnnPer {
         }
         Ok(Self { params })
     }
-
-    fn name(&self) -> &'static str {
-        "knn-per"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> Model {
         env.initial_model()

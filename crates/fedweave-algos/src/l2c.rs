@@ -172,12 +172,8 @@ impl Algorithm for L2c {
     /// The trained model and the weights used.
     type Up = RowUp;
 
-    fn new(_: &str, params: L2cParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: L2cParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "l2c"
     }
 
     fn init_server(&self, env: &Env) -> Store {

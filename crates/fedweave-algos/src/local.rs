@@ -27,15 +27,9 @@ impl Algorithm for Local {
     type Down = ();
     type Up = ();
 
-    fn new(_: &str, _: LocalParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, _: LocalParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self)
     }
-
-    fn name(&self) -> &'static str {
-        "local"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> Model {
         env.initial_model()

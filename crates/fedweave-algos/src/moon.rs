@@ -118,15 +118,9 @@ impl Algorithm for Moon {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: MoonParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: MoonParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
     }
-
-    fn name(&self) -> &'static str {
-        "moon"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> MoonClient {
         MoonClient {

@@ -65,6 +65,17 @@ pub trait Validate {
 
     /// Fills defaults that depend on the number of clients.
     fn resolve(&mut self, _clients: usize) {}
+
+    /// Whether `key` of `[algorithm]` applies to the method `name`, for
+    /// parameter types that several methods share (FedProx's `mu` in the
+    /// FedAvg family): a key given for a method it does not apply to is
+    /// rejected, and the resolved configuration leaves it out.
+    fn applies(_name: &str, _key: &str) -> bool
+    where
+        Self: Sized,
+    {
+        true
+    }
 }
 
 /// `Err` unless `x` is finite and ≥ 0.
@@ -93,6 +104,9 @@ where
         algorithm: name.to_string(),
         message,
     };
+    if let Some(key) = table.keys().find(|k| !P::applies(name, k)) {
+        return Err(bad(format!("algorithm.{key} does not apply to `{name}`")));
+    }
     let mut params: P =
         toml::Value::Table(table.clone())
             .try_into()
@@ -105,9 +119,10 @@ where
             })?;
     params.validate().map_err(|e| bad(e.to_string()))?;
     params.resolve(clients);
-    let resolved = match toml::Value::try_from(&params) {
+    let mut resolved = match toml::Value::try_from(&params) {
         Ok(toml::Value::Table(t)) => t,
         _ => toml::Table::new(),
     };
+    resolved.retain(|k, _| P::applies(name, k));
     Ok((params, resolved))
 }

@@ -73,25 +73,28 @@ impl Algorithm for PartialAvg {
     /// The trained shared part.
     type Up = Shared;
 
-    fn new(name: &str, _: PartialAvgParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, _: PartialAvgParams, env: &Env) -> Result<Self, AlgoError> {
         let d = env.init.len();
-        let (name, fed, eval_point) = match name {
+        let (fed, eval_point) = match name {
             "lg-fedavg" => (
-                "lg-fedavg",
                 Federation::new(Part::head(env.spec), d, "head", "base").kept_first(),
                 EvalPoint::AfterTraining,
             ),
             "fedbn" => (
-                "fedbn",
                 Federation::new(Part::batch_norm(env.spec).complement(d), d, "rest", "bn")
                     .kept_first(),
                 EvalPoint::AfterReceive,
             ),
-            _ => (
-                "fedper",
+            "fedper" => (
                 Federation::new(Part::base(env.spec), d, "base", "head"),
                 EvalPoint::AfterTraining,
             ),
+            other => {
+                return Err(AlgoError::Unsupported {
+                    algorithm: other.to_string(),
+                    message: "not a partial-averaging method".into(),
+                });
+            }
         };
         Ok(Self {
             name,
@@ -103,8 +106,6 @@ impl Algorithm for PartialAvg {
     fn name(&self) -> &'static str {
         self.name
     }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> Model {
         env.initial_model()

@@ -99,18 +99,12 @@ impl Algorithm for PerFedAvg {
     /// The meta-trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &str, p: PerFedAvgParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, p: PerFedAvgParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             alpha: p.alpha as f32,
             beta: p.beta.map(|b| b as f32),
         })
     }
-
-    fn name(&self) -> &'static str {
-        "per-fedavg"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> PerFedAvgClient {
         PerFedAvgClient {

@@ -205,17 +205,9 @@ impl Algorithm for PFedGraph {
     type Down = Mixed;
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: PFedGraphParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: PFedGraphParams, env: &Env) -> Result<Self, AlgoError> {
         let alpha = params.alpha.unwrap_or(0.08 * env.clients() as f64);
         Ok(Self { params, alpha })
-    }
-
-    fn name(&self) -> &'static str {
-        "pfedgraph"
-    }
-
-    fn init_server(&self, _: &Env) -> PFedGraphServer {
-        PFedGraphServer::default()
     }
 
     fn init_client(&self, env: &Env, _: usize) -> PFedGraphClient {

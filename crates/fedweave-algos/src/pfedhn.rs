@@ -108,7 +108,7 @@ pub struct PFedHn {
 }
 
 /// The server: the hypernetwork and the model it last sent each client.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct PFedHnServer {
     /// h(v; φ).
     pub net: HyperNet,
@@ -156,12 +156,8 @@ impl Algorithm for PFedHn {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: PFedHnParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: PFedHnParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "pfedhn"
     }
 
     fn init_server(&self, env: &Env) -> PFedHnServer {

@@ -134,7 +134,7 @@ pub struct PFedLa {
 
 /// The server: a hypernetwork per client, the latest models, and what it
 /// last built for each client.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct PFedLaServer {
     /// Client i's hypernetwork.
     pub nets: Vec<HyperNet>,
@@ -228,12 +228,8 @@ impl Algorithm for PFedLa {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: PFedLaParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: PFedLaParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "pfedla"
     }
 
     fn init_server(&self, env: &Env) -> PFedLaServer {

@@ -125,12 +125,8 @@ impl Algorithm for PFedMe {
     /// The client's w.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: PFedMeParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: PFedMeParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "pfedme"
     }
 
     fn init_server(&self, env: &Env) -> Vec<f32> {

@@ -70,7 +70,7 @@ pub struct Scaffold {
 }
 
 /// A model-sized pair: a model and a control variate (or its change).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct WithControl {
     /// The model (x down, y_i up).
     #[serde(with = "fedweave_core::stash::vector")]
@@ -130,14 +130,10 @@ impl Algorithm for Scaffold {
     /// (y_i, Δc_i).
     type Up = WithControl;
 
-    fn new(_: &str, p: ScaffoldParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, p: ScaffoldParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             server_lr: p.server_lr,
         })
-    }
-
-    fn name(&self) -> &'static str {
-        "scaffold"
     }
 
     fn init_server(&self, env: &Env) -> ScaffoldServer {

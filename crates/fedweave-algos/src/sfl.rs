@@ -193,7 +193,7 @@ pub struct SflClient {
 }
 
 /// The server's Θ: every client's latest model.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct SflServer {
     #[serde(with = "fedweave_core::stash::vectors")]
     latest: Vec<Vec<f32>>,
@@ -401,7 +401,7 @@ impl Algorithm for Sfl {
     type Down = Propagated;
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: SflParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: SflParams, env: &Env) -> Result<Self, AlgoError> {
         let sfl = Self { params };
         sfl.base_graph(env)
             .map_err(|message| AlgoError::Unsupported {
@@ -409,10 +409,6 @@ impl Algorithm for Sfl {
                 message,
             })?;
         Ok(sfl)
-    }
-
-    fn name(&self) -> &'static str {
-        "sfl"
     }
 
     fn init_server(&self, env: &Env) -> SflServer {
