@@ -29,6 +29,7 @@
 //! weight decay), a fresh one each round; α's step is plain gradient
 //! descent.
 
+use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
 use crate::params::{Validate, non_negative};
 use crate::{
@@ -132,6 +133,8 @@ impl ExtraLoss for ThroughMixture<'_> {
         0.0
     }
 }
+
+holds_model!(ApflClient: personal);
 
 impl Algorithm for Apfl {
     const NAMES: &'static [Info] = &[Info {

@@ -33,6 +33,7 @@
 //! the personalised model uses it as it is). Evaluation: the personalised
 //! model Σ_j p_ij c_j after the round's training.
 
+use crate::contract::holds_model;
 use crate::params::{Validate, non_negative};
 use crate::relay::{Relayed, RowUp, Store, uploaded_rows};
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, RoundOutcome, Trained};
@@ -122,6 +123,8 @@ pub struct AppleClient {
     #[serde(with = "fedweave_core::stash::vector")]
     pub personal: Vec<f32>,
 }
+
+holds_model!(AppleClient: core);
 
 impl Algorithm for Apple {
     const NAMES: &'static [Info] = &[Info {

@@ -37,9 +37,7 @@
 //! [`fedweave_core::pairwise`].
 
 use crate::params::{Validate, non_negative};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_core::pairwise::View;
 use fedweave_core::{CollaborationGraph, vecmath::weighted_sum};
 use serde::{Deserialize, Serialize};
@@ -278,10 +276,6 @@ impl Algorithm for Cfl {
 
     fn receive(&self, _: &Env, model: &mut Model, cluster_model: Vec<f32>) {
         model.params = cluster_model;
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 }
 

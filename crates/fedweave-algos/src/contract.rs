@@ -394,6 +394,32 @@ impl PeerStep {
     }
 }
 
+/// The model a client's state holds and trains: what the protocol scores
+/// unless the algorithm overrides [`Algorithm::personalized`].
+pub trait HoldsModel {
+    /// The model.
+    fn model(&self) -> &Model;
+}
+
+impl HoldsModel for Model {
+    fn model(&self) -> &Model {
+        self
+    }
+}
+
+/// [`HoldsModel`] for client states that keep the model in a field:
+/// `holds_model!(DittoClient: personal)`.
+macro_rules! holds_model {
+    ($($ty:ty: $field:ident),* $(,)?) => {
+        $(impl $crate::contract::HoldsModel for $ty {
+            fn model(&self) -> &$crate::Model {
+                &self.$field
+            }
+        })*
+    };
+}
+pub(crate) use holds_model;
+
 /// Bounds every piece of algorithm state satisfies: checkpointable and
 /// movable between threads.
 pub trait State: Serialize + DeserializeOwned + Send + Sync + 'static {}
@@ -422,8 +448,8 @@ pub trait Algorithm: Sized + Send + Sync + 'static {
     const NAMES: &'static [Info];
     /// Its checked parameters.
     type Params: Params;
-    /// What one client keeps between rounds.
-    type Client: State;
+    /// What one client keeps between rounds, and the model it holds.
+    type Client: State + HoldsModel;
     /// What the server keeps between rounds (`()` for stateless servers);
     /// its `Default` is the state before round 1 unless
     /// [`Algorithm::init_server`] says otherwise.
@@ -479,8 +505,12 @@ pub trait Algorithm: Sized + Send + Sync + 'static {
     /// Client-side application of a download.
     fn receive(&self, env: &Env, state: &mut Self::Client, down: Self::Down);
 
-    /// The client's personalised model: what the protocol scores.
-    fn personalized<'c>(&self, state: &'c Self::Client) -> ModelRef<'c>;
+    /// The client's personalised model: what the protocol scores. The
+    /// default is the model its state holds ([`HoldsModel`]); methods that
+    /// score something computed (APFL's mixture) override it.
+    fn personalized<'c>(&self, state: &'c Self::Client) -> ModelRef<'c> {
+        state.model().view()
+    }
 
     /// Scores client `state`'s personalised model on each of `sets` (its
     /// validation and test data), in order. The default evaluates

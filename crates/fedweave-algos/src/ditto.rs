@@ -23,11 +23,10 @@
 //! `[train]` optimiser (learning rate, momentum, weight decay), a fresh one
 //! each round; each model keeps its own batch-norm statistics.
 
+use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
 use crate::params::{Validate, non_negative};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_nn::{Proximal, TrainConfig};
 use serde::{Deserialize, Serialize};
 
@@ -105,6 +104,8 @@ impl Ditto {
     }
 }
 
+holds_model!(DittoClient: personal);
+
 impl Algorithm for Ditto {
     const NAMES: &'static [Info] = &[Info {
         name: "ditto",
@@ -168,10 +169,6 @@ impl Algorithm for Ditto {
 
     fn receive(&self, _: &Env, state: &mut DittoClient, global: Vec<f32>) {
         state.global.params = global;
-    }
-
-    fn personalized<'c>(&self, state: &'c DittoClient) -> ModelRef<'c> {
-        state.personal.view()
     }
 }
 

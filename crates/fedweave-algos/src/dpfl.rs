@@ -29,11 +29,12 @@
 //! Evaluation: the model right after local training, scored before the peer
 //! exchange (what the authors' code logs).
 
+use crate::contract::holds_model;
 use crate::ggc::{self, Candidate, SelectionRule};
 use crate::params::Validate;
 use crate::{
-    AlgoError, Algorithm, ClientCx, ClientData, Env, Info, Model, ModelRef, ParamError, PeerNet,
-    PeerStep, Topology, Trained,
+    AlgoError, Algorithm, ClientCx, ClientData, Env, Info, Model, ParamError, PeerNet, PeerStep,
+    Topology, Trained,
 };
 use fedweave_nn::{SgdState, TrainConfig, evaluate};
 use serde::{Deserialize, Serialize};
@@ -190,6 +191,9 @@ fn fetch_all<'n>(
         .collect()
 }
 
+// Scored: the model after local training (scored before the peer exchange).
+holds_model!(DpflClient: model);
+
 impl Algorithm for Dpfl {
     const NAMES: &'static [Info] = &[Info {
         name: "dpfl",
@@ -249,11 +253,6 @@ impl Algorithm for Dpfl {
     }
 
     fn receive(&self, _: &Env, _: &mut DpflClient, _: ()) {}
-
-    /// The model after local training (scored before the peer exchange).
-    fn personalized<'c>(&self, state: &'c DpflClient) -> ModelRef<'c> {
-        state.model.view()
-    }
 
     fn peer_step(
         &self,

@@ -36,8 +36,8 @@
 
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-    ids_of, models_of,
+    AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained, ids_of,
+    models_of,
 };
 use fedweave_core::LayerGroup;
 use fedweave_core::pairwise::{Kernels, View};
@@ -277,10 +277,6 @@ impl Algorithm for FedAghn {
 
     fn receive(&self, _: &Env, model: &mut Model, personal: Vec<f32>) {
         model.params = personal;
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 
     fn aggregate(

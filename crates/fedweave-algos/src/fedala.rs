@@ -29,11 +29,10 @@
 //! locally trained model (PFLlib scores the model right after ALA, before
 //! training).
 
+use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
 use crate::params::{Validate, non_negative};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_core::vecmath::std_dev;
 use fedweave_nn::LocalTrainer;
 use rand::Rng;
@@ -207,6 +206,8 @@ impl FedAla {
     }
 }
 
+holds_model!(FedAlaClient: model);
+
 impl Algorithm for FedAla {
     const NAMES: &'static [Info] = &[Info {
         name: "fedala",
@@ -260,10 +261,6 @@ impl Algorithm for FedAla {
 
     fn receive(&self, _: &Env, state: &mut FedAlaClient, global: Vec<f32>) {
         state.global = Some(global);
-    }
-
-    fn personalized<'c>(&self, state: &'c FedAlaClient) -> ModelRef<'c> {
-        state.model.view()
     }
 }
 

@@ -39,9 +39,10 @@
 //! trained local model).
 
 use crate::contract::Params;
+use crate::contract::holds_model;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
+    AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained,
     embed_rows, ids_of, models_of,
 };
 use fedweave_core::pairwise::{Matrix, View};
@@ -265,6 +266,8 @@ impl<R: Attention> Amp<R> {
     }
 }
 
+holds_model!(AmpClient: model);
+
 impl<R: Attention> Algorithm for Amp<R> {
     const NAMES: &'static [Info] = R::NAMES;
     type Params = R;
@@ -320,10 +323,6 @@ impl<R: Attention> Algorithm for Amp<R> {
 
     fn receive(&self, _: &Env, state: &mut AmpClient, cloud: Vec<f32>) {
         state.cloud = Some(cloud);
-    }
-
-    fn personalized<'c>(&self, state: &'c AmpClient) -> ModelRef<'c> {
-        state.model.view()
     }
 }
 

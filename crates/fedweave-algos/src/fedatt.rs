@@ -29,8 +29,8 @@
 
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, ParamError,
-    RoundOutcome, Trained, ids_of, models_of, tensor_layers,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
+    ids_of, models_of, tensor_layers,
 };
 use fedweave_core::CollaborationGraph;
 use serde::{Deserialize, Serialize};
@@ -174,10 +174,6 @@ impl Algorithm for FedAtt {
 
     fn receive(&self, _: &Env, model: &mut Model, global: Vec<f32>) {
         model.params = global;
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {

@@ -27,8 +27,8 @@
 
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, ParamError,
-    RoundOutcome, Trained, ids_of, models_of,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
+    ids_of, models_of,
 };
 use fedweave_core::CollaborationGraph;
 use fedweave_core::vecmath::weighted_sum;
@@ -176,10 +176,6 @@ impl Algorithm for FedAvgM {
 
     fn receive(&self, _: &Env, model: &mut Model, global: Vec<f32>) {
         model.params = global;
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {

@@ -24,6 +24,7 @@
 //! personalisation of "the head fine-tuned during evaluation").
 //! `ft_epochs` = 10 is PFLlib's `fine_tuning_epochs` default.
 
+use crate::contract::holds_model;
 use crate::params::Validate;
 use crate::split::{Federation, Part, Shared};
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, RoundOutcome, Trained};
@@ -95,6 +96,8 @@ impl FedBabu {
         }
     }
 }
+
+holds_model!(BabuClient: model);
 
 impl Algorithm for FedBabu {
     const NAMES: &'static [Info] = &[Info {

@@ -46,10 +46,11 @@
 //!   every run is reproducible.
 
 use crate::contract::check_parts;
+use crate::contract::holds_model;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
-    RoundOutcome, Trained, embed_rows, ids_of,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ParamError, RoundOutcome,
+    Trained, embed_rows, ids_of,
 };
 use fedweave_core::vecmath::weighted_sum;
 use fedweave_core::{CollaborationGraph, Purpose, rng_stream};
@@ -206,6 +207,10 @@ impl FedCp {
         }
     }
 }
+
+// Scored: the body and personal head; the prediction also needs the global
+// head and the CPN, see [`Algorithm::evaluate`].
+holds_model!(FedCpClient: model);
 
 impl Algorithm for FedCp {
     const NAMES: &'static [Info] = &[Info {
@@ -402,12 +407,6 @@ impl Algorithm for FedCp {
             state.global_head = head;
             state.cpn = cpn;
         }
-    }
-
-    /// The body and personal head; the prediction also needs the global
-    /// head and the CPN, see [`Algorithm::evaluate`].
-    fn personalized<'c>(&self, state: &'c FedCpClient) -> ModelRef<'c> {
-        state.model.view()
     }
 
     fn evaluate(

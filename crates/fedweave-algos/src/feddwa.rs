@@ -30,8 +30,8 @@
 
 use crate::params::Validate;
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
-    RoundOutcome, Trained, embed_rows, ids_of, mix_rows,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ParamError, RoundOutcome,
+    Trained, embed_rows, ids_of, mix_rows,
 };
 use fedweave_core::pairwise::{Kernels, View};
 use fedweave_nn::TrainConfig;
@@ -208,10 +208,6 @@ impl Algorithm for FedDwa {
 
     fn receive(&self, _: &Env, model: &mut Model, mixed: Vec<f32>) {
         model.params = mixed;
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 
     /// After receiving: FedDWA evaluates the personalised model each client

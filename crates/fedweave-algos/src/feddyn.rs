@@ -27,10 +27,10 @@
 //! server model θ, after receiving it. Local training uses the `[train]`
 //! optimiser, a fresh one each round.
 
+use crate::contract::holds_model;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, ParamError,
-    RoundOutcome, Trained,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
 };
 use fedweave_core::CollaborationGraph;
 use fedweave_nn::{Linear, Proximal};
@@ -88,6 +88,8 @@ pub struct FedDynServer {
     #[serde(with = "fedweave_core::stash::vector")]
     pub h: Vec<f32>,
 }
+
+holds_model!(FedDynClient: model);
 
 impl Algorithm for FedDyn {
     const NAMES: &'static [Info] = &[Info {
@@ -189,10 +191,6 @@ impl Algorithm for FedDyn {
 
     fn receive(&self, _: &Env, state: &mut FedDynClient, model: Vec<f32>) {
         state.model.params = model;
-    }
-
-    fn personalized<'c>(&self, state: &'c FedDynClient) -> ModelRef<'c> {
-        state.model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {

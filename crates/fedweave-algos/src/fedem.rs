@@ -30,11 +30,12 @@
 //! receive the new components too), uniform before their first round.
 //! Evaluation: the mixture, after local training.
 
+use crate::contract::HoldsModel;
 use crate::ifca::Models;
 use crate::params::Validate;
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
-    Trained, distinct_inits, ids_of,
+    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
+    distinct_inits, ids_of,
 };
 use fedweave_core::CollaborationGraph;
 use fedweave_core::vecmath::weighted_sum;
@@ -182,6 +183,15 @@ fn uniform(m: usize) -> Vec<f64> {
     vec![1.0 / m as f64; m]
 }
 
+/// The component of largest weight π (the first among equals); the
+/// protocol scores the whole mixture through [`Algorithm::evaluate`].
+impl HoldsModel for FedEmClient {
+    fn model(&self) -> &Model {
+        let best = (0..self.pi.len()).fold(0, |b, m| if self.pi[m] > self.pi[b] { m } else { b });
+        &self.components[best]
+    }
+}
+
 impl Algorithm for FedEm {
     const NAMES: &'static [Info] = &[Info {
         name: "fedem",
@@ -315,14 +325,6 @@ impl Algorithm for FedEm {
         for (c, theta) in state.components.iter_mut().zip(models.0) {
             c.params = theta;
         }
-    }
-
-    /// The component with the largest weight; the protocol scores the whole
-    /// mixture through [`Algorithm::evaluate`].
-    fn personalized<'c>(&self, state: &'c FedEmClient) -> ModelRef<'c> {
-        let best =
-            (0..state.pi.len()).fold(0, |b, m| if state.pi[m] > state.pi[b] { m } else { b });
-        state.components[best].view()
     }
 
     fn evaluate(

@@ -36,11 +36,10 @@
 //! logs them as the round's graph (identity rows for clients that kept their
 //! own model and, in round 1, for everyone). Evaluation: the trained model.
 
+use crate::contract::holds_model;
 use crate::params::{Validate, non_negative};
 use crate::relay::{Relayed, RowUp, Store, holdout, uploaded_rows};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_core::vecmath::{sq_dist, weighted_sum};
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_nn::LocalData;
@@ -181,6 +180,8 @@ impl FedFomo {
     }
 }
 
+holds_model!(FedFomoClient: model);
+
 impl Algorithm for FedFomo {
     const NAMES: &'static [Info] = &[Info {
         name: "fedfomo",
@@ -277,10 +278,6 @@ impl Algorithm for FedFomo {
 
     fn receive(&self, _: &Env, state: &mut FedFomoClient, down: Relayed) {
         state.received = down;
-    }
-
-    fn personalized<'c>(&self, state: &'c FedFomoClient) -> ModelRef<'c> {
-        state.model.view()
     }
 }
 

@@ -39,7 +39,7 @@
 //! out of the average.
 
 use crate::params::Validate;
-use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, RoundOutcome};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, RoundOutcome};
 use crate::{EvalPoint, Trained};
 use fedweave_core::CollaborationGraph;
 use serde::{Deserialize, Serialize};
@@ -172,10 +172,6 @@ impl Algorithm for FedNova {
 
     fn receive(&self, _: &Env, model: &mut Model, global: Vec<f32>) {
         model.params = global;
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {

@@ -55,10 +55,11 @@
 #![allow(clippy::needless_range_loop)] // index loops mirror the matrix formulas
 
 use crate::contract::check_parts;
+use crate::contract::holds_model;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
-    Trained, embed_rows, ids_of,
+    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
+    embed_rows, ids_of,
 };
 use fedweave_core::CollaborationGraph;
 use fedweave_core::pairwise::{Kernels, View};
@@ -347,6 +348,8 @@ fn truncate_small(alpha: Vec<f64>, min_weight: f64) -> Vec<f64> {
     }
 }
 
+holds_model!(FedPacClient: model);
+
 impl Algorithm for FedPac {
     const NAMES: &'static [Info] = &[Info {
         name: "fedpac",
@@ -553,10 +556,6 @@ impl Algorithm for FedPac {
             state.model.params[split.head].copy_from_slice(&head);
         }
         state.prototypes = Some(Prototypes::unpack(down.known, &down.prototypes, d));
-    }
-
-    fn personalized<'c>(&self, state: &'c FedPacClient) -> ModelRef<'c> {
-        state.model.view()
     }
 }
 

@@ -49,11 +49,10 @@
 //! - No gradient-norm clipping (the authors clip at `max_grad_norm`); no
 //!   fedweave method clips.
 
+use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
 use crate::params::{Validate, non_negative};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_nn::{InheritedMmd, predict};
 use serde::{Deserialize, Serialize};
 
@@ -123,6 +122,8 @@ pub fn moving_average(into: &mut [f32], from: &[f32], mu: f64) {
         *a = (mu * *a as f64 + (1.0 - mu) * *b as f64) as f32;
     }
 }
+
+holds_model!(PhpClient: hpm);
 
 impl Algorithm for FedPhp {
     const NAMES: &'static [Info] = &[Info {
@@ -201,10 +202,6 @@ impl Algorithm for FedPhp {
 
     fn receive(&self, _: &Env, state: &mut PhpClient, global: Vec<f32>) {
         state.model.params = global;
-    }
-
-    fn personalized<'c>(&self, state: &'c PhpClient) -> ModelRef<'c> {
-        state.hpm.view()
     }
 }
 

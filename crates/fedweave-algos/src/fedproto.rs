@@ -47,10 +47,11 @@
 //!   prototype; the model's head is the paper's inference path and what every
 //!   other fedweave method is scored with.
 
+use crate::contract::holds_model;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
-    Trained, embed_rows, ids_of,
+    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
+    embed_rows, ids_of,
 };
 use fedweave_nn::{PrototypePull, predict};
 use serde::{Deserialize, Serialize};
@@ -293,6 +294,8 @@ pub fn aggregate_prototypes(
     (global, rows)
 }
 
+holds_model!(ProtoClient: model);
+
 impl Algorithm for FedProto {
     const NAMES: &'static [Info] = &[Info {
         name: "fedproto",
@@ -389,10 +392,6 @@ impl Algorithm for FedProto {
                 state.known[c] = true;
             }
         }
-    }
-
-    fn personalized<'c>(&self, state: &'c ProtoClient) -> ModelRef<'c> {
-        state.model.view()
     }
 
     fn check_upload(&self, _: &Env, up: &LocalPrototypes) -> Result<(), String> {

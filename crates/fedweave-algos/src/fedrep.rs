@@ -22,7 +22,7 @@
 
 use crate::params::Validate;
 use crate::split::{Federation, Part, Shared};
-use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, RoundOutcome, Trained};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, RoundOutcome, Trained};
 use fedweave_nn::{TrainConfig, TrainStats};
 use serde::{Deserialize, Serialize};
 
@@ -118,10 +118,6 @@ impl Algorithm for FedRep {
 
     fn receive(&self, _: &Env, model: &mut Model, body: Shared) {
         self.fed.receive(model, &body);
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 
     fn check_upload(&self, _: &Env, up: &Shared) -> Result<(), String> {

@@ -35,6 +35,7 @@
 //! is scored with, rather than a moving target; it also needs no second
 //! backward pass through the body.
 
+use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
 use crate::params::Validate;
 use crate::{
@@ -153,6 +154,8 @@ pub fn train_personal_head(
     }
     total / steps as f64
 }
+
+holds_model!(RodClient: model);
 
 impl Algorithm for FedRod {
     const NAMES: &'static [Info] = &[Info {

@@ -29,10 +29,11 @@
 //! Not done: IFCA's weight-sharing variant (shared lower layers) and its
 //! random restarts.
 
+use crate::contract::holds_model;
 use crate::params::Validate;
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
-    Trained, distinct_inits, embed_rows, ids_of,
+    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
+    distinct_inits, embed_rows, ids_of,
 };
 use fedweave_core::vecmath::weighted_sum;
 use fedweave_nn::{LocalData, evaluate};
@@ -146,6 +147,8 @@ impl Ifca {
     }
 }
 
+holds_model!(IfcaClient: model);
+
 impl Algorithm for Ifca {
     const NAMES: &'static [Info] = &[Info {
         name: "ifca",
@@ -253,10 +256,6 @@ impl Algorithm for Ifca {
 
     fn receive(&self, _: &Env, state: &mut IfcaClient, models: Models) {
         state.clusters = models.0;
-    }
-
-    fn personalized<'c>(&self, state: &'c IfcaClient) -> ModelRef<'c> {
-        state.model.view()
     }
 }
 

@@ -45,8 +45,7 @@
 use crate::fedavg::average_to_all;
 use crate::params::Validate;
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, ParamError,
-    RoundOutcome, Trained,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
 };
 use fedweave_core::pairwise::{Kernels, View};
 use fedweave_core::vecmath::sq_dist;
@@ -263,10 +262,6 @@ impl Algorithm for KnnPer {
 
     fn receive(&self, _: &Env, model: &mut Model, global: Vec<f32>) {
         model.params = global;
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 
     /// The datastore is built once and scores every set.

@@ -25,11 +25,10 @@
 //! (training data when it has none), as one batch. Evaluation: the trained
 //! model.
 
+use crate::contract::holds_model;
 use crate::params::{Validate, non_negative};
 use crate::relay::{Relayed, RowUp, Store, holdout, holdout_grad, uploaded_rows};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_core::vecmath::{dot, weighted_sum};
 use fedweave_nn::LocalData;
 use serde::{Deserialize, Serialize};
@@ -158,6 +157,8 @@ impl L2c {
     }
 }
 
+holds_model!(L2cClient: model);
+
 impl Algorithm for L2c {
     const NAMES: &'static [Info] = &[Info {
         name: "l2c",
@@ -232,10 +233,6 @@ impl Algorithm for L2c {
 
     fn receive(&self, _: &Env, state: &mut L2cClient, down: Relayed) {
         state.received = down;
-    }
-
-    fn personalized<'c>(&self, state: &'c L2cClient) -> ModelRef<'c> {
-        state.model.view()
     }
 }
 

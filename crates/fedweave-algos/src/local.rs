@@ -2,7 +2,7 @@
 //! method must beat. Its graph rule is the trait's default `aggregate`.
 
 use crate::params::Validate;
-use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, Trained};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, Trained};
 use serde::{Deserialize, Serialize};
 
 /// Local has no parameters.
@@ -44,8 +44,4 @@ impl Algorithm for Local {
     }
 
     fn receive(&self, _: &Env, _: &mut Model, _: ()) {}
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
-    }
 }

@@ -29,11 +29,11 @@
 //! evaluation mode (running batch-norm statistics); PFLlib runs them in
 //! training mode on each batch — identical without batch norm.
 
+use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, ParamError,
-    RoundOutcome, Trained,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
 };
 use fedweave_nn::{ModelContrastive, predict};
 use serde::{Deserialize, Serialize};
@@ -104,6 +104,8 @@ impl Moon {
     }
 }
 
+holds_model!(MoonClient: model);
+
 impl Algorithm for Moon {
     const NAMES: &'static [Info] = &[Info {
         name: "moon",
@@ -164,10 +166,6 @@ impl Algorithm for Moon {
 
     fn receive(&self, _: &Env, state: &mut MoonClient, global: Vec<f32>) {
         state.model.params = global;
-    }
-
-    fn personalized<'c>(&self, state: &'c MoonClient) -> ModelRef<'c> {
-        state.model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {

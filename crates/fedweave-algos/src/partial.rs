@@ -28,9 +28,7 @@
 
 use crate::params::Validate;
 use crate::split::{Federation, Part, Shared};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, RoundOutcome, Trained};
 use serde::{Deserialize, Serialize};
 
 /// FedPer, LG-FedAvg and FedBN have no parameters.
@@ -131,10 +129,6 @@ impl Algorithm for PartialAvg {
 
     fn receive(&self, _: &Env, model: &mut Model, shared: Shared) {
         self.fed.receive(model, &shared);
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {

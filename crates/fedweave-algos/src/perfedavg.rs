@@ -34,11 +34,10 @@
 //! (0.84); with the defaults (α = 0.01, β = 0.05) it scores 0.96
 //! (`tests/it/baselines.rs`).
 
+use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
 use crate::params::{Validate, non_negative};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_nn::SgdConfig;
 use serde::{Deserialize, Serialize};
 
@@ -84,6 +83,8 @@ pub struct PerFedAvgClient {
     /// The round's starting model adapted by one α step (what is scored).
     pub adapted: Model,
 }
+
+holds_model!(PerFedAvgClient: adapted);
 
 impl Algorithm for PerFedAvg {
     const NAMES: &'static [Info] = &[Info {
@@ -171,10 +172,6 @@ impl Algorithm for PerFedAvg {
 
     fn receive(&self, _: &Env, state: &mut PerFedAvgClient, global: Vec<f32>) {
         state.model.params = global;
-    }
-
-    fn personalized<'c>(&self, state: &'c PerFedAvgClient) -> ModelRef<'c> {
-        state.adapted.view()
     }
 }
 

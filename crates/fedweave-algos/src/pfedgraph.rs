@@ -21,10 +21,11 @@
 //! checks this for every algorithm (absent: no training, identity row,
 //! model unchanged unless the method addresses it).
 
+use crate::contract::holds_model;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
-    Trained, embed_rows, ids_of, mix_rows, models_of,
+    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
+    embed_rows, ids_of, mix_rows, models_of,
 };
 use fedweave_core::pairwise::{Kernels, View};
 use fedweave_core::project_to_simplex;
@@ -193,6 +194,8 @@ pub fn infer_graph(similarity: &[Vec<f64>], p: &[f64], alpha: f64) -> Vec<Vec<f6
         .collect()
 }
 
+holds_model!(PFedGraphClient: model);
+
 impl Algorithm for PFedGraph {
     const NAMES: &'static [Info] = &[Info {
         name: "pfedgraph",
@@ -298,11 +301,6 @@ impl Algorithm for PFedGraph {
     fn receive(&self, _: &Env, state: &mut PFedGraphClient, down: Mixed) {
         state.model.params = down.model;
         state.target = down.normalized;
-    }
-
-    /// The model after local training (the paper's protocol scores it).
-    fn personalized<'c>(&self, state: &'c PFedGraphClient) -> ModelRef<'c> {
-        state.model.view()
     }
 }
 

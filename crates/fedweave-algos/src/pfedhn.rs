@@ -37,7 +37,7 @@
 use crate::hypernet::{HyperNet, Sgd, Shape};
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
+    AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained,
     embed_rows, ids_of, models_of,
 };
 use fedweave_core::vecmath::cosine;
@@ -220,10 +220,6 @@ impl Algorithm for PFedHn {
 
     fn receive(&self, _: &Env, model: &mut Model, theta: Vec<f32>) {
         model.params = theta;
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 }
 

@@ -38,8 +38,8 @@ use crate::fedaghn::HnSign;
 use crate::hypernet::{HyperNet, Sgd, Shape};
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-    ids_of, layered_outcome, models_of, tensor_layers,
+    AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained, ids_of,
+    layered_outcome, models_of, tensor_layers,
 };
 use fedweave_core::vecmath::{dot, weighted_sum};
 use fedweave_core::{Purpose, rng_stream};
@@ -334,10 +334,6 @@ impl Algorithm for PFedLa {
 
     fn receive(&self, _: &Env, model: &mut Model, theta: Vec<f32>) {
         model.params = theta;
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 }
 

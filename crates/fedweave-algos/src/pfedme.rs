@@ -26,10 +26,9 @@
 //! used λ = 1). η·λ must stay below 2 for the step on w not to overshoot
 //! (1 means w jumps to θ̃); with fedweave's default η = 0.05 it is 0.75.
 
+use crate::contract::holds_model;
 use crate::params::{Validate, non_negative};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use crate::{ids_of, models_of};
 use fedweave_core::CollaborationGraph;
 use fedweave_core::vecmath::weighted_sum;
@@ -109,6 +108,8 @@ pub fn beta_average(global: &mut [f32], beta: f64, p: &[f64], models: &[&[f32]])
         *g = keep * *g + take * m;
     }
 }
+
+holds_model!(PFedMeClient: personal);
 
 impl Algorithm for PFedMe {
     const NAMES: &'static [Info] = &[Info {
@@ -213,10 +214,6 @@ impl Algorithm for PFedMe {
 
     fn receive(&self, _: &Env, state: &mut PFedMeClient, global: Vec<f32>) {
         state.local.params = global;
-    }
-
-    fn personalized<'c>(&self, state: &'c PFedMeClient) -> ModelRef<'c> {
-        state.personal.view()
     }
 }
 

@@ -30,11 +30,12 @@
 //! η_g = `server_lr` = 1 (the paper's experiments and PFLlib's default).
 //! Clients without training data take no step and upload y = x, Δc = 0.
 
+use crate::contract::holds_model;
 use crate::fednova::effective_steps;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
-    RoundOutcome, Trained,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ParamError, RoundOutcome,
+    Trained,
 };
 use fedweave_core::CollaborationGraph;
 use fedweave_nn::Linear;
@@ -115,6 +116,8 @@ pub fn control_delta(x: &[f32], y: &[f32], c: &[f32], steps: f64, lr: f32) -> Ve
         .map(|((x, y), c)| (x - y) * scale - c)
         .collect()
 }
+
+holds_model!(ScaffoldClient: model);
 
 impl Algorithm for Scaffold {
     const NAMES: &'static [Info] = &[Info {
@@ -228,10 +231,6 @@ impl Algorithm for Scaffold {
     fn receive(&self, _: &Env, state: &mut ScaffoldClient, down: WithControl) {
         state.model.params = down.model;
         state.server_control = down.control;
-    }
-
-    fn personalized<'c>(&self, state: &'c ScaffoldClient) -> ModelRef<'c> {
-        state.model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {

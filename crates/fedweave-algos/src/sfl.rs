@@ -53,10 +53,11 @@
 //! client c's test split. Absent clients (partial participation) keep their
 //! latest model in Θ and their own model (identity row).
 
+use crate::contract::holds_model;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
-    RoundOutcome, Trained,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ParamError, RoundOutcome,
+    Trained,
 };
 use fedweave_core::pairwise::{Kernels, View};
 use fedweave_core::{CollaborationGraph, RelationGraph};
@@ -389,6 +390,9 @@ fn propagate(a: &RelationGraph, theta: &[Vec<f32>], hops: usize) -> Vec<Vec<f32>
     cur
 }
 
+// Scored: u_i, as the authors' code scores each u_c on client c's test split.
+holds_model!(SflClient: model);
+
 impl Algorithm for Sfl {
     const NAMES: &'static [Info] = &[Info {
         name: "sfl",
@@ -500,11 +504,6 @@ impl Algorithm for Sfl {
     fn receive(&self, _: &Env, state: &mut SflClient, down: Propagated) {
         state.model.params = down.model;
         state.global = Some(down.global);
-    }
-
-    /// u_i, as the authors' code scores each u_c on client c's test split.
-    fn personalized<'c>(&self, state: &'c SflClient) -> ModelRef<'c> {
-        state.model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {
