@@ -93,7 +93,7 @@ fn guided(init: &[f32], n: usize) -> Vec<(usize, Guided)> {
 /// Median seconds of `aggregate` over `repeats` rounds after a first one,
 /// and the bytes sent down and up per client per round.
 fn time_aggregate<A: Algorithm>(
-    name: &str,
+    name: &'static str,
     env: &Env,
     uploads: &[(usize, A::Up)],
     repeats: usize,

@@ -31,6 +31,7 @@
 
 use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
@@ -40,23 +41,14 @@ use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::sync::Mutex;
 
-/// APFL's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ApflParams {
-    /// α of every client before round 1.
-    pub alpha_init: f64,
-    /// η_α, the step size of α (unset: the `[train]` learning rate).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub alpha_lr: Option<f64>,
-}
-
-impl Default for ApflParams {
-    fn default() -> Self {
-        Self {
-            alpha_init: 0.5,
-            alpha_lr: None,
-        }
+params! {
+    /// APFL's parameters.
+    pub struct ApflParams {
+        /// α of every client before round 1.
+        pub alpha_init: f64 = 0.5,
+        /// η_α, the step size of α (unset: the `[train]` learning rate).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub alpha_lr: Option<f64> = None,
     }
 }
 

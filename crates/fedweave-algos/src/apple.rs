@@ -34,6 +34,7 @@
 //! model Σ_j p_ij c_j after the round's training.
 
 use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::relay::{Relayed, RowUp, Store, uploaded_rows};
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, RoundOutcome, Trained};
@@ -41,25 +42,15 @@ use fedweave_core::vecmath::weighted_sum;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
-/// APPLE's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AppleParams {
-    /// η_p, the step size of the DR vector.
-    pub dr_lr: f64,
-    /// μ, the weight of the proximal pull towards p0.
-    pub mu: f64,
-    /// L: the rounds over which λ decays from 1 to 0.
-    pub prox_rounds: usize,
-}
-
-impl Default for AppleParams {
-    fn default() -> Self {
-        Self {
-            dr_lr: 10.0,
-            mu: 0.1,
-            prox_rounds: 5,
-        }
+params! {
+    /// APPLE's parameters.
+    pub struct AppleParams {
+        /// η_p, the step size of the DR vector.
+        pub dr_lr: f64 = 10.0,
+        /// μ, the weight of the proximal pull towards p0.
+        pub mu: f64 = 0.1,
+        /// L: the rounds over which λ decays from 1 to 0.
+        pub prox_rounds: usize = 5,
     }
 }
 

@@ -36,6 +36,7 @@
 //! models). Pairwise cosines and norms come from
 //! [`fedweave_core::pairwise`].
 
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_core::pairwise::View;
@@ -53,25 +54,15 @@ pub enum Weighting {
     Uniform,
 }
 
-/// CFL's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CflParams {
-    /// ε1: a cluster may split when the norm of its mean update is below it.
-    pub eps1: f64,
-    /// ε2: … and the largest member update norm is above it.
-    pub eps2: f64,
-    /// Member weights in the mean update and the aggregation.
-    pub weighting: Weighting,
-}
-
-impl Default for CflParams {
-    fn default() -> Self {
-        Self {
-            eps1: 2.0,
-            eps2: 2.5,
-            weighting: Weighting::Size,
-        }
+params! {
+    /// CFL's parameters.
+    pub struct CflParams {
+        /// ε1: a cluster may split when the norm of its mean update is below it.
+        pub eps1: f64 = 2.0,
+        /// ε2: … and the largest member update norm is above it.
+        pub eps2: f64 = 2.5,
+        /// Member weights in the mean update and the aggregation.
+        pub weighting: Weighting = Weighting::Size,
     }
 }
 

@@ -398,11 +398,11 @@ impl PeerStep {
 /// unless the algorithm overrides [`Algorithm::personalized`].
 pub trait HoldsModel {
     /// The model.
-    fn model(&self) -> &Model;
+    fn held(&self) -> &Model;
 }
 
 impl HoldsModel for Model {
-    fn model(&self) -> &Model {
+    fn held(&self) -> &Model {
         self
     }
 }
@@ -412,7 +412,7 @@ impl HoldsModel for Model {
 macro_rules! holds_model {
     ($($ty:ty: $field:ident),* $(,)?) => {
         $(impl $crate::contract::HoldsModel for $ty {
-            fn model(&self) -> &$crate::Model {
+            fn held(&self) -> &$crate::Model {
                 &self.$field
             }
         })*
@@ -509,7 +509,7 @@ pub trait Algorithm: Sized + Send + Sync + 'static {
     /// default is the model its state holds ([`HoldsModel`]); methods that
     /// score something computed (APFL's mixture) override it.
     fn personalized<'c>(&self, state: &'c Self::Client) -> ModelRef<'c> {
-        state.model().view()
+        state.held().view()
     }
 
     /// Scores client `state`'s personalised model on each of `sets` (its

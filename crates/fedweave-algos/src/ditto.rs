@@ -25,34 +25,25 @@
 
 use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_nn::{Proximal, TrainConfig};
 use serde::{Deserialize, Serialize};
 
-/// Ditto's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DittoParams {
-    /// λ of the personal objective F(v) + λ/2‖v − w‖².
-    pub lambda: f64,
-    /// Mini-batch steps of the personal update per round (unset, and
-    /// `plocal_epochs` unset: as many as the `[train]` local round).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub plocal_iterations: Option<usize>,
-    /// Full local passes of the personal update per round (PFLlib's
-    /// `plocal_epochs`); at most one of the two is set.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub plocal_epochs: Option<usize>,
-}
-
-impl Default for DittoParams {
-    fn default() -> Self {
-        Self {
-            lambda: 1.0,
-            plocal_iterations: None,
-            plocal_epochs: None,
-        }
+params! {
+    /// Ditto's parameters.
+    pub struct DittoParams {
+        /// λ of the personal objective F(v) + λ/2‖v − w‖².
+        pub lambda: f64 = 1.0,
+        /// Mini-batch steps of the personal update per round (unset, and
+        /// `plocal_epochs` unset: as many as the `[train]` local round).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub plocal_iterations: Option<usize> = None,
+        /// Full local passes of the personal update per round (PFLlib's
+        /// `plocal_epochs`); at most one of the two is set.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub plocal_epochs: Option<usize> = None,
     }
 }
 

@@ -32,6 +32,7 @@
 use crate::contract::holds_model;
 use crate::ggc::{self, Candidate, SelectionRule};
 use crate::params::Validate;
+use crate::params::params;
 use crate::{
     AlgoError, Algorithm, ClientCx, ClientData, Env, Info, Model, ParamError, PeerNet, PeerStep,
     Topology, Trained,
@@ -49,36 +50,23 @@ pub enum PeerGraph {
     Random,
 }
 
-/// DPFL's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DpflParams {
-    /// B_c: collaborators per client (0 = no limit; unset = ⌈0.1·N⌉).
-    pub budget: Option<usize>,
-    /// Count the client itself in the budget (the authors' code).
-    pub budget_includes_self: bool,
-    /// τ_init: local epochs before the first selection (paper: 10; FEMNIST 4).
-    pub init_epochs: usize,
-    /// Run GGC every `period` rounds (paper's main setting 1).
-    pub period: usize,
-    /// Selection rule.
-    pub graph: PeerGraph,
-    /// GGC: when a candidate helps neither way (a = b = 0), drop it instead
-    /// of adding it as the paper does; guarantees the chosen set is never
-    /// worse than the client alone (see [`crate::ggc`]).
-    pub skip_when_no_gain: bool,
-}
-
-impl Default for DpflParams {
-    fn default() -> Self {
-        Self {
-            budget: None,
-            budget_includes_self: false,
-            init_epochs: 10,
-            period: 1,
-            graph: PeerGraph::Ggc,
-            skip_when_no_gain: false,
-        }
+params! {
+    /// DPFL's parameters.
+    pub struct DpflParams {
+        /// B_c: collaborators per client (0 = no limit; unset = ⌈0.1·N⌉).
+        pub budget: Option<usize> = None,
+        /// Count the client itself in the budget (the authors' code).
+        pub budget_includes_self: bool = false,
+        /// τ_init: local epochs before the first selection (paper: 10; FEMNIST 4).
+        pub init_epochs: usize = 10,
+        /// Run GGC every `period` rounds (paper's main setting 1).
+        pub period: usize = 1,
+        /// Selection rule.
+        pub graph: PeerGraph = PeerGraph::Ggc,
+        /// GGC: when a candidate helps neither way (a = b = 0), drop it instead
+        /// of adding it as the paper does; guarantees the chosen set is never
+        /// worse than the client alone (see [`crate::ggc`]).
+        pub skip_when_no_gain: bool = false,
     }
 }
 

@@ -34,6 +34,7 @@
 //! Evaluation: the model after local training (the paper's "after"
 //! accuracies, METHODS.md §5.2 step 3).
 
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained, ids_of,
@@ -55,28 +56,17 @@ pub enum HnSign {
     Pfedhn,
 }
 
-/// FedAGHN's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedAghnParams {
-    /// Initial self weight p (the paper's example script: 0.03).
-    pub p_init: f64,
-    /// Initial temperature q on the cosine similarities (script: 0.5).
-    pub q_init: f64,
-    /// Hypernetwork learning rate η_hn.
-    pub hn_lr: f64,
-    /// Sign of the hypernetwork step.
-    pub hn_sign: HnSign,
-}
-
-impl Default for FedAghnParams {
-    fn default() -> Self {
-        Self {
-            p_init: 0.03,
-            q_init: 0.5,
-            hn_lr: 0.005,
-            hn_sign: HnSign::Fedaghn,
-        }
+params! {
+    /// FedAGHN's parameters.
+    pub struct FedAghnParams {
+        /// Initial self weight p (the paper's example script: 0.03).
+        pub p_init: f64 = 0.03,
+        /// Initial temperature q on the cosine similarities (script: 0.5).
+        pub q_init: f64 = 0.5,
+        /// Hypernetwork learning rate η_hn.
+        pub hn_lr: f64 = 0.005,
+        /// Sign of the hypernetwork step.
+        pub hn_sign: HnSign = HnSign::Fedaghn,
     }
 }
 

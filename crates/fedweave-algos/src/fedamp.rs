@@ -40,6 +40,7 @@
 
 use crate::contract::Params;
 use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained,
@@ -62,26 +63,16 @@ pub trait Attention: Params + Send + Sync + 'static {
     fn mu(&self) -> f64;
 }
 
-/// FedAMP's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedAmpParams {
-    /// α_K: the attention scale (ξ_ij = α_K·e^{−d/σ}/σ) and the
-    /// denominator of the proximal coefficient λ/α_K.
-    pub alpha_k: f64,
-    /// λ of the local term λ/(2α_K)·‖θ − u_i‖².
-    pub lambda: f64,
-    /// σ of the kernel e^{−‖θ_i − θ_j‖²/σ}/σ.
-    pub sigma: f64,
-}
-
-impl Default for FedAmpParams {
-    fn default() -> Self {
-        Self {
-            alpha_k: 100.0,
-            lambda: 1.0,
-            sigma: 1e4,
-        }
+params! {
+    /// FedAMP's parameters.
+    pub struct FedAmpParams {
+        /// α_K: the attention scale (ξ_ij = α_K·e^{−d/σ}/σ) and the
+        /// denominator of the proximal coefficient λ/α_K.
+        pub alpha_k: f64 = 100.0,
+        /// λ of the local term λ/(2α_K)·‖θ − u_i‖².
+        pub lambda: f64 = 1.0,
+        /// σ of the kernel e^{−‖θ_i − θ_j‖²/σ}/σ.
+        pub sigma: f64 = 1e4,
     }
 }
 
@@ -149,25 +140,15 @@ impl Attention for FedAmpParams {
     }
 }
 
-/// HeurFedAMP's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HeurFedAmpParams {
-    /// ξ_ii, the weight of the client's own model.
-    pub self_weight: f64,
-    /// σ of exp(σ·cos(Δ_i, Δ_j)).
-    pub sigma: f64,
-    /// λ of the local term λ/2·‖θ − u_i‖².
-    pub lambda: f64,
-}
-
-impl Default for HeurFedAmpParams {
-    fn default() -> Self {
-        Self {
-            self_weight: 0.3,
-            sigma: 10.0,
-            lambda: 1.0,
-        }
+params! {
+    /// HeurFedAMP's parameters.
+    pub struct HeurFedAmpParams {
+        /// ξ_ii, the weight of the client's own model.
+        pub self_weight: f64 = 0.3,
+        /// σ of exp(σ·cos(Δ_i, Δ_j)).
+        pub sigma: f64 = 10.0,
+        /// λ of the local term λ/2·‖θ − u_i‖².
+        pub lambda: f64 = 1.0,
     }
 }
 

@@ -27,26 +27,20 @@
 //! new w goes to every client, absent ones included; scored after
 //! receiving it, as `fedavg`.
 
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
     ids_of, models_of, tensor_layers,
 };
 use fedweave_core::CollaborationGraph;
-use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
-/// FedAtt's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedAttParams {
-    /// ε: the server's step toward the attention-weighted clients.
-    pub step: f64,
-}
-
-impl Default for FedAttParams {
-    fn default() -> Self {
-        Self { step: 1.2 }
+params! {
+    /// FedAtt's parameters.
+    pub struct FedAttParams {
+        /// ε: the server's step toward the attention-weighted clients.
+        pub step: f64 = 1.2,
     }
 }
 

@@ -7,6 +7,7 @@
 //! the global model fine-tuned on local data (the baseline of pFedGraph and
 //! DPFL); the plain variants evaluate the global model itself.
 
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
@@ -15,19 +16,12 @@ use crate::{
 use fedweave_core::CollaborationGraph;
 use fedweave_core::vecmath::weighted_sum;
 use fedweave_nn::Proximal;
-use serde::{Deserialize, Serialize};
 
-/// Parameters of the FedAvg family.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedAvgParams {
-    /// Proximal coefficient μ (FedProx only; pFedGraph's and FedAGHN's 0.01).
-    pub mu: f64,
-}
-
-impl Default for FedAvgParams {
-    fn default() -> Self {
-        Self { mu: 0.01 }
+params! {
+    /// Parameters of the FedAvg family.
+    pub struct FedAvgParams {
+        /// Proximal coefficient μ (FedProx only; pFedGraph's and FedAGHN's 0.01).
+        pub mu: f64 = 0.01,
     }
 }
 

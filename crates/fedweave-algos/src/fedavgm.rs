@@ -25,6 +25,7 @@
 //! every client, absent ones included. Scored: the global model, after
 //! receiving it, as `fedavg`.
 
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
@@ -34,25 +35,15 @@ use fedweave_core::CollaborationGraph;
 use fedweave_core::vecmath::weighted_sum;
 use serde::{Deserialize, Serialize};
 
-/// FedAvgM's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedAvgMParams {
-    /// β: the server momentum, in [0, 1).
-    pub server_momentum: f64,
-    /// Nesterov momentum: step by Δ + β·v instead of v.
-    pub nesterov: bool,
-    /// η: the server learning rate (1 = the paper's update).
-    pub server_lr: f64,
-}
-
-impl Default for FedAvgMParams {
-    fn default() -> Self {
-        Self {
-            server_momentum: 0.1,
-            nesterov: false,
-            server_lr: 1.0,
-        }
+params! {
+    /// FedAvgM's parameters.
+    pub struct FedAvgMParams {
+        /// β: the server momentum, in [0, 1).
+        pub server_momentum: f64 = 0.1,
+        /// Nesterov momentum: step by Δ + β·v instead of v.
+        pub nesterov: bool = false,
+        /// η: the server learning rate (1 = the paper's update).
+        pub server_lr: f64 = 1.0,
     }
 }
 

@@ -26,25 +26,20 @@
 
 use crate::contract::holds_model;
 use crate::params::Validate;
+use crate::params::params;
 use crate::split::{Federation, Part, Shared};
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, RoundOutcome, Trained};
 use fedweave_nn::TrainConfig;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
-/// FedBABU's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedBabuParams {
-    /// Full passes over the local training data fine-tuning the head before
-    /// scoring (PFLlib's `fine_tuning_epochs` = 10; 0 scores the federated
-    /// model with its initial head).
-    pub ft_epochs: usize,
-}
-
-impl Default for FedBabuParams {
-    fn default() -> Self {
-        Self { ft_epochs: 10 }
+params! {
+    /// FedBABU's parameters.
+    pub struct FedBabuParams {
+        /// Full passes over the local training data fine-tuning the head before
+        /// scoring (PFLlib's `fine_tuning_epochs` = 10; 0 scores the federated
+        /// model with its initial head).
+        pub ft_epochs: usize = 10,
     }
 }
 

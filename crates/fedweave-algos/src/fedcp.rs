@@ -47,6 +47,7 @@
 
 use crate::contract::check_parts;
 use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ParamError, RoundOutcome,
@@ -59,22 +60,13 @@ use fedweave_nn::{ConditionalPolicy, EvalStats, LocalData, PolicyObjective};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-/// FedCP's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedCpParams {
-    /// λ of the MMD term (the authors' `-lam 5`).
-    pub lambda: f64,
-    /// Gumbel-softmax temperature τ (PFLlib's `tau = 1`).
-    pub tau: f64,
-}
-
-impl Default for FedCpParams {
-    fn default() -> Self {
-        Self {
-            lambda: 5.0,
-            tau: 1.0,
-        }
+params! {
+    /// FedCP's parameters.
+    pub struct FedCpParams {
+        /// λ of the MMD term (the authors' `-lam 5`).
+        pub lambda: f64 = 5.0,
+        /// Gumbel-softmax temperature τ (PFLlib's `tau = 1`).
+        pub tau: f64 = 1.0,
     }
 }
 

@@ -29,6 +29,7 @@
 //! mixing. Absent clients keep their last personalised model.
 
 use crate::params::Validate;
+use crate::params::params;
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ParamError, RoundOutcome,
     Trained, embed_rows, ids_of, mix_rows,
@@ -55,23 +56,14 @@ pub enum Guidance {
     FullBatch,
 }
 
-/// FedDWA's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedDwaParams {
-    /// K: collaborators kept per recipient, self included (paper: 5, robust
-    /// over 1–10).
-    pub top_k: usize,
-    /// How the guidance model is computed.
-    pub guidance: Guidance,
-}
-
-impl Default for FedDwaParams {
-    fn default() -> Self {
-        Self {
-            top_k: 5,
-            guidance: Guidance::Epoch,
-        }
+params! {
+    /// FedDWA's parameters.
+    pub struct FedDwaParams {
+        /// K: collaborators kept per recipient, self included (paper: 5, robust
+        /// over 1–10).
+        pub top_k: usize = 5,
+        /// How the guidance model is computed.
+        pub guidance: Guidance = Guidance::Epoch,
     }
 }
 

@@ -28,6 +28,7 @@
 //! optimiser, a fresh one each round.
 
 use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
@@ -36,17 +37,11 @@ use fedweave_core::CollaborationGraph;
 use fedweave_nn::{Linear, Proximal};
 use serde::{Deserialize, Serialize};
 
-/// FedDyn's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedDynParams {
-    /// α: weight of the proximal term and step of the state updates.
-    pub alpha: f64,
-}
-
-impl Default for FedDynParams {
-    fn default() -> Self {
-        Self { alpha: 0.01 }
+params! {
+    /// FedDyn's parameters.
+    pub struct FedDynParams {
+        /// α: weight of the proximal term and step of the state updates.
+        pub alpha: f64 = 0.01,
     }
 }
 

@@ -33,6 +33,7 @@
 use crate::contract::HoldsModel;
 use crate::ifca::Models;
 use crate::params::Validate;
+use crate::params::params;
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
     distinct_inits, ids_of,
@@ -42,17 +43,11 @@ use fedweave_core::vecmath::weighted_sum;
 use fedweave_nn::{EvalStats, LocalData, WeightedCrossEntropy, predict};
 use serde::{Deserialize, Serialize};
 
-/// FedEM's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedEmParams {
-    /// M: the number of mixture components.
-    pub components: usize,
-}
-
-impl Default for FedEmParams {
-    fn default() -> Self {
-        Self { components: 3 }
+params! {
+    /// FedEM's parameters.
+    pub struct FedEmParams {
+        /// M: the number of mixture components.
+        pub components: usize = 3,
     }
 }
 
@@ -186,7 +181,7 @@ fn uniform(m: usize) -> Vec<f64> {
 /// The component of largest weight π (the first among equals); the
 /// protocol scores the whole mixture through [`Algorithm::evaluate`].
 impl HoldsModel for FedEmClient {
-    fn model(&self) -> &Model {
+    fn held(&self) -> &Model {
         let best = (0..self.pi.len()).fold(0, |b, m| if self.pi[m] > self.pi[b] { m } else { b });
         &self.components[best]
     }

@@ -37,6 +37,7 @@
 //! own model and, in round 1, for everyone). Evaluation: the trained model.
 
 use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::relay::{Relayed, RowUp, Store, holdout, uploaded_rows};
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
@@ -47,26 +48,16 @@ use rand::Rng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
-/// FedFomo's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedFomoParams {
-    /// M: how many other clients' models each client receives per round.
-    pub m: usize,
-    /// ε at round 1: the probability that a client receives M random
-    /// clients instead of its top M.
-    pub epsilon: f64,
-    /// How much ε drops per round.
-    pub epsilon_decay: f64,
-}
-
-impl Default for FedFomoParams {
-    fn default() -> Self {
-        Self {
-            m: 5,
-            epsilon: 0.3,
-            epsilon_decay: 0.05,
-        }
+params! {
+    /// FedFomo's parameters.
+    pub struct FedFomoParams {
+        /// M: how many other clients' models each client receives per round.
+        pub m: usize = 5,
+        /// ε at round 1: the probability that a client receives M random
+        /// clients instead of its top M.
+        pub epsilon: f64 = 0.3,
+        /// How much ε drops per round.
+        pub epsilon_decay: f64 = 0.05,
     }
 }
 

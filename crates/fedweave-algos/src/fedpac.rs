@@ -56,6 +56,7 @@
 
 use crate::contract::check_parts;
 use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
@@ -68,31 +69,20 @@ use fedweave_core::vecmath::weighted_sum;
 use fedweave_nn::{Predictions, PrototypePull, TrainConfig};
 use serde::{Deserialize, Serialize};
 
-/// FedPAC's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedPacParams {
-    /// λ of the feature-alignment term λ·MSE(f(x), c_y) (the code's `lam`,
-    /// default 1.0).
-    pub lambda: f64,
-    /// Passes over the local data training the head with the body frozen
-    /// (the code's `epoch_classifier = 1`); 0 skips the head phase.
-    pub head_epochs: usize,
-    /// Learning rate of the head phase (the code's `lr_g = 0.1`).
-    pub head_lr: f64,
-    /// Head-collaboration weights below this are zeroed and the rest
-    /// renormalised (the code's `eps = 1e-3`).
-    pub min_weight: f64,
-}
-
-impl Default for FedPacParams {
-    fn default() -> Self {
-        Self {
-            lambda: 1.0,
-            head_epochs: 1,
-            head_lr: 0.1,
-            min_weight: 1e-3,
-        }
+params! {
+    /// FedPAC's parameters.
+    pub struct FedPacParams {
+        /// λ of the feature-alignment term λ·MSE(f(x), c_y) (the code's `lam`,
+        /// default 1.0).
+        pub lambda: f64 = 1.0,
+        /// Passes over the local data training the head with the body frozen
+        /// (the code's `epoch_classifier = 1`); 0 skips the head phase.
+        pub head_epochs: usize = 1,
+        /// Learning rate of the head phase (the code's `lr_g = 0.1`).
+        pub head_lr: f64 = 0.1,
+        /// Head-collaboration weights below this are zeroed and the rest
+        /// renormalised (the code's `eps = 1e-3`).
+        pub min_weight: f64 = 1e-3,
     }
 }
 

@@ -51,30 +51,21 @@
 
 use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_nn::{InheritedMmd, predict};
 use serde::{Deserialize, Serialize};
 
-/// FedPHP's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedPhpParams {
-    /// μ: the ceiling of the moving-average coefficient.
-    pub mu: f64,
-    /// T: participations over which μ_t grows linearly from 0 to μ.
-    pub mu_rounds: usize,
-    /// λ: weight of the MMD term ((1 − λ) weighs the cross-entropy).
-    pub lambda: f64,
-}
-
-impl Default for FedPhpParams {
-    fn default() -> Self {
-        Self {
-            mu: 0.9,
-            mu_rounds: 100,
-            lambda: 0.1,
-        }
+params! {
+    /// FedPHP's parameters.
+    pub struct FedPhpParams {
+        /// μ: the ceiling of the moving-average coefficient.
+        pub mu: f64 = 0.9,
+        /// T: participations over which μ_t grows linearly from 0 to μ.
+        pub mu_rounds: usize = 100,
+        /// λ: weight of the MMD term ((1 − λ) weighs the cross-entropy).
+        pub lambda: f64 = 0.1,
     }
 }
 

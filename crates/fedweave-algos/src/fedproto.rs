@@ -48,6 +48,7 @@
 //!   other fedweave method is scored with.
 
 use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
@@ -67,22 +68,13 @@ pub enum ProtoWeighting {
     Clients,
 }
 
-/// FedProto's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedProtoParams {
-    /// λ: weight of the prototype pull.
-    pub lambda: f64,
-    /// How prototypes of a class are averaged.
-    pub weighting: ProtoWeighting,
-}
-
-impl Default for FedProtoParams {
-    fn default() -> Self {
-        Self {
-            lambda: 1.0,
-            weighting: ProtoWeighting::Samples,
-        }
+params! {
+    /// FedProto's parameters.
+    pub struct FedProtoParams {
+        /// λ: weight of the prototype pull.
+        pub lambda: f64 = 1.0,
+        /// How prototypes of a class are averaged.
+        pub weighting: ProtoWeighting = ProtoWeighting::Samples,
     }
 }
 

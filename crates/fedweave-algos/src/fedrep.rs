@@ -21,23 +21,17 @@
 //! than body epochs too). Evaluation: the model after local training.
 
 use crate::params::Validate;
+use crate::params::params;
 use crate::split::{Federation, Part, Shared};
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, RoundOutcome, Trained};
 use fedweave_nn::{TrainConfig, TrainStats};
-use serde::{Deserialize, Serialize};
 
-/// FedRep's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedRepParams {
-    /// Full passes over the local data training the head alone before the
-    /// body trains (FedAGHN's τ = 5; 0 skips the head phase).
-    pub head_epochs: usize,
-}
-
-impl Default for FedRepParams {
-    fn default() -> Self {
-        Self { head_epochs: 5 }
+params! {
+    /// FedRep's parameters.
+    pub struct FedRepParams {
+        /// Full passes over the local data training the head alone before the
+        /// body trains (FedAGHN's τ = 5; 0 skips the head phase).
+        pub head_epochs: usize = 5,
     }
 }
 

@@ -31,6 +31,7 @@
 
 use crate::contract::holds_model;
 use crate::params::Validate;
+use crate::params::params;
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
     distinct_inits, embed_rows, ids_of,
@@ -39,17 +40,11 @@ use fedweave_core::vecmath::weighted_sum;
 use fedweave_nn::{LocalData, evaluate};
 use serde::{Deserialize, Serialize};
 
-/// IFCA's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct IfcaParams {
-    /// M: the number of cluster models.
-    pub clusters: usize,
-}
-
-impl Default for IfcaParams {
-    fn default() -> Self {
-        Self { clusters: 4 }
+params! {
+    /// IFCA's parameters.
+    pub struct IfcaParams {
+        /// M: the number of cluster models.
+        pub clusters: usize = 4,
     }
 }
 

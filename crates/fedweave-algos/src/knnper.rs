@@ -44,33 +44,23 @@
 
 use crate::fedavg::average_to_all;
 use crate::params::Validate;
+use crate::params::params;
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
 };
 use fedweave_core::pairwise::{Kernels, View};
 use fedweave_core::vecmath::sq_dist;
 use fedweave_nn::{EvalStats, LocalData, Predictions, predict};
-use serde::{Deserialize, Serialize};
 
-/// kNN-Per's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KnnPerParams {
-    /// Neighbours per query (paper: 10).
-    pub k: usize,
-    /// λ: weight of the kNN distribution in the interpolation.
-    pub lambda: f64,
-    /// σ: the kernel's length scale, relative to the feature width.
-    pub scale: f64,
-}
-
-impl Default for KnnPerParams {
-    fn default() -> Self {
-        Self {
-            k: 10,
-            lambda: 0.5,
-            scale: 1.0,
-        }
+params! {
+    /// kNN-Per's parameters.
+    pub struct KnnPerParams {
+        /// Neighbours per query (paper: 10).
+        pub k: usize = 10,
+        /// λ: weight of the kNN distribution in the interpolation.
+        pub lambda: f64 = 0.5,
+        /// σ: the kernel's length scale, relative to the feature width.
+        pub scale: f64 = 1.0,
     }
 }
 

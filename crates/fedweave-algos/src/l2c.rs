@@ -26,6 +26,7 @@
 //! model.
 
 use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::relay::{Relayed, RowUp, Store, holdout, holdout_grad, uploaded_rows};
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
@@ -33,25 +34,15 @@ use fedweave_core::vecmath::{dot, weighted_sum};
 use fedweave_nn::LocalData;
 use serde::{Deserialize, Serialize};
 
-/// L2C's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct L2cParams {
-    /// Step size of the logits β.
-    pub lr: f64,
-    /// Rounds of dense mixing before pruning to the top K.
-    pub warmup: usize,
-    /// K: the other clients kept after the warm-up.
-    pub top_k: usize,
-}
-
-impl Default for L2cParams {
-    fn default() -> Self {
-        Self {
-            lr: 1.0,
-            warmup: 5,
-            top_k: 5,
-        }
+params! {
+    /// L2C's parameters.
+    pub struct L2cParams {
+        /// Step size of the logits β.
+        pub lr: f64 = 1.0,
+        /// Rounds of dense mixing before pruning to the top K.
+        pub warmup: usize = 5,
+        /// K: the other clients kept after the warm-up.
+        pub top_k: usize = 5,
     }
 }
 

@@ -31,6 +31,7 @@
 
 use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
@@ -38,19 +39,13 @@ use crate::{
 use fedweave_nn::{ModelContrastive, predict};
 use serde::{Deserialize, Serialize};
 
-/// MOON's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct MoonParams {
-    /// μ: weight of the contrastive term.
-    pub mu: f64,
-    /// τ: temperature of the contrastive term.
-    pub tau: f64,
-}
-
-impl Default for MoonParams {
-    fn default() -> Self {
-        Self { mu: 1.0, tau: 0.5 }
+params! {
+    /// MOON's parameters.
+    pub struct MoonParams {
+        /// μ: weight of the contrastive term.
+        pub mu: f64 = 1.0,
+        /// τ: temperature of the contrastive term.
+        pub tau: f64 = 0.5,
     }
 }
 

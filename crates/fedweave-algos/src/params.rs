@@ -55,6 +55,37 @@ impl ParamError {
     }
 }
 
+/// Declares an algorithm's parameter struct with each field's default next
+/// to it: the struct (cloneable, printable, parsed by serde with unknown
+/// keys rejected and missing ones defaulted) and its `Default`.
+macro_rules! params {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $(
+                $(#[$fmeta:meta])*
+                pub $field:ident: $ty:ty = $default:expr
+            ),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: $ty,)*
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self {
+                    $($field: $default,)*
+                }
+            }
+        }
+    };
+}
+pub(crate) use params;
+
 /// Range checks beyond what types express, and defaults that depend on the
 /// federation (so the resolved config shows the value that ran).
 pub trait Validate {

@@ -36,29 +36,21 @@
 
 use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_nn::SgdConfig;
 use serde::{Deserialize, Serialize};
 
-/// Per-FedAvg's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PerFedAvgParams {
-    /// α: the temporary step of each meta step, and the one adaptation
-    /// step of the scored model.
-    pub alpha: f64,
-    /// β: the meta step (unset: the `[train]` learning rate).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub beta: Option<f64>,
-}
-
-impl Default for PerFedAvgParams {
-    fn default() -> Self {
-        Self {
-            alpha: 0.01,
-            beta: None,
-        }
+params! {
+    /// Per-FedAvg's parameters.
+    pub struct PerFedAvgParams {
+        /// α: the temporary step of each meta step, and the one adaptation
+        /// step of the scored model.
+        pub alpha: f64 = 0.01,
+        /// β: the meta step (unset: the `[train]` learning rate).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub beta: Option<f64> = None,
     }
 }
 

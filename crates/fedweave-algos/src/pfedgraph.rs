@@ -22,6 +22,7 @@
 //! model unchanged unless the method addresses it).
 
 use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
@@ -64,35 +65,22 @@ pub enum RegTarget {
     Normalized,
 }
 
-/// pFedGraph's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PFedGraphParams {
-    /// The code's `alpha` (larger ⇒ closer to data-size weights); default
-    /// 0.08·K.
-    pub alpha: Option<f64>,
-    /// λ of the cosine regulariser.
-    pub lambda: f64,
-    /// Similarities above this become 1.
-    pub threshold: f64,
-    /// Similarity on all layers or on the fc layers only.
-    pub similarity: SimilarityOn,
-    /// Regulariser sign.
-    pub reg_sign: RegSign,
-    /// Regulariser target.
-    pub reg_target: RegTarget,
-}
-
-impl Default for PFedGraphParams {
-    fn default() -> Self {
-        Self {
-            alpha: None,
-            lambda: 0.01,
-            threshold: 0.9,
-            similarity: SimilarityOn::All,
-            reg_sign: RegSign::Paper,
-            reg_target: RegTarget::Mixed,
-        }
+params! {
+    /// pFedGraph's parameters.
+    pub struct PFedGraphParams {
+        /// The code's `alpha` (larger ⇒ closer to data-size weights); default
+        /// 0.08·K.
+        pub alpha: Option<f64> = None,
+        /// λ of the cosine regulariser.
+        pub lambda: f64 = 0.01,
+        /// Similarities above this become 1.
+        pub threshold: f64 = 0.9,
+        /// Similarity on all layers or on the fc layers only.
+        pub similarity: SimilarityOn = SimilarityOn::All,
+        /// Regulariser sign.
+        pub reg_sign: RegSign = RegSign::Paper,
+        /// Regulariser target.
+        pub reg_target: RegTarget = RegTarget::Mixed,
     }
 }
 

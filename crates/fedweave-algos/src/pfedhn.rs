@@ -35,6 +35,7 @@
 //! training.
 
 use crate::hypernet::{HyperNet, Sgd, Shape};
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained,
@@ -44,37 +45,23 @@ use fedweave_core::vecmath::cosine;
 use fedweave_core::{Purpose, rng_stream};
 use serde::{Deserialize, Serialize};
 
-/// pFedHN's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PFedHnParams {
-    /// Embedding width (0: ⌊(1 + N)/4⌋, at least 1).
-    pub embed_dim: usize,
-    /// Width of the hidden layers.
-    pub hidden_dim: usize,
-    /// Hidden Linear(100, 100) layers after the first (the paper's n_hidden).
-    pub hidden_layers: usize,
-    /// Hypernetwork learning rate.
-    pub hn_lr: f64,
-    /// Hypernetwork SGD momentum.
-    pub hn_momentum: f64,
-    /// Hypernetwork weight decay.
-    pub hn_weight_decay: f64,
-    /// Gradient norm clip.
-    pub norm_clip: f64,
-}
-
-impl Default for PFedHnParams {
-    fn default() -> Self {
-        Self {
-            embed_dim: 0,
-            hidden_dim: 100,
-            hidden_layers: 1,
-            hn_lr: 1e-3,
-            hn_momentum: 0.9,
-            hn_weight_decay: 1e-3,
-            norm_clip: 50.0,
-        }
+params! {
+    /// pFedHN's parameters.
+    pub struct PFedHnParams {
+        /// Embedding width (0: ⌊(1 + N)/4⌋, at least 1).
+        pub embed_dim: usize = 0,
+        /// Width of the hidden layers.
+        pub hidden_dim: usize = 100,
+        /// Hidden Linear(100, 100) layers after the first (the paper's n_hidden).
+        pub hidden_layers: usize = 1,
+        /// Hypernetwork learning rate.
+        pub hn_lr: f64 = 1e-3,
+        /// Hypernetwork SGD momentum.
+        pub hn_momentum: f64 = 0.9,
+        /// Hypernetwork weight decay.
+        pub hn_weight_decay: f64 = 1e-3,
+        /// Gradient norm clip.
+        pub norm_clip: f64 = 50.0,
     }
 }
 

@@ -36,6 +36,7 @@
 
 use crate::fedaghn::HnSign;
 use crate::hypernet::{HyperNet, Sgd, Shape};
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained, ids_of,
@@ -47,28 +48,17 @@ use rand::Rng;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-/// pFedLA's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PFedLaParams {
-    /// Embedding width.
-    pub embedding_dim: usize,
-    /// Width of the three hidden layers.
-    pub hidden_dim: usize,
-    /// Hypernetwork learning rate.
-    pub hn_lr: f64,
-    /// Direction of the hypernetwork step.
-    pub hn_sign: HnSign,
-}
-
-impl Default for PFedLaParams {
-    fn default() -> Self {
-        Self {
-            embedding_dim: 100,
-            hidden_dim: 100,
-            hn_lr: 5e-3,
-            hn_sign: HnSign::Fedaghn,
-        }
+params! {
+    /// pFedLA's parameters.
+    pub struct PFedLaParams {
+        /// Embedding width.
+        pub embedding_dim: usize = 100,
+        /// Width of the three hidden layers.
+        pub hidden_dim: usize = 100,
+        /// Hypernetwork learning rate.
+        pub hn_lr: f64 = 5e-3,
+        /// Direction of the hypernetwork step.
+        pub hn_sign: HnSign = HnSign::Fedaghn,
     }
 }
 

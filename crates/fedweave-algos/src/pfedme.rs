@@ -27,6 +27,7 @@
 //! (1 means w jumps to θ̃); with fedweave's default η = 0.05 it is 0.75.
 
 use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use crate::{ids_of, models_of};
@@ -35,28 +36,17 @@ use fedweave_core::vecmath::weighted_sum;
 use fedweave_nn::{Proximal, SgdConfig};
 use serde::{Deserialize, Serialize};
 
-/// pFedMe's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PFedMeParams {
-    /// λ of the Moreau envelope.
-    pub lambda: f64,
-    /// K: inner steps per mini-batch.
-    pub k: usize,
-    /// η_p: the inner steps' learning rate.
-    pub personal_lr: f64,
-    /// β: the server's step toward the new mean (1: plain average).
-    pub beta: f64,
-}
-
-impl Default for PFedMeParams {
-    fn default() -> Self {
-        Self {
-            lambda: 15.0,
-            k: 5,
-            personal_lr: 0.01,
-            beta: 1.0,
-        }
+params! {
+    /// pFedMe's parameters.
+    pub struct PFedMeParams {
+        /// λ of the Moreau envelope.
+        pub lambda: f64 = 15.0,
+        /// K: inner steps per mini-batch.
+        pub k: usize = 5,
+        /// η_p: the inner steps' learning rate.
+        pub personal_lr: f64 = 0.01,
+        /// β: the server's step toward the new mean (1: plain average).
+        pub beta: f64 = 1.0,
     }
 }
 

@@ -32,6 +32,7 @@
 
 use crate::contract::holds_model;
 use crate::fednova::effective_steps;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ParamError, RoundOutcome,
@@ -41,17 +42,11 @@ use fedweave_core::CollaborationGraph;
 use fedweave_nn::Linear;
 use serde::{Deserialize, Serialize};
 
-/// SCAFFOLD's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ScaffoldParams {
-    /// η_g: the server's step along the mean update.
-    pub server_lr: f64,
-}
-
-impl Default for ScaffoldParams {
-    fn default() -> Self {
-        Self { server_lr: 1.0 }
+params! {
+    /// SCAFFOLD's parameters.
+    pub struct ScaffoldParams {
+        /// η_g: the server's step along the mean update.
+        pub server_lr: f64 = 1.0,
     }
 }
 

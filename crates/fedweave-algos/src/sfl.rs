@@ -54,6 +54,7 @@
 //! latest model in Θ and their own model (identity row).
 
 use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ParamError, RoundOutcome,
@@ -101,46 +102,30 @@ pub enum SelfLoops {
     Code,
 }
 
-/// SFL's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SflParams {
-    /// Relation graph source.
-    pub graph: GraphSource,
-    /// Propagation steps m of U = Â^m Θ (the code's `layers` = 3).
-    pub hops: usize,
-    /// λ of the regulariser λ(½‖v − w‖² + ½‖v − u_i‖²).
-    pub lambda: f64,
-    /// Start from w without regulariser, as the authors' code behaves
-    /// (implies `start = "w"`).
-    pub code_compat: bool,
-    /// Where local training starts.
-    pub start: Start,
-    /// SFL*: how the blended graphs get self-loops.
-    pub self_loops: SelfLoops,
-    /// SFL*: weight of the learned graph against the base graph (1 = the
-    /// learned graph alone).
-    pub adj_beta: f64,
-    /// SFL*: neighbours kept per row of the learned graph (the code's
-    /// `subgraph_size` = 30, capped at N − 1).
-    pub top_k: usize,
-    /// Labels per client that define `label_overlap` (the code's `topk`).
-    pub top_labels: usize,
-}
-
-impl Default for SflParams {
-    fn default() -> Self {
-        Self {
-            graph: GraphSource::Auto,
-            hops: 3,
-            lambda: 0.01,
-            code_compat: false,
-            start: Start::U,
-            self_loops: SelfLoops::Uniform,
-            adj_beta: 0.05,
-            top_k: 30,
-            top_labels: 5,
-        }
+params! {
+    /// SFL's parameters.
+    pub struct SflParams {
+        /// Relation graph source.
+        pub graph: GraphSource = GraphSource::Auto,
+        /// Propagation steps m of U = Â^m Θ (the code's `layers` = 3).
+        pub hops: usize = 3,
+        /// λ of the regulariser λ(½‖v − w‖² + ½‖v − u_i‖²).
+        pub lambda: f64 = 0.01,
+        /// Start from w without regulariser, as the authors' code behaves
+        /// (implies `start = "w"`).
+        pub code_compat: bool = false,
+        /// Where local training starts.
+        pub start: Start = Start::U,
+        /// SFL*: how the blended graphs get self-loops.
+        pub self_loops: SelfLoops = SelfLoops::Uniform,
+        /// SFL*: weight of the learned graph against the base graph (1 = the
+        /// learned graph alone).
+        pub adj_beta: f64 = 0.05,
+        /// SFL*: neighbours kept per row of the learned graph (the code's
+        /// `subgraph_size` = 30, capped at N − 1).
+        pub top_k: usize = 30,
+        /// Labels per client that define `label_overlap` (the code's `topk`).
+        pub top_labels: usize = 5,
     }
 }
 
