@@ -204,6 +204,7 @@ impl Algorithm for Apple {
             up: RowUp {
                 model: state.core.params.clone(),
                 row,
+                scores: Vec::new(),
             },
             train_loss,
         }

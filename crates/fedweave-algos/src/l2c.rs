@@ -188,6 +188,7 @@ impl Algorithm for L2c {
             up: RowUp {
                 model: state.model.params.clone(),
                 row,
+                scores: Vec::new(),
             },
             train_loss,
         }
@@ -337,6 +338,7 @@ mod tests {
                     RowUp {
                         model: env.init.to_vec(),
                         row,
+                        scores: Vec::new(),
                     },
                 )
             })

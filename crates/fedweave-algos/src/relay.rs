@@ -63,6 +63,10 @@ pub struct RowUp {
     /// when the client kept its own model (W_ii = 1). A few scalars next to
     /// a model: not counted on the wire.
     pub row: Vec<(usize, f64)>,
+    /// FedFomo: the signed score of every model the client weighed, harmful
+    /// ones negative (empty for the other methods). Not counted either.
+    #[serde(default)]
+    pub scores: Vec<(usize, f64)>,
 }
 
 impl Message for RowUp {
@@ -199,6 +203,7 @@ mod tests {
         let up = |row: Vec<(usize, f64)>| RowUp {
             model: vec![1.0, 2.0],
             row,
+            scores: Vec::new(),
         };
         let uploads = vec![(0, up(vec![(0, 0.25), (2, 0.75)])), (2, up(vec![]))];
         let g = uploaded_rows(3, &uploads);
