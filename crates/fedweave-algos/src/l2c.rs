@@ -13,7 +13,13 @@
 //!
 //! fedweave: the exchange goes through the server, which relays the models
 //! a client asked for (all the others' latest models until it prunes, its
-//! top-K afterwards; the client itself is always in its mixture). As with
+//! top-K afterwards; the client itself is always in its mixture): each
+//! upload names the neighbours the client keeps (none until it prunes), so
+//! under partial participation a client's mixture reaches every client the
+//! server has heard from, including those absent at its first upload.
+//! (Before, the server relayed only the ids of the uploaded row, which held
+//! only ids relayed before: clients absent at a client's first upload never
+//! entered its mixture.) As with
 //! FedFomo, a client mixes what it received at the start of its next round
 //! (it needs its validation data), with the weights it had, then takes one
 //! plain gradient step of size `lr` = 1 on β_i (an SGD step: the paper's
@@ -28,8 +34,10 @@
 use crate::contract::holds_model;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
-use crate::relay::{Relayed, RowUp, Store, holdout, holdout_grad, uploaded_rows};
-use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
+use crate::relay::{MixedUp, Relayed, Store, holdout, holdout_grad, uploaded_rows};
+use crate::{
+    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
+};
 use fedweave_core::vecmath::{dot, weighted_sum};
 use fedweave_nn::LocalData;
 use serde::{Deserialize, Serialize};
@@ -87,6 +95,38 @@ pub fn prune(logits: &[f64], me: usize, k: usize) -> Vec<usize> {
     others.push(me);
     others.sort_unstable();
     others
+}
+
+/// What an L2C client uploads.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct L2cUp {
+    /// The model after local training.
+    #[serde(with = "fedweave_core::stash::vector")]
+    pub model: Vec<f32>,
+    /// (client, α) pairs it mixed with, itself included; empty when it
+    /// received nothing. Not counted on the wire.
+    pub row: Vec<(usize, f64)>,
+    /// The neighbours it keeps after pruning, itself included (empty before
+    /// it prunes: it asks for every other client's model). Not counted.
+    pub kept: Vec<usize>,
+}
+
+impl MixedUp for L2cUp {
+    fn model(&self) -> &[f32] {
+        &self.model
+    }
+    fn row(&self) -> &[(usize, f64)] {
+        &self.row
+    }
+}
+
+impl Message for L2cUp {
+    fn vectors(&self) -> Vec<&[f32]> {
+        vec![&self.model]
+    }
+    fn vectors_mut(&mut self) -> Vec<&mut [f32]> {
+        vec![&mut self.model]
+    }
 }
 
 /// L2C.
@@ -161,8 +201,8 @@ impl Algorithm for L2c {
     type Server = Store;
     /// The models the client mixes.
     type Down = Relayed;
-    /// The trained model and the weights used.
-    type Up = RowUp;
+    /// The trained model, the weights used and the neighbours kept.
+    type Up = L2cUp;
 
     fn new(_: &'static str, params: L2cParams, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { params })
@@ -181,14 +221,14 @@ impl Algorithm for L2c {
         }
     }
 
-    fn local_round(&self, env: &Env, cx: &mut ClientCx, state: &mut L2cClient) -> Trained<RowUp> {
+    fn local_round(&self, env: &Env, cx: &mut ClientCx, state: &mut L2cClient) -> Trained<L2cUp> {
         let row = self.combine(env, &holdout(cx), cx.client, cx.round, state);
         let train_loss = cx.train_plain(env, &mut state.model, &[]);
         Trained {
-            up: RowUp {
+            up: L2cUp {
                 model: state.model.params.clone(),
                 row,
-                scores: Vec::new(),
+                kept: state.kept.clone(),
             },
             train_loss,
         }
@@ -199,20 +239,18 @@ impl Algorithm for L2c {
         env: &Env,
         store: &mut Store,
         _: usize,
-        uploads: &[(usize, RowUp)],
+        uploads: &[(usize, L2cUp)],
     ) -> RoundOutcome<Relayed> {
         store.update(uploads);
         let known = store.known();
         let downloads = uploads
             .iter()
             .map(|(i, up)| {
-                // The neighbours it mixed this round (all known before it
-                // first mixed), itself excluded: it holds its own model.
-                let ids: Vec<usize> = if up.row.is_empty() {
-                    known.iter().copied().filter(|j| j != i).collect()
-                } else {
-                    up.row.iter().map(|(j, _)| *j).filter(|j| j != i).collect()
-                };
+                // What it asked for: every other known client until it
+                // prunes, its kept neighbours after; never itself (it holds
+                // its own model).
+                let asked = if up.kept.is_empty() { &known } else { &up.kept };
+                let ids: Vec<usize> = asked.iter().copied().filter(|j| j != i).collect();
                 (*i, store.relay(&ids))
             })
             .collect();
@@ -293,9 +331,9 @@ mod tests {
 
     /// A client given a useful and a harmful model raises the useful one's
     /// logit, lowers the other's, and after the warm-up mixes only the kept
-    /// neighbours; the server relays exactly the neighbours in its row.
+    /// neighbours; the server relays exactly the neighbours it keeps.
     #[test]
-    fn client_learns_weights_prunes_and_server_relays_its_row() {
+    fn client_learns_weights_prunes_and_server_relays_what_it_keeps() {
         let tiny = Tiny::new();
         let env = tiny.env();
         let params = L2cParams {
@@ -330,22 +368,60 @@ mod tests {
         assert_eq!(state.kept, vec![0, 2]);
         assert_eq!(row.iter().map(|r| r.0).collect::<Vec<_>>(), vec![0, 2]);
         let mut store = algo.init_server(&env);
-        let uploads: Vec<(usize, RowUp)> = (0..3)
+        let uploads: Vec<(usize, L2cUp)> = (0..3)
             .map(|i| {
-                let row = if i == 0 { row.clone() } else { Vec::new() };
-                (
-                    i,
-                    RowUp {
-                        model: env.init.to_vec(),
-                        row,
-                        scores: Vec::new(),
-                    },
-                )
+                let up = L2cUp {
+                    model: env.init.to_vec(),
+                    ..L2cUp::default()
+                };
+                match i {
+                    0 => (
+                        i,
+                        L2cUp {
+                            row: row.clone(),
+                            kept: state.kept.clone(),
+                            ..up
+                        },
+                    ),
+                    _ => (i, up),
+                }
             })
             .collect();
         let out = algo.aggregate(&env, &mut store, 2, &uploads);
         assert_eq!(out.downloads[0].1.ids, vec![2]);
         assert_eq!(out.downloads[1].1.ids, vec![0, 2]);
         assert!((out.graph.get(0, 2) - row[1].1).abs() < 1e-12);
+    }
+
+    /// Participation 0.5: client 0 first uploads when only client 1 has,
+    /// client 2 uploads for the first time the round after; during the
+    /// warm-up client 0's mixture must reach client 2 (before, the server
+    /// relayed only the ids of client 0's row, and client 2 never entered).
+    #[test]
+    fn the_mixture_reaches_clients_absent_at_the_first_upload() {
+        let tiny = Tiny::new();
+        let env = tiny.env();
+        let algo = L2c::new("l2c", L2cParams::default(), &env).unwrap();
+        let mut store = algo.init_server(&env);
+        let mut clients: Vec<L2cClient> = (0..3).map(|i| algo.init_client(&env, i)).collect();
+        let mut mixed_with = Vec::new();
+        for (round, picked) in [(1, [0, 1]), (2, [0, 2]), (3, [0, 1]), (4, [0, 2])] {
+            let uploads: Vec<(usize, L2cUp)> = picked
+                .iter()
+                .map(|&i| {
+                    let up = algo.local_round(&env, &mut tiny.cx(i, round), &mut clients[i]);
+                    (i, up.up)
+                })
+                .collect();
+            mixed_with.push(uploads[0].1.row.iter().map(|r| r.0).collect::<Vec<_>>());
+            let out = algo.aggregate(&env, &mut store, round, &uploads);
+            for (i, down) in out.downloads {
+                algo.receive(&env, &mut clients[i], down);
+            }
+        }
+        assert_eq!(mixed_with[0], Vec::<usize>::new());
+        assert_eq!(mixed_with[1], vec![0, 1]);
+        assert_eq!(mixed_with[2], vec![0, 1, 2]);
+        assert_eq!(mixed_with[3], vec![0, 1, 2]);
     }
 }

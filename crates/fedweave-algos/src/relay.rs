@@ -69,6 +69,25 @@ pub struct RowUp {
     pub scores: Vec<(usize, f64)>,
 }
 
+/// An upload made of a trained model and the row its client mixed with
+/// ([`RowUp`], L2C's upload): what the [`Store`] keeps and
+/// [`uploaded_rows`] logs.
+pub trait MixedUp {
+    /// The model after local training.
+    fn model(&self) -> &[f32];
+    /// The row the client mixed with (empty: it kept its own model).
+    fn row(&self) -> &[(usize, f64)];
+}
+
+impl MixedUp for RowUp {
+    fn model(&self) -> &[f32] {
+        &self.model
+    }
+    fn row(&self) -> &[(usize, f64)] {
+        &self.row
+    }
+}
+
 impl Message for RowUp {
     fn vectors(&self) -> Vec<&[f32]> {
         vec![&self.model]
@@ -95,9 +114,9 @@ impl Store {
     }
 
     /// Keeps the round's uploaded models.
-    pub fn update(&mut self, uploads: &[(usize, RowUp)]) {
+    pub fn update<U: MixedUp>(&mut self, uploads: &[(usize, U)]) {
         for (i, up) in uploads {
-            self.models[*i] = Some(up.model.clone());
+            self.models[*i] = Some(up.model().to_vec());
         }
     }
 
@@ -123,14 +142,14 @@ impl Store {
 
 /// The round's graph over `n` clients: each uploader's row, identity rows
 /// for the others and for uploaders that kept their own model.
-pub fn uploaded_rows(n: usize, uploads: &[(usize, RowUp)]) -> CollaborationGraph {
+pub fn uploaded_rows<U: MixedUp>(n: usize, uploads: &[(usize, U)]) -> CollaborationGraph {
     let mut g = CollaborationGraph::identity(n);
     for (i, up) in uploads {
-        if up.row.is_empty() {
+        if up.row().is_empty() {
             continue;
         }
         let mut full = vec![0.0; n];
-        for &(j, w) in &up.row {
+        for &(j, w) in up.row() {
             full[j] += w;
         }
         g.set_row(*i, &full);
