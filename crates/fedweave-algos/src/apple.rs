@@ -16,7 +16,14 @@
 //! g ⊙ c_j (a scale-free stand-in for the dot product); λ is updated after
 //! a round, so round t (from 0) uses the schedule at t − 1; the core and p
 //! steps are plain (no momentum, no weight decay); every client downloads
-//! all N cores each round.
+//! all N cores each round. The core a client offers the next round is not
+//! its trained core but the mixture: `train` ends with `self.model_c =
+//! copy.deepcopy(self.model)`, `self.model` being Σ_j p_ij c_j of the last
+//! batch, and the server's `send_models` relays every client's `model_c`.
+//! The trained core (updated in place through the shared list of core
+//! models) reaches only the clients that train after it in the same round,
+//! PFLlib training clients one after another (read at commit d832e76,
+//! 2025-11-29: `clientapple.py`, `serverapple.py`).
 //!
 //! fedweave follows the code: DR vector over all N clients starting at 1/N,
 //! p0 = data-size weights, core step lr·N·p_ii, the tensor-mean gradient,
@@ -27,7 +34,9 @@
 //! `dr_lr` 1, 5 and 10; μ = 0.1 and L = 5 likewise chosen: L = 2 did
 //! worse), λ(t) =
 //! (1 + cos(π·(t − 1)/L))/2 for round t ≤ L (from 1; L = `prox_rounds`),
-//! else 0, and every client downloading every other core. Cores a client has
+//! else 0, and every client downloading every other core. The upload is
+//! the trained core, as the paper describes (each client shares its core
+//! model), not PFLlib's mixture. Cores a client has
 //! not received yet are the common init (PFLlib's round 0). The logged graph
 //! row is p_i clipped at 0 and normalised (p itself may leave the simplex;
 //! the personalised model uses it as it is). Evaluation: the personalised

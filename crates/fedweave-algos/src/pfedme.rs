@@ -14,8 +14,17 @@
 //!
 //! θ̃ starts the round at the received global model and carries over from
 //! batch to batch (PFLlib's model is θ̃; its `local_params` are w). The
-//! round uploads w; θ̃ is scored after training (PFLlib's
-//! `evaluate_personalized`).
+//! round uploads w; θ̃ is scored after training: the paper's personalised
+//! model.
+//!
+//! PFLlib scores something else (read at commit d832e76, 2025-11-29:
+//! `clientpFedMe.py`, `serverpFedMe.py`, `fedoptimizer.py`). Its
+//! `personalized_params` are the model's own parameter tensors
+//! (`pFedMeOptimizer.step` returns `group['params']`), which `train`
+//! overwrites with w at the end of the round (`update_parameters(self.model,
+//! self.local_params)`) and `set_parameters` with the new global model at
+//! the next round's `send_models`; `evaluate_personalized` runs after
+//! `send_models`, so it scores the received global model, not θ̃.
 //!
 //! Server: the data-size weighted mean of the uploads, then
 //! w_g ← (1 − β)·w_g + β·mean (`beta`), sent to every client. Graph: every
