@@ -19,6 +19,10 @@ pub trait Visitor {
 
 macro_rules! registry {
     ($($m:ident :: $t:ident),* $(,)?) => {
+        /// The module of every registered type, in list order.
+        #[cfg(test)]
+        const MODULES: &[&str] = &[$(stringify!($m)),*];
+
         /// Every algorithm's names, summaries and references, in list order.
         pub fn catalogue() -> Vec<Info> {
             let mut all = Vec::new();
@@ -155,6 +159,17 @@ mod tests {
                 }
             }
             poisoned
+        }
+    }
+
+    #[test]
+    fn the_crate_docs_name_every_registered_module() {
+        let docs: String = include_str!("lib.rs")
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .collect();
+        for m in MODULES {
+            assert!(docs.contains(&format!("[`{m}`]")), "lib.rs docs lack {m}");
         }
     }
 
