@@ -34,9 +34,9 @@
 use fedweave_algos::fedaghn::FedAghn;
 use fedweave_algos::fedavg::FedAvg;
 use fedweave_algos::feddwa::{FedDwa, Guided};
-use fedweave_algos::pfedgraph::{PFedGraph, infer_graph, similarity_matrix};
+use fedweave_algos::pfedgraph::{PFedGraph, PFedGraphParams, infer_graph, similarity_matrix};
 use fedweave_algos::sfl::Sfl;
-use fedweave_algos::{Algorithm, Env, Message};
+use fedweave_algos::{Algorithm, Env, Message, Validate};
 use fedweave_core::pairwise::{GemmThroughput, Kernels, gemm_throughput};
 use fedweave_core::{Purpose, RelationGraph, rng_stream};
 use fedweave_nn::{Backend, BurnOffload, ModelKind, ModelSpec, TrainConfig};
@@ -98,9 +98,10 @@ fn time_aggregate<A: Algorithm>(
     uploads: &[(usize, A::Up)],
     repeats: usize,
 ) -> (f64, f64, f64) {
-    let params = toml::Value::Table(toml::Table::new())
+    let params: A::Params = toml::Value::Table(toml::Table::new())
         .try_into()
         .expect("default parameters");
+    let params = params.check(env.clients()).expect("valid defaults");
     let algo = A::new(name, params, env).expect("builds");
     let mut server = algo.init_server(env);
     let mut times = Vec::new();
@@ -265,7 +266,8 @@ fn grid_case(n: usize, d: &str, peak: &GemmThroughput, kernels: &Kernels, only_p
         nn * nn * dd,
     );
     if only_pfedgraph {
-        let algo = PFedGraph::new("pfedgraph", Default::default(), &env).expect("builds");
+        let params = PFedGraphParams::default().check(env.clients());
+        let algo = PFedGraph::new("pfedgraph", params.expect("valid"), &env).expect("builds");
         let mut server = algo.init_server(&env);
         let start = Instant::now();
         black_box(algo.aggregate(&env, &mut server, 1, &trained));

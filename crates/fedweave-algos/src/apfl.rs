@@ -29,6 +29,7 @@
 //! weight decay), a fresh one each round; α's step is plain gradient
 //! descent.
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
 use crate::params::params;
@@ -142,8 +143,10 @@ impl Algorithm for Apfl {
     /// The trained global copy.
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, params: ApflParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<ApflParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_client(&self, env: &Env, _: usize) -> ApflClient {

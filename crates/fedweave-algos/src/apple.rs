@@ -42,6 +42,7 @@
 //! the personalised model uses it as it is). Evaluation: the personalised
 //! model Σ_j p_ij c_j after the round's training.
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
@@ -140,8 +141,10 @@ impl Algorithm for Apple {
     /// The core model and the DR row.
     type Up = RowUp;
 
-    fn new(_: &'static str, params: AppleParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<AppleParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> Store {
@@ -298,7 +301,7 @@ mod tests {
             mu: 0.0,
             ..Default::default()
         };
-        let algo = Apple::new("apple", params, &env).unwrap();
+        let algo = Apple::new("apple", params.check(env.clients()).unwrap(), &env).unwrap();
         let mut good = env.initial_model();
         for r in 1..=5 {
             tiny.cx(2, r).train_plain(&env, &mut good, &[]);

@@ -36,6 +36,7 @@
 //! models). Pairwise cosines and norms come from
 //! [`fedweave_core::pairwise`].
 
+use crate::Checked;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
@@ -168,8 +169,10 @@ impl Algorithm for Cfl {
     /// θ_i after training.
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, params: CflParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<CflParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> CflServer {
@@ -332,7 +335,9 @@ mod tests {
                 eps1: 10.0,
                 eps2: 0.5,
                 weighting: Weighting::Size,
-            },
+            }
+            .check(env.clients())
+            .unwrap(),
             &env,
         )
         .unwrap();
@@ -378,7 +383,9 @@ mod tests {
             CflParams {
                 weighting: Weighting::Uniform,
                 ..CflParams::default()
-            },
+            }
+            .check(env.clients())
+            .unwrap(),
             &env,
         )
         .unwrap();

@@ -27,7 +27,7 @@
 
 use crate::AlgoError;
 use crate::batching::TrainBatch;
-use crate::params::Validate;
+use crate::params::{Checked, Validate};
 use fedweave_core::pairwise::Kernels;
 use fedweave_core::{CollaborationGraph, RelationGraph, RngStream};
 use fedweave_nn::{
@@ -464,7 +464,8 @@ pub trait Algorithm: Sized + Send + Sync + 'static {
     /// this federation, from parameters already checked for `name`; `Err`
     /// says what the federation lacks (e.g. SFL's `graph = "given"` without
     /// a dataset graph).
-    fn new(name: &'static str, params: Self::Params, env: &Env) -> Result<Self, AlgoError>;
+    fn new(name: &'static str, params: Checked<Self::Params>, env: &Env)
+    -> Result<Self, AlgoError>;
 
     /// The name it runs under: the first of [`Algorithm::NAMES`]; types
     /// with several names override it.

@@ -23,6 +23,7 @@
 //! `[train]` optimiser (learning rate, momentum, weight decay), a fresh one
 //! each round; each model keeps its own batch-norm statistics.
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
 use crate::params::params;
@@ -111,8 +112,10 @@ impl Algorithm for Ditto {
     /// The trained global copy.
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, params: DittoParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<DittoParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_client(&self, env: &Env, _: usize) -> DittoClient {

@@ -29,6 +29,7 @@
 //! Evaluation: the model right after local training, scored before the peer
 //! exchange (what the authors' code logs).
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::ggc::{self, Candidate, SelectionRule};
 use crate::params::Validate;
@@ -195,8 +196,10 @@ impl Algorithm for Dpfl {
     /// The trained model, published to the peers.
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, params: DpflParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<DpflParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn topology(&self) -> Topology {

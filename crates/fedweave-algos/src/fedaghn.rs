@@ -34,6 +34,7 @@
 //! Evaluation: the model after local training (the paper's "after"
 //! accuracies, METHODS.md §5.2 step 3).
 
+use crate::Checked;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
@@ -237,8 +238,10 @@ impl Algorithm for FedAghn {
     type Down = Vec<f32>;
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, params: FedAghnParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<FedAghnParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> FedAghnServer {
@@ -491,7 +494,7 @@ mod tests {
             hn_lr: 50.0,
             ..Default::default()
         };
-        let algo = FedAghn::new("fedaghn", params, &env).unwrap();
+        let algo = FedAghn::new("fedaghn", params.check(env.clients()).unwrap(), &env).unwrap();
         let mut server = algo.init_server(&env);
         let mut held: Vec<Vec<f32>> = vec![init.clone(); 5];
         let mut rng = rng_stream(2, 0, 0, Purpose::Batches);

@@ -29,6 +29,7 @@
 //! locally trained model (PFLlib scores the model right after ALA, before
 //! training).
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
 use crate::params::params;
@@ -210,8 +211,10 @@ impl Algorithm for FedAla {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, params: FedAlaParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<FedAlaParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_client(&self, env: &Env, _: usize) -> FedAlaClient {

@@ -38,6 +38,7 @@
 //! Evaluation: θ_i after local training (both reference codes score the
 //! trained local model).
 
+use crate::Checked;
 use crate::contract::Params;
 use crate::contract::holds_model;
 use crate::params::params;
@@ -259,8 +260,10 @@ impl<R: Attention> Algorithm for Amp<R> {
     /// θ_i after training.
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, params: R, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<R>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_client(&self, env: &Env, _: usize) -> AmpClient {
@@ -378,7 +381,9 @@ mod tests {
                 alpha_k: 4.0,
                 lambda: 2.0,
                 sigma: 1.0,
-            },
+            }
+            .check(Tiny::new().env().clients())
+            .unwrap(),
             &Tiny::new().env(),
         )
         .unwrap();
@@ -415,7 +420,9 @@ mod tests {
             HeurFedAmpParams {
                 lambda: 2.0,
                 ..Default::default()
-            },
+            }
+            .check(env.clients())
+            .unwrap(),
             &env,
         )
         .unwrap();
@@ -451,7 +458,12 @@ mod tests {
     fn participants_receive_their_mixed_cloud_models_and_absent_rows_stay_identity() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let amp = HeurFedAmp::new("h-fedamp", HeurFedAmpParams::default(), &env).unwrap();
+        let amp = HeurFedAmp::new(
+            "h-fedamp",
+            HeurFedAmpParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let d = tiny.init.len();
         let up = |s: f32| -> Vec<f32> {
             tiny.init

@@ -27,6 +27,7 @@
 //! new w goes to every client, absent ones included; scored after
 //! receiving it, as `fedavg`.
 
+use crate::Checked;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
@@ -119,7 +120,7 @@ impl Algorithm for FedAtt {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, p: FedAttParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, p: Checked<FedAttParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { step: p.step })
     }
 

@@ -7,6 +7,7 @@
 //! the global model fine-tuned on local data (the baseline of pFedGraph and
 //! DPFL); the plain variants evaluate the global model itself.
 
+use crate::Checked;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
@@ -80,7 +81,7 @@ impl Algorithm for FedAvg {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(name: &'static str, p: FedAvgParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, p: Checked<FedAvgParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             name,
             mu: if proximal(name) { p.mu as f32 } else { 0.0 },

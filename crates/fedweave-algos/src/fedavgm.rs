@@ -25,6 +25,7 @@
 //! every client, absent ones included. Scored: the global model, after
 //! receiving it, as `fedavg`.
 
+use crate::Checked;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
@@ -103,7 +104,7 @@ impl Algorithm for FedAvgM {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, p: FedAvgMParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, p: Checked<FedAvgMParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             beta: p.server_momentum,
             nesterov: p.nesterov,

@@ -24,6 +24,7 @@
 //! personalisation of "the head fine-tuned during evaluation").
 //! `ft_epochs` = 10 is PFLlib's `fine_tuning_epochs` default.
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::params::Validate;
 use crate::params::params;
@@ -108,7 +109,7 @@ impl Algorithm for FedBabu {
     /// The trained body.
     type Up = Shared;
 
-    fn new(_: &'static str, params: FedBabuParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: Checked<FedBabuParams>, env: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             fed: Federation::new(Part::base(env.spec), env.init.len(), "base", "head"),
             ft_epochs: params.ft_epochs,
@@ -177,7 +178,14 @@ mod tests {
     use crate::testkit::{Tiny, changed};
 
     fn fedbabu(t: &Tiny, ft_epochs: usize) -> FedBabu {
-        FedBabu::new("fedbabu", FedBabuParams { ft_epochs }, &t.env()).unwrap()
+        FedBabu::new(
+            "fedbabu",
+            FedBabuParams { ft_epochs }
+                .check(t.env().clients())
+                .unwrap(),
+            &t.env(),
+        )
+        .unwrap()
     }
 
     /// Over rounds of training, averaging and receiving, the federated

@@ -45,6 +45,7 @@
 //!   initialisation are drawn from a stream keyed by the round-0 model, so
 //!   every run is reproducible.
 
+use crate::Checked;
 use crate::contract::check_parts;
 use crate::contract::holds_model;
 use crate::params::params;
@@ -216,14 +217,16 @@ impl Algorithm for FedCp {
     type Down = FedCpDown;
     type Up = FedCpUp;
 
-    fn new(name: &'static str, params: FedCpParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, params: Checked<FedCpParams>, env: &Env) -> Result<Self, AlgoError> {
         if env.label_counts.iter().all(|c| c.is_empty()) {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
                 message: "FedCP needs classification data (two classifier heads)".into(),
             });
         }
-        Ok(Self { params })
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_client(&self, env: &Env, client: usize) -> FedCpClient {
@@ -511,7 +514,12 @@ mod tests {
             label_counts: &counts,
             kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
-        let algo = FedCp::new("fedcp", FedCpParams::default(), &env).unwrap();
+        let algo = FedCp::new(
+            "fedcp",
+            FedCpParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let a = algo.init_client(&env, 0);
         let b = algo.init_client(&env, 1);
         assert_eq!(a.cpn, b.cpn);
@@ -526,7 +534,14 @@ mod tests {
             kernels: fedweave_core::pairwise::Kernels::cpu(),
             ..env
         };
-        assert!(FedCp::new("fedcp", FedCpParams::default(), &none).is_err());
+        assert!(
+            FedCp::new(
+                "fedcp",
+                FedCpParams::default().check(none.clients()).unwrap(),
+                &none
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -544,7 +559,12 @@ mod tests {
             label_counts: &counts,
             kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
-        let algo = FedCp::new("fedcp", FedCpParams::default(), &env).unwrap();
+        let algo = FedCp::new(
+            "fedcp",
+            FedCpParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let l = cpn_len(200);
         let up = |x: f32| FedCpUp {
             body: vec![x; split.base.len()],

@@ -28,6 +28,7 @@
 //! before it trains again (METHODS.md §4.4), so fedweave evaluates after
 //! mixing. Absent clients keep their last personalised model.
 
+use crate::Checked;
 use crate::params::Validate;
 use crate::params::params;
 use crate::{
@@ -146,8 +147,10 @@ impl Algorithm for FedDwa {
     type Down = Vec<f32>;
     type Up = Guided;
 
-    fn new(_: &'static str, params: FedDwaParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<FedDwaParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_client(&self, env: &Env, _: usize) -> Model {

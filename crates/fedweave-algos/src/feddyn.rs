@@ -27,6 +27,7 @@
 //! server model θ, after receiving it. Local training uses the `[train]`
 //! optimiser, a fresh one each round.
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
@@ -100,7 +101,7 @@ impl Algorithm for FedDyn {
     /// θ_i.
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, p: FedDynParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, p: Checked<FedDynParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             alpha: p.alpha as f32,
         })

@@ -30,6 +30,7 @@
 //! receive the new components too), uniform before their first round.
 //! Evaluation: the mixture, after local training.
 
+use crate::Checked;
 use crate::contract::HoldsModel;
 use crate::ifca::Models;
 use crate::params::Validate;
@@ -200,7 +201,7 @@ impl Algorithm for FedEm {
     type Down = Models;
     type Up = Mixture;
 
-    fn new(name: &'static str, params: FedEmParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, params: Checked<FedEmParams>, env: &Env) -> Result<Self, AlgoError> {
         if env.label_counts.iter().all(|c| c.is_empty()) {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
@@ -208,7 +209,9 @@ impl Algorithm for FedEm {
                     .into(),
             });
         }
-        Ok(Self { params })
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> FedEmServer {
@@ -426,7 +429,12 @@ mod tests {
     fn a_round_updates_pi_from_the_e_step_and_trains_every_component() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let fedem = FedEm::new("fedem", FedEmParams { components: 2 }, &env).unwrap();
+        let fedem = FedEm::new(
+            "fedem",
+            FedEmParams { components: 2 }.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut state = fedem.init_client(&env, 0);
         // Component 1 already fits client 0's data: the E-step must give it
         // most of the responsibility.
@@ -464,7 +472,12 @@ mod tests {
     fn the_mixture_is_scored_with_mixed_probabilities() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let fedem = FedEm::new("fedem", FedEmParams { components: 2 }, &env).unwrap();
+        let fedem = FedEm::new(
+            "fedem",
+            FedEmParams { components: 2 }.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut state = fedem.init_client(&env, 0);
         let data = tiny.cx(0, 1).data.train;
         // π = (1, 0): the mixture is component 0 exactly.
@@ -484,7 +497,12 @@ mod tests {
     fn uploads_with_broken_mixture_weights_are_rejected() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let fedem = FedEm::new("fedem", FedEmParams { components: 2 }, &env).unwrap();
+        let fedem = FedEm::new(
+            "fedem",
+            FedEmParams { components: 2 }.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let d = env.init.len();
         let up = |pi: Vec<f64>| Mixture {
             components: Models(vec![vec![0.0; d]; 2]),

@@ -51,6 +51,7 @@
 //! own model and, in round 1, for everyone); the signed scores go into P.
 //! Evaluation: the trained model.
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
@@ -222,9 +223,9 @@ impl Algorithm for FedFomo {
     /// The trained model and the weights used.
     type Up = RowUp;
 
-    fn new(_: &'static str, params: FedFomoParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: Checked<FedFomoParams>, env: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
-            params,
+            params: params.into_inner(),
             seed: crate::init_seed(env.init),
         })
     }
@@ -366,7 +367,12 @@ mod tests {
     fn client_mixes_helpful_models_and_server_updates_affinity() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let algo = FedFomo::new("fedfomo", FedFomoParams::default(), &env).unwrap();
+        let algo = FedFomo::new(
+            "fedfomo",
+            FedFomoParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut server = algo.init_server(&env);
         // Client 2's data covers client 0's classes: train a good model there.
         let mut good = env.initial_model();
@@ -433,7 +439,12 @@ mod tests {
             sizes: &sizes,
             ..tiny.env()
         };
-        let algo = FedFomo::new("fedfomo", FedFomoParams::default(), &env).unwrap();
+        let algo = FedFomo::new(
+            "fedfomo",
+            FedFomoParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let (harmful, helpful) = (7, 2);
         let mut good = env.initial_model();
         for r in 1..=5 {

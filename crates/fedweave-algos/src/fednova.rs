@@ -38,6 +38,7 @@
 //! case. Clients with no training data take no step (a_i = 0) and are left
 //! out of the average.
 
+use crate::Checked;
 use crate::params::Validate;
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, RoundOutcome};
 use crate::{EvalPoint, Trained};
@@ -110,7 +111,7 @@ impl Algorithm for FedNova {
     type Down = Vec<f32>;
     type Up = NovaUp;
 
-    fn new(_: &'static str, _: FedNovaParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, _: Checked<FedNovaParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self)
     }
 

@@ -54,6 +54,7 @@
 
 #![allow(clippy::needless_range_loop)] // index loops mirror the matrix formulas
 
+use crate::Checked;
 use crate::contract::check_parts;
 use crate::contract::holds_model;
 use crate::params::params;
@@ -352,14 +353,20 @@ impl Algorithm for FedPac {
     type Down = FedPacDown;
     type Up = FedPacUp;
 
-    fn new(name: &'static str, params: FedPacParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(
+        name: &'static str,
+        params: Checked<FedPacParams>,
+        env: &Env,
+    ) -> Result<Self, AlgoError> {
         if env.label_counts.iter().all(|c| c.is_empty()) {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
                 message: "FedPAC needs classification data (class prototypes)".into(),
             });
         }
-        Ok(Self { params })
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_client(&self, env: &Env, _: usize) -> FedPacClient {

@@ -49,6 +49,7 @@
 //! - No gradient-norm clipping (the authors clip at `max_grad_norm`); no
 //!   fedweave method clips.
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
 use crate::params::params;
@@ -130,7 +131,11 @@ impl Algorithm for FedPhp {
     /// The trained local model.
     type Up = Vec<f32>;
 
-    fn new(name: &'static str, params: FedPhpParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(
+        name: &'static str,
+        params: Checked<FedPhpParams>,
+        env: &Env,
+    ) -> Result<Self, AlgoError> {
         if env.label_counts.is_empty() {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
@@ -138,7 +143,9 @@ impl Algorithm for FedPhp {
                     .into(),
             });
         }
-        Ok(Self { params })
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_client(&self, env: &Env, _: usize) -> PhpClient {
@@ -223,7 +230,7 @@ mod tests {
             label_counts: &counts,
             kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
-        let a = FedPhp::new("fedphp", params, &env).unwrap();
+        let a = FedPhp::new("fedphp", params.check(env.clients()).unwrap(), &env).unwrap();
         // The server's graph: p over participants 0 and 2, for everyone.
         let up = |v: f32| vec![v; init.len()];
         let out = a.aggregate(&env, &mut (), 1, &[(0, up(1.0)), (2, up(4.0))]);

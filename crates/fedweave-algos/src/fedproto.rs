@@ -47,6 +47,7 @@
 //!   prototype; the model's head is the paper's inference path and what every
 //!   other fedweave method is scored with.
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
@@ -300,7 +301,11 @@ impl Algorithm for FedProto {
     type Down = GlobalPrototypes;
     type Up = LocalPrototypes;
 
-    fn new(name: &'static str, params: FedProtoParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(
+        name: &'static str,
+        params: Checked<FedProtoParams>,
+        env: &Env,
+    ) -> Result<Self, AlgoError> {
         if env.label_counts.is_empty() {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
@@ -308,7 +313,7 @@ impl Algorithm for FedProto {
             });
         }
         Ok(Self {
-            params,
+            params: params.into_inner(),
             classes: env.spec.num_classes(),
             dim: env.spec.feature_len(),
         })
@@ -482,7 +487,12 @@ mod tests {
             label_counts: &counts,
             kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
-        let algo = FedProto::new("fedproto", FedProtoParams::default(), &env).unwrap();
+        let algo = FedProto::new(
+            "fedproto",
+            FedProtoParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut c = algo.init_client(&env, 0);
         let mut values = vec![0.5f32; 200];
         values.extend(vec![-1.0f32; 200]);

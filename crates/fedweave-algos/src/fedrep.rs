@@ -20,6 +20,7 @@
 //! `plocal_epochs` defaults to 1; the FedRep paper uses more head epochs
 //! than body epochs too). Evaluation: the model after local training.
 
+use crate::Checked;
 use crate::params::Validate;
 use crate::params::params;
 use crate::split::{Federation, Part, Shared};
@@ -77,7 +78,7 @@ impl Algorithm for FedRep {
     /// The trained body.
     type Up = Shared;
 
-    fn new(_: &'static str, params: FedRepParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: Checked<FedRepParams>, env: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             fed: Federation::new(Part::base(env.spec), env.init.len(), "base", "head"),
             head_epochs: params.head_epochs,
@@ -130,7 +131,14 @@ mod tests {
     use crate::testkit::{Tiny, changed};
 
     fn fedrep(t: &Tiny, head_epochs: usize) -> FedRep {
-        FedRep::new("fedrep", FedRepParams { head_epochs }, &t.env()).unwrap()
+        FedRep::new(
+            "fedrep",
+            FedRepParams { head_epochs }
+                .check(t.env().clients())
+                .unwrap(),
+            &t.env(),
+        )
+        .unwrap()
     }
 
     /// Each phase moves its own group and leaves the other bit for bit,

@@ -35,6 +35,7 @@
 //! is scored with, rather than a moving target; it also needs no second
 //! backward pass through the body.
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
 use crate::params::Validate;
@@ -171,7 +172,7 @@ impl Algorithm for FedRod {
     /// The trained shared model.
     type Up = Vec<f32>;
 
-    fn new(name: &'static str, _: FedRodParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, _: Checked<FedRodParams>, env: &Env) -> Result<Self, AlgoError> {
         if env.label_counts.is_empty() {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
@@ -365,7 +366,12 @@ mod tests {
             label_counts: &counts,
             kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
-        let algo = FedRod::new("fedrod", FedRodParams::default(), &env).unwrap();
+        let algo = FedRod::new(
+            "fedrod",
+            FedRodParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut c = algo.init_client(&env, 0);
         let head = spec.split().head;
         assert_eq!(c.personal, init[head.clone()]);

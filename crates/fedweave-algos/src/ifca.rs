@@ -29,6 +29,7 @@
 //! Not done: IFCA's weight-sharing variant (shared lower layers) and its
 //! random restarts.
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::params::Validate;
 use crate::params::params;
@@ -158,8 +159,10 @@ impl Algorithm for Ifca {
     type Down = Models;
     type Up = Chosen;
 
-    fn new(_: &'static str, params: IfcaParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<IfcaParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> Models {
@@ -284,7 +287,12 @@ mod tests {
     fn each_client_trains_the_cluster_model_with_the_lowest_training_loss() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let ifca = Ifca::new("ifca", IfcaParams { clusters: 3 }, &env).unwrap();
+        let ifca = Ifca::new(
+            "ifca",
+            IfcaParams { clusters: 3 }.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut state = ifca.init_client(&env, 0);
         // Cluster 2 is a model trained on client 0's data: the best fit.
         let mut good = env.initial_model();
@@ -310,7 +318,12 @@ mod tests {
     fn clusters_average_their_own_uploads_and_the_graph_is_membership() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let ifca = Ifca::new("ifca", IfcaParams { clusters: 3 }, &env).unwrap();
+        let ifca = Ifca::new(
+            "ifca",
+            IfcaParams { clusters: 3 }.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut server = ifca.init_server(&env);
         assert_ne!(server.0[0], server.0[1], "distinct initial models");
         let untouched = server.0[1].clone();

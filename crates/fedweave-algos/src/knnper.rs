@@ -42,6 +42,7 @@
 //! Evaluation point: after the global model is received (the model the
 //! kNN is built on), as FedAvg.
 
+use crate::Checked;
 use crate::fedavg::average_to_all;
 use crate::params::Validate;
 use crate::params::params;
@@ -222,14 +223,20 @@ impl Algorithm for KnnPer {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(name: &'static str, params: KnnPerParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(
+        name: &'static str,
+        params: Checked<KnnPerParams>,
+        env: &Env,
+    ) -> Result<Self, AlgoError> {
         if env.label_counts.is_empty() {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
                 message: "kNN-Per votes over class labels; this dataset has none".into(),
             });
         }
-        Ok(Self { params })
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_client(&self, env: &Env, _: usize) -> Model {

@@ -31,6 +31,7 @@
 //! (training data when it has none), as one batch. Evaluation: the trained
 //! model.
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
@@ -204,8 +205,10 @@ impl Algorithm for L2c {
     /// The trained model, the weights used and the neighbours kept.
     type Up = L2cUp;
 
-    fn new(_: &'static str, params: L2cParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<L2cParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> Store {
@@ -341,7 +344,7 @@ mod tests {
             top_k: 1,
             ..Default::default()
         };
-        let algo = L2c::new("l2c", params, &env).unwrap();
+        let algo = L2c::new("l2c", params.check(env.clients()).unwrap(), &env).unwrap();
         let mut good = env.initial_model();
         for r in 1..=5 {
             tiny.cx(2, r).train_plain(&env, &mut good, &[]);
@@ -401,7 +404,12 @@ mod tests {
     fn the_mixture_reaches_clients_absent_at_the_first_upload() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let algo = L2c::new("l2c", L2cParams::default(), &env).unwrap();
+        let algo = L2c::new(
+            "l2c",
+            L2cParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut store = algo.init_server(&env);
         let mut clients: Vec<L2cClient> = (0..3).map(|i| algo.init_client(&env, i)).collect();
         let mut mixed_with = Vec::new();

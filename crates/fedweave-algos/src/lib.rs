@@ -85,7 +85,7 @@ pub use contract::{
     Algorithm, ClientCx, ClientData, Env, EvalPoint, Info, Message, Model, ModelRef, PeerNet,
     PeerStep, RoundOutcome, Topology, Trained,
 };
-pub use params::{AlgoError, ParamError, Validate};
+pub use params::{AlgoError, Checked, ParamError, Validate};
 pub use registry::{Visitor, catalogue, check_params, dispatch};
 
 /// A seed for an algorithm's own initial draws (FedCP's policy network,

@@ -1,6 +1,7 @@
 //! Local training: no collaboration, W = I. The floor every personalised
 //! method must beat. Its graph rule is the trait's default `aggregate`.
 
+use crate::Checked;
 use crate::params::Validate;
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, Trained};
 use serde::{Deserialize, Serialize};
@@ -27,7 +28,7 @@ impl Algorithm for Local {
     type Down = ();
     type Up = ();
 
-    fn new(_: &'static str, _: LocalParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, _: Checked<LocalParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self)
     }
 

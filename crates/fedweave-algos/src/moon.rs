@@ -29,6 +29,7 @@
 //! evaluation mode (running batch-norm statistics); PFLlib runs them in
 //! training mode on each batch — identical without batch norm.
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
 use crate::params::params;
@@ -115,8 +116,10 @@ impl Algorithm for Moon {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, params: MoonParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<MoonParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_client(&self, env: &Env, _: usize) -> MoonClient {

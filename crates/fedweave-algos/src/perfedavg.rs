@@ -34,6 +34,7 @@
 //! (0.84); with the defaults (α = 0.01, β = 0.05) it scores 0.96
 //! (`tests/it/baselines.rs`).
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
 use crate::params::params;
@@ -92,7 +93,7 @@ impl Algorithm for PerFedAvg {
     /// The meta-trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, p: PerFedAvgParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, p: Checked<PerFedAvgParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             alpha: p.alpha as f32,
             beta: p.beta.map(|b| b as f32),

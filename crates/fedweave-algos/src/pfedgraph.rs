@@ -21,6 +21,7 @@
 //! checks this for every algorithm (absent: no training, identity row,
 //! model unchanged unless the method addresses it).
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
@@ -196,9 +197,16 @@ impl Algorithm for PFedGraph {
     type Down = Mixed;
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, params: PFedGraphParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(
+        _: &'static str,
+        params: Checked<PFedGraphParams>,
+        env: &Env,
+    ) -> Result<Self, AlgoError> {
         let alpha = params.alpha.unwrap_or(0.08 * env.clients() as f64);
-        Ok(Self { params, alpha })
+        Ok(Self {
+            params: params.into_inner(),
+            alpha,
+        })
     }
 
     fn init_client(&self, env: &Env, _: usize) -> PFedGraphClient {

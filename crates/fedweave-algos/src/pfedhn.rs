@@ -34,6 +34,7 @@
 //! participants' (self 1), normalised. Evaluation: the model after local
 //! training.
 
+use crate::Checked;
 use crate::hypernet::{HyperNet, Sgd, Shape};
 use crate::params::params;
 use crate::params::{Validate, non_negative};
@@ -143,8 +144,10 @@ impl Algorithm for PFedHn {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, params: PFedHnParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<PFedHnParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> PFedHnServer {
@@ -228,7 +231,7 @@ mod tests {
             embed_dim: 2,
             ..Default::default()
         };
-        let algo = PFedHn::new("pfedhn", params, &env).unwrap();
+        let algo = PFedHn::new("pfedhn", params.check(env.clients()).unwrap(), &env).unwrap();
         let mut server = algo.init_server(&env);
         for i in 0..3 {
             assert_eq!(server.net.output(&server.net.pass(i)), env.init);

@@ -34,6 +34,7 @@
 //! their mean as the round's graph. Evaluation: the model after local
 //! training.
 
+use crate::Checked;
 use crate::fedaghn::HnSign;
 use crate::hypernet::{HyperNet, Sgd, Shape};
 use crate::params::params;
@@ -218,8 +219,10 @@ impl Algorithm for PFedLa {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, params: PFedLaParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<PFedLaParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> PFedLaServer {
@@ -359,7 +362,7 @@ mod tests {
             hidden_dim: 6,
             ..Default::default()
         };
-        let algo = PFedLa::new("pfedla", params, &env).unwrap();
+        let algo = PFedLa::new("pfedla", params.check(env.clients()).unwrap(), &env).unwrap();
         let server = algo.init_server(&env);
         let net = &server.nets[1];
         let models: Vec<Vec<f32>> = (0..3)
@@ -410,7 +413,12 @@ mod tests {
     fn aggregate_steps_uploaders_and_logs_per_tensor_graphs() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let algo = PFedLa::new("pfedla", PFedLaParams::default(), &env).unwrap();
+        let algo = PFedLa::new(
+            "pfedla",
+            PFedLaParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut server = algo.init_server(&env);
         let ups: Vec<(usize, Vec<f32>)> = (0..3)
             .map(|c| {

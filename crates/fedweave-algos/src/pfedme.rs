@@ -35,6 +35,7 @@
 //! used λ = 1). η·λ must stay below 2 for the step on w not to overshoot
 //! (1 means w jumps to θ̃); with fedweave's default η = 0.05 it is 0.75.
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
@@ -125,8 +126,10 @@ impl Algorithm for PFedMe {
     /// The client's w.
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, params: PFedMeParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<PFedMeParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> Vec<f32> {

@@ -30,6 +30,7 @@
 //! η_g = `server_lr` = 1 (the paper's experiments and PFLlib's default).
 //! Clients without training data take no step and upload y = x, Δc = 0.
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::fednova::effective_steps;
 use crate::params::params;
@@ -128,7 +129,7 @@ impl Algorithm for Scaffold {
     /// (y_i, Δc_i).
     type Up = WithControl;
 
-    fn new(_: &'static str, p: ScaffoldParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, p: Checked<ScaffoldParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             server_lr: p.server_lr,
         })

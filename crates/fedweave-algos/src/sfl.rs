@@ -53,6 +53,7 @@
 //! client c's test split. Absent clients (partial participation) keep their
 //! latest model in Θ and their own model (identity row).
 
+use crate::Checked;
 use crate::contract::holds_model;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
@@ -390,8 +391,10 @@ impl Algorithm for Sfl {
     type Down = Propagated;
     type Up = Vec<f32>;
 
-    fn new(_: &'static str, params: SflParams, env: &Env) -> Result<Self, AlgoError> {
-        let sfl = Self { params };
+    fn new(_: &'static str, params: Checked<SflParams>, env: &Env) -> Result<Self, AlgoError> {
+        let sfl = Self {
+            params: params.into_inner(),
+        };
         sfl.base_graph(env)
             .map_err(|message| AlgoError::Unsupported {
                 algorithm: "sfl".into(),
