@@ -9,8 +9,10 @@ fedweave's `cnn` (pFedGraph's SimpleCNN, 44,426 parameters), `cnn-bn`
 (PFLlib's FedAvgCNN with batch norm, 582,218) and `resnet8` (FedDWA's, on
 3x32x32). Prints steps/s and
 samples/s at 1 and 2 intra-op threads, median of 5 runs after a warm-up.
+`--device cuda` measures the same steps on a GPU instead (scripts/gpu_bench.sh),
+`--batch` changes the batch size.
 
-    python3 scripts/torch_cpu_throughput.py [--steps 50]
+    python3 scripts/torch_cpu_throughput.py [--steps 50] [--device cuda] [--batch 64]
 """
 import argparse
 import statistics
@@ -58,17 +60,20 @@ def resnet8():
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
 
 
-def steps_per_second(model, steps, shape, batch=64):
+def steps_per_second(model, steps, shape, batch=64, device="cpu"):
+    model = model.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-5)
     loss_fn = nn.CrossEntropyLoss()
-    x = torch.randn(batch, *shape)
-    y = torch.randint(0, 10, (batch,))
+    x = torch.randn(batch, *shape, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
 
     def run(n):
         for _ in range(n):
             opt.zero_grad()
             loss_fn(model(x), y).backward()
             opt.step()
+        if device != "cpu":
+            torch.cuda.synchronize()
 
     run(10)
     rates = []
@@ -82,19 +87,22 @@ def steps_per_second(model, steps, shape, batch=64):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, default=64)
     a = ap.parse_args()
-    print(f"torch {torch.__version__}")
+    where = torch.cuda.get_device_name() if a.device != "cpu" else "cpu"
+    print(f"torch {torch.__version__} on {where}, batch {a.batch}")
     print("| model | parameters | threads | steps/s | samples/s |")
     print("|---|---:|---:|---:|---:|")
     for name, make, shape in [("cnn", simple_cnn, (1, 28, 28)), ("cnn-bn", cnn_bn, (1, 28, 28)),
                               ("resnet8", resnet8, (3, 32, 32))]:
-        for threads in (1, 2):
+        for threads in ((1, 2) if a.device == "cpu" else (torch.get_num_threads(),)):
             torch.set_num_threads(threads)
             torch.manual_seed(0)
             model = make()
             params = sum(p.numel() for p in model.parameters())
-            r = steps_per_second(model, a.steps, shape)
-            print(f"| {name} | {params:,} | {threads} | {r:.1f} | {64 * r:,.0f} |")
+            r = steps_per_second(model, a.steps, shape, a.batch, a.device)
+            print(f"| {name} | {params:,} | {threads} | {r:.1f} | {a.batch * r:,.0f} |")
 
 
 if __name__ == "__main__":

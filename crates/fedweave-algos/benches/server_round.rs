@@ -6,8 +6,9 @@
 //! A plain bench binary rather than criterion: one N = 200 FedAGHN call
 //! takes tens of seconds, so criterion's ten samples per case would take
 //! many minutes for no extra information. Each case runs one warm-up round
-//! (FedAGHN and FedDWA keep state across rounds) and then `REPEATS` timed
-//! rounds; the median is printed.
+//! (FedAGHN and FedDWA keep state across rounds) and then a few timed
+//! rounds; the fastest is printed (`fedweave_algos::server_bench`, which
+//! `fedweave bench --server N` uses too).
 //!
 //! Uploads are synthetic trained models θ_i = θ_init + 0.01·(u_{i mod 4} +
 //! z_i) with standard-normal u, z (four client groups); FedDWA's guidance
@@ -33,95 +34,28 @@
 
 use fedweave_algos::fedaghn::FedAghn;
 use fedweave_algos::fedavg::FedAvg;
-use fedweave_algos::feddwa::{FedDwa, Guided};
+use fedweave_algos::feddwa::FedDwa;
 use fedweave_algos::pfedgraph::{PFedGraph, PFedGraphParams, infer_graph, similarity_matrix};
+use fedweave_algos::server_bench::{self, guided_models as guided, trained_models as models};
 use fedweave_algos::sfl::Sfl;
-use fedweave_algos::{Algorithm, Env, Message, Validate};
+use fedweave_algos::{Algorithm, Env, Validate};
 use fedweave_core::pairwise::{GemmThroughput, Kernels, gemm_throughput};
 use fedweave_core::{Purpose, RelationGraph, rng_stream};
 use fedweave_nn::{Backend, BurnOffload, ModelKind, ModelSpec, TrainConfig};
-use rand_distr::{Distribution, StandardNormal};
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
-const GROUPS: usize = 4;
-
-fn normal(rng: &mut impl rand::Rng, len: usize, scale: f32) -> Vec<f32> {
-    (0..len)
-        .map(|_| {
-            let z: f32 = StandardNormal.sample(&mut *rng);
-            scale * z
-        })
-        .collect()
-}
-
-/// `n` trained models: the init plus one of four group directions plus
-/// noise.
-fn models(init: &[f32], n: usize) -> Vec<(usize, Vec<f32>)> {
-    let mut rng = rng_stream(7, 1, 0, Purpose::Dataset);
-    let dirs: Vec<Vec<f32>> = (0..GROUPS)
-        .map(|_| normal(&mut rng, init.len(), 0.01))
-        .collect();
-    (0..n)
-        .map(|i| {
-            let z = normal(&mut rng, init.len(), 0.01);
-            let model: Vec<f32> = init
-                .iter()
-                .zip(&dirs[i % GROUPS])
-                .zip(&z)
-                .map(|((t, u), z)| t + u + z)
-                .collect();
-            (i, model)
-        })
-        .collect()
-}
-
-/// FedDWA's uploads: each model with a guidance model nearby.
-fn guided(init: &[f32], n: usize) -> Vec<(usize, Guided)> {
-    let mut rng = rng_stream(7, 2, 0, Purpose::Dataset);
-    models(init, n)
-        .into_iter()
-        .map(|(i, model)| {
-            let extra = normal(&mut rng, init.len(), 0.001);
-            let guidance = model.iter().zip(extra).map(|(a, b)| a + b).collect();
-            (i, Guided { model, guidance })
-        })
-        .collect()
-}
-
-/// Median seconds of `aggregate` over `repeats` rounds after a first one,
-/// and the bytes sent down and up per client per round.
+/// The fastest of `repeats` rounds after a warm-up, and the bytes each client
+/// moves down and up.
 fn time_aggregate<A: Algorithm>(
     name: &'static str,
     env: &Env,
     uploads: &[(usize, A::Up)],
     repeats: usize,
 ) -> (f64, f64, f64) {
-    let params: A::Params = toml::Value::Table(toml::Table::new())
-        .try_into()
-        .expect("default parameters");
-    let params = params.check(env.clients()).expect("valid defaults");
-    let algo = A::new(name, params, env).expect("builds");
-    let mut server = algo.init_server(env);
-    let mut times = Vec::new();
-    let mut down = 0u64;
-    for round in 1..=repeats + 1 {
-        let start = Instant::now();
-        let out = black_box(algo.aggregate(env, &mut server, round, uploads));
-        if round > 1 {
-            times.push(start.elapsed().as_secs_f64());
-        }
-        down = out.downloads.iter().map(|(_, d)| d.bytes()).sum();
-    }
-    let n = uploads.len() as f64;
-    let up: u64 = uploads.iter().map(|(_, u)| u.bytes()).sum();
-    (median(times), down as f64 / n, up as f64 / n)
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
+    let t = server_bench::time_aggregate::<A>(name, env, uploads, repeats);
+    (t.seconds, t.down_bytes, t.up_bytes)
 }
 
 /// Each client linked to its 3 predecessors and successors on a ring.
@@ -133,7 +67,7 @@ fn ring(n: usize) -> RelationGraph {
 }
 
 fn sfl_table() {
-    println!("\n| SFL aggregation (U = Â³Θ, 6-NN ring) | N | d | nnz(Â) | s/round (median) |");
+    println!("\n| SFL aggregation (U = Â³Θ, 6-NN ring) | N | d | nnz(Â) | s/round (best) |");
     println!("|---|---|---|---|---|");
     for (model, spec) in [
         (
@@ -346,7 +280,7 @@ fn main() {
         wire / 1e6
     );
     println!(
-        "| method | N | server s/round (median) | MB up / client / round | MB down / client / round |"
+        "| method | N | server s/round (best) | MB up / client / round | MB down / client / round |"
     );
     println!("|---|---|---|---|---|");
     for &n in &sizes {

@@ -44,6 +44,7 @@ use crate::{
 use fedweave_core::LayerGroup;
 use fedweave_core::pairwise::{Kernels, View};
 use fedweave_core::vecmath::dot;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// Direction of the hypernetwork step.
@@ -284,34 +285,53 @@ impl Algorithm for FedAghn {
         let models = models_of(uploads);
         let d = env.init.len();
 
-        // (1) Hypernetwork step, then (2) store θ_i and Δ_i.
-        for (&i, &new) in participants.iter().zip(&models) {
-            let sent = server.sent[i].take();
-            let personal: &[f32] = sent.as_ref().map_or(env.init, |s| &s.model);
-            let update: Vec<f32> = new.iter().zip(personal).map(|(a, b)| a - b).collect();
-            if let Some(s) = &sent {
-                let own = server.models[i].as_deref().unwrap_or(env.init);
-                for (r, g) in groups.iter().enumerate() {
-                    let rg = g.range.clone();
-                    let dot_q = dot(&s.grad_q[rg.clone()], &update[rg.clone()]);
-                    let dot_p = dp_dot(
-                        &own[rg.clone()],
-                        &s.model[rg.clone()],
-                        &update[rg],
-                        server.p[i][r],
-                    );
-                    (server.p[i][r], server.q[i][r]) = hn_step(
-                        server.p[i][r],
-                        server.q[i][r],
-                        dot_p,
-                        dot_q,
-                        self.params.hn_lr,
-                        self.params.hn_sign,
-                    );
+        // (1) Hypernetwork step, then (2) store θ_i and Δ_i. Each
+        // participant's step reads only its own state: computed in parallel,
+        // stored in participant order.
+        let steps: Vec<(Option<Vec<(f64, f64)>>, Vec<f32>, Vec<f32>)> = participants
+            .par_iter()
+            .zip(&models)
+            .map(|(&i, &new)| {
+                let sent = server.sent[i].as_ref();
+                let personal: &[f32] = sent.map_or(env.init, |s| &s.model);
+                let update: Vec<f32> = new.iter().zip(personal).map(|(a, b)| a - b).collect();
+                let pq = sent.map(|s| {
+                    let own = server.models[i].as_deref().unwrap_or(env.init);
+                    groups
+                        .iter()
+                        .enumerate()
+                        .map(|(r, g)| {
+                            let rg = g.range.clone();
+                            let dot_q = dot(&s.grad_q[rg.clone()], &update[rg.clone()]);
+                            let dot_p = dp_dot(
+                                &own[rg.clone()],
+                                &s.model[rg.clone()],
+                                &update[rg],
+                                server.p[i][r],
+                            );
+                            hn_step(
+                                server.p[i][r],
+                                server.q[i][r],
+                                dot_p,
+                                dot_q,
+                                self.params.hn_lr,
+                                self.params.hn_sign,
+                            )
+                        })
+                        .collect()
+                });
+                (pq, update.iter().map(|u| -u).collect(), new.to_vec())
+            })
+            .collect();
+        for (&i, (pq, delta, model)) in participants.iter().zip(steps) {
+            server.sent[i] = None;
+            if let Some(pq) = pq {
+                for (r, (p, q)) in pq.into_iter().enumerate() {
+                    (server.p[i][r], server.q[i][r]) = (p, q);
                 }
             }
-            server.deltas[i] = Some(update.iter().map(|u| -u).collect());
-            server.models[i] = Some(new.to_vec());
+            server.deltas[i] = Some(delta);
+            server.models[i] = Some(model);
         }
 
         // (3) New attention and θ̄_i for every participant, layer by layer.
@@ -345,16 +365,23 @@ impl Algorithm for FedAghn {
                 || env.kernels.mix(&alpha, &slices),
                 || env.kernels.mix(&beta, &slices),
             );
-            for k in 0..m {
-                models_bar[k][rg.clone()].copy_from_slice(mixed.row(k));
-                grads_q[k][rg.clone()].copy_from_slice(dq.row(k));
-            }
+            models_bar
+                .par_iter_mut()
+                .zip(grads_q.par_iter_mut())
+                .enumerate()
+                .for_each(|(k, (bar, grad))| {
+                    bar[rg.clone()].copy_from_slice(mixed.row(k));
+                    grad[rg.clone()].copy_from_slice(dq.row(k));
+                });
             layer_rows.push(alpha);
         }
 
-        let mut downloads = Vec::with_capacity(m);
+        let downloads: Vec<(usize, Vec<f32>)> = participants
+            .par_iter()
+            .zip(&models_bar)
+            .map(|(&i, model)| (i, model.clone()))
+            .collect();
         for ((&i, model), grad_q) in participants.iter().zip(models_bar).zip(grads_q) {
-            downloads.push((i, model.clone()));
             server.sent[i] = Some(Sent { model, grad_q });
         }
         crate::layered_outcome(

@@ -74,6 +74,7 @@ pub mod registry;
 pub mod relay;
 pub mod robust;
 pub mod scaffold;
+pub mod server_bench;
 pub mod sfl;
 pub mod split;
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! `fedweave`: personalized federated learning with collaboration graphs.
 
+mod bench;
 mod init;
 
 use anyhow::Context;
@@ -85,6 +86,9 @@ enum Command {
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
     },
+    /// Measure this machine: training steps/s per model (one client at a
+    /// time and K batched) and the graph methods' server step at N clients.
+    Bench(bench::BenchArgs),
     /// Print a shell completion script: `fedweave completions bash >
     /// ~/.local/share/bash-completion/completions/fedweave`.
     Completions {
@@ -510,6 +514,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             print!("{}", cfg.to_toml());
             Ok(())
         }
+        Command::Bench(args) => bench::run(args),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(

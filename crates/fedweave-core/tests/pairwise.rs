@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
 use fedweave_core::pairwise::{
-    Columns, DeviceGram, Kernels, Matrix, Offload, OffloadError, SQ_DIST_REL_TOL, View,
-    gram_error_factor,
+    Columns, DeviceGram, Kernels, MIX_SPARSE_MIN_MODELS, Matrix, Offload, OffloadError,
+    SQ_DIST_REL_TOL, View, gram_error_factor,
 };
 use fedweave_core::vecmath::{cosine, dot, sq_dist, weighted_sum};
 use rand::{Rng, SeedableRng};
@@ -690,4 +690,64 @@ mod random_shapes {
             }
         }
     }
+}
+
+/// `n` rows over `m` models with `k` non-zero weights each (at `k`
+/// scattered positions), normalised.
+fn sparse_rows(seed: u64, n: usize, m: usize, k: usize) -> Vec<Vec<f64>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            let mut w = vec![0.0f64; m];
+            for _ in 0..k {
+                w[rng.random_range(0..m)] = rng.random_range(0.01..1.0);
+            }
+            let s: f64 = w.iter().sum();
+            w.iter().map(|x| x / s).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn sparse_mixing_over_many_models_takes_the_exact_loop_and_dense_the_gemm() {
+    // 100 models, 120 distinct rows of at most 10 non-zero weights (10 %):
+    // the sparse loop (`weighted_sum` on the non-zeros, block by block), on
+    // the host even where a device takes every product.
+    let models = rows(44, 100, 2500, 0.0);
+    let refs: Vec<&[f32]> = models.iter().map(Vec::as_slice).collect();
+    let w = sparse_rows(45, 120, 100, 10);
+    assert!(MIX_SPARSE_MIN_MODELS <= 100);
+    let (mock, dev) = Mock::kernels(MockMode::Naive, 0.0);
+    let mixed = dev.mix(&w, &models);
+    assert_eq!(mock.calls(), 0, "a sparse mixing went to the GEMM's device");
+    for (i, wi) in w.iter().enumerate() {
+        let mut want = vec![0.0f32; 2500];
+        weighted_sum(wi, &refs, &mut want);
+        assert_eq!(mixed.row(i), want.as_slice(), "row {i}");
+    }
+    assert_eq!(mixed, Kernels::cpu().mix(&w, &models));
+    // Dense rows (70 %) over the same models take the GEMM (the device).
+    dev.mix(&weight_rows(46, 120, 100), &models);
+    assert_eq!(mock.calls(), 1);
+    // Sparse rows over fewer models than the gate: the GEMM too.
+    let few = rows(47, MIX_SPARSE_MIN_MODELS - 1, 300, 0.0);
+    dev.mix(&sparse_rows(48, 10, few.len(), 2), &few);
+    assert_eq!(mock.calls(), 2);
+}
+
+#[test]
+fn sparse_mixing_is_the_same_at_any_thread_count() {
+    let models = rows(47, 80, 5000, 0.0);
+    let w = sparse_rows(48, 80, 80, 8);
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap()
+        .install(|| Kernels::cpu().mix(&w, &models));
+    let three = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap()
+        .install(|| Kernels::cpu().mix(&w, &models));
+    assert_eq!(one, three);
 }

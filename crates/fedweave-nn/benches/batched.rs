@@ -12,97 +12,30 @@
 //! Run: `cargo bench -p fedweave-nn --bench batched`
 //! (`FEDWEAVE_BENCH_K=1,10` to choose K).
 
-use fedweave_core::{Purpose, rng_stream};
-use fedweave_nn::{
-    BatchedClient, Device, LocalData, ModelKind, ModelSpec, TrainConfig, train_local,
-    train_local_batched,
-};
-use rand::Rng;
-use std::time::Instant;
+use fedweave_nn::throughput::{CLASSES, SyntheticClient, Workload};
+use fedweave_nn::{ModelKind, ModelSpec};
 
 const BATCH: usize = 64;
-const SAMPLES: usize = 10 * BATCH;
-const CLASSES: usize = 10;
 
-struct Data {
-    x: Vec<f32>,
-    y: Vec<u32>,
-    idx: Vec<usize>,
-}
-
-impl Data {
-    fn new(input_len: usize, seed: u64) -> Self {
-        let mut rng = rng_stream(seed, 0, 0, Purpose::Dataset);
-        Self {
-            x: (0..SAMPLES * input_len)
-                .map(|_| rng.random::<f32>())
-                .collect(),
-            y: (0..SAMPLES)
-                .map(|_| rng.random_range(0..CLASSES as u32))
-                .collect(),
-            idx: (0..SAMPLES).collect(),
-        }
-    }
-    fn view(&self) -> LocalData<'_> {
-        LocalData::new(&self.x, &self.y, &self.idx)
-    }
-}
-
-/// Seconds for K clients × `steps` steps: (sequential, batched when the
-/// model has a batched form).
-/// Seconds for K clients one after another, and batched.
+/// Seconds for K clients × `steps` steps: one after another on one thread,
+/// and batched.
 fn time_case(spec: &ModelSpec, k: usize, steps: usize) -> (f64, f64) {
-    let cfg = TrainConfig {
-        lr: 0.01,
-        momentum: 0.9,
-        weight_decay: 1e-5,
-        batch_size: BATCH,
-        iterations: steps,
-        epochs: 0,
+    let data: Vec<SyntheticClient> = (0..k.min(10))
+        .map(|c| SyntheticClient::new(spec.input_len(), c as u64))
+        .collect();
+    let work = Workload {
+        spec,
+        data: &data,
+        k,
+        batch: BATCH,
     };
-    // Ten distinct datasets shared round-robin keep memory flat at K = 100.
-    let data: Vec<Data> = (0..k.min(10))
-        .map(|c| Data::new(spec.input_len(), c as u64))
-        .collect();
-    let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
-    let rng = |c: usize| rng_stream(3, c as u64, 0, Purpose::Batches);
-
-    let mut params = vec![init.clone(); k];
-    let mut buffers = vec![spec.init_buffers(); k];
-    let start = Instant::now();
-    for c in 0..k {
-        train_local(
-            spec,
-            &mut params[c],
-            &mut buffers[c],
-            &data[c % data.len()].view(),
-            &cfg,
-            &[],
-            &[],
-            None,
-            &mut rng(c),
-        );
-    }
-    let sequential = start.elapsed().as_secs_f64();
-
-    let mut params = vec![init; k];
-    let mut buffers = vec![spec.init_buffers(); k];
-    let mut rngs: Vec<_> = (0..k).map(rng).collect();
-    let mut clients: Vec<BatchedClient<_>> = params
-        .iter_mut()
-        .zip(buffers.iter_mut())
-        .zip(rngs.iter_mut())
-        .enumerate()
-        .map(|(c, ((params, buffers), rng))| BatchedClient {
-            params,
-            buffers,
-            data: data[c % data.len()].view(),
-            rng,
-        })
-        .collect();
-    let start = Instant::now();
-    train_local_batched(spec, &Device::flex(), &mut clients, &cfg).expect("batched model");
-    (sequential, start.elapsed().as_secs_f64())
+    let one_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a thread pool");
+    let sequential = work.time_one_by_one(steps, &one_thread);
+    let batched = work.time_batched(steps).expect("batched model");
+    (sequential.seconds, batched.seconds)
 }
 
 fn main() {

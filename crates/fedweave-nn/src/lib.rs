@@ -29,6 +29,7 @@ pub mod model;
 pub mod objective;
 pub mod offload;
 mod resnet;
+pub mod throughput;
 pub mod train;
 pub mod trainer;
 

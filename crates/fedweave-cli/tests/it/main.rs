@@ -1,5 +1,6 @@
 //! All of this crate's integration tests in one binary: each test binary is a
 //! separate link step, and linking dominates CI time and disk.
+mod bench;
 mod cli;
 mod cluster;
 mod errors;

@@ -93,6 +93,18 @@ const DIRECT_DC: usize = 16384;
 /// Mixing with at most this many distinct weight rows runs `weighted_sum`'s
 /// loop (a GEMM would be memory-bound and pad its microkernel anyway).
 pub const MIX_DIRECT_ROWS: usize = 4;
+/// A mixing over at least this many models whose weights are at most
+/// [`MIX_SPARSE_DENSITY`] non-zero runs `weighted_sum`'s loop on the non-zero
+/// weights only (nnz·d work instead of the GEMM's p·m·d). Below it the GEMM
+/// costs milliseconds either way; the recorded goldens (at most 20 clients)
+/// keep the path they were recorded with.
+pub const MIX_SPARSE_MIN_MODELS: usize = 64;
+/// Largest share of non-zero weights for which the sparse loop beats the
+/// GEMM: the loop runs at about a third of the GEMM's rate.
+pub const MIX_SPARSE_DENSITY: f64 = 1.0 / 3.0;
+/// Bytes of `f32` models one sparse mixing block reads (the block of every
+/// model stays in a 256 KiB L2 while each output row gathers its terms).
+const SPARSE_BLOCK_BYTES: usize = 256 * 1024;
 /// Relative error bound of every entry of [`sq_dist_matrix`].
 pub const SQ_DIST_REL_TOL: f64 = 1e-9;
 
@@ -713,7 +725,9 @@ impl Kernels {
     /// weight 0 does not poison the row). Rows with bit-identical weights
     /// are computed once; the output rows have the models' length (0
     /// without models). At most [`MIX_DIRECT_ROWS`] distinct rows always
-    /// run on the host (memory-bound; bit-identical to `weighted_sum`).
+    /// run on the host (memory-bound; bit-identical to `weighted_sum`), and
+    /// so do sparse weights over many models ([`MIX_SPARSE_MIN_MODELS`],
+    /// [`MIX_SPARSE_DENSITY`]: nnz·d work, also bit-identical).
     pub fn mix<W, R>(&self, weights: &[W], models: &[R]) -> Mixed
     where
         W: AsRef<[f64]>,
@@ -756,7 +770,8 @@ impl Kernels {
             return Mixed { distinct, which };
         }
         let flops = 2.0 * (p * na * d) as f64;
-        if let Some(dev) = self.device(flops).filter(|_| p > MIX_DIRECT_ROWS) {
+        let gemm = p > MIX_DIRECT_ROWS && !sparse_pays(&wd, na);
+        if let Some(dev) = self.device(flops).filter(|_| gemm) {
             let rows: Vec<&[f64]> = wd.chunks(na).collect();
             match dev.mix(&rows, &used) {
                 Ok(out) if out.len() == p && out.iter().all(|r| r.len() == d) => {
@@ -1013,15 +1028,31 @@ fn weighted_block(w: &[f64], models: &[&[f32]], c0: usize, out: &mut [f32], acc:
     }
 }
 
+/// Whether the sparse loop pays for weights `wd` (rows of `na`): many
+/// models and few non-zero weights.
+fn sparse_pays(wd: &[f64], na: usize) -> bool {
+    let nnz = wd.iter().filter(|w| **w != 0.0).count();
+    na >= MIX_SPARSE_MIN_MODELS && (nnz as f64) <= MIX_SPARSE_DENSITY * wd.len() as f64
+}
+
 /// The host's W·Θ on `p` distinct rows `wd` (row-major, `models.len()`
 /// columns) into `distinct`: blocks of columns in parallel, each a GEMM
 /// (or `weighted_block` for few rows).
 fn mix_host(wd: &[f64], models: &[&[f32]], distinct: &mut [Vec<f32>]) {
     let (p, na) = (distinct.len(), models.len());
     let d = distinct.first().map_or(0, Vec::len);
-    // Few rows: long blocks stream each model; many: short blocks keep the
-    // converted block of Θ in cache across the GEMM's row tiles.
-    let width = if p <= MIX_DIRECT_ROWS { DIRECT_DC } else { DC };
+    let direct = p <= MIX_DIRECT_ROWS || sparse_pays(wd, na);
+    // Few rows: long blocks stream each model; sparse rows: blocks whose
+    // models all fit in L2 while the rows gather from them; dense rows:
+    // short blocks keep the converted block of Θ in cache across the GEMM's
+    // row tiles. Widths depend on the shapes only.
+    let width = if p <= MIX_DIRECT_ROWS {
+        DIRECT_DC
+    } else if direct {
+        (SPARSE_BLOCK_BYTES / (4 * na) / 64 * 64).clamp(64, DIRECT_DC)
+    } else {
+        DC
+    };
     let mut blocks: Vec<Vec<&mut [f32]>> = (0..d.div_ceil(width)).map(|_| Vec::new()).collect();
     for row in distinct.iter_mut() {
         for (c, chunk) in row.chunks_mut(width).enumerate() {
@@ -1036,7 +1067,7 @@ fn mix_host(wd: &[f64], models: &[&[f32]], distinct: &mut [Vec<f32>]) {
             let c0 = c * width;
             let dc = outs[0].len();
             let mut acc = vec![0.0f64; TILE.min(p) * dc];
-            if p <= MIX_DIRECT_ROWS {
+            if direct {
                 for (r, out) in outs.iter_mut().enumerate() {
                     weighted_block(w_row(r), models, c0, out, &mut acc);
                 }
