@@ -216,7 +216,7 @@ impl Algorithm for Apple {
             up: RowUp {
                 model: state.core.params.clone(),
                 row,
-                scores: Vec::new(),
+                extra: (),
             },
             train_loss,
         }

@@ -56,6 +56,10 @@ use crate::contract::holds_model;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::relay::{Relayed, RowUp, Store, holdout, uploaded_rows};
+
+/// A FedFomo upload: the trained model, the row it mixed with and the
+/// signed score of every model it weighed (harmful ones negative).
+pub type FomoUp = RowUp<Vec<(usize, f64)>>;
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_core::vecmath::{sq_dist, weighted_sum};
 use fedweave_core::{Purpose, rng_stream};
@@ -221,7 +225,7 @@ impl Algorithm for FedFomo {
     /// The M chosen clients' models.
     type Down = Relayed;
     /// The trained model and the weights used.
-    type Up = RowUp;
+    type Up = FomoUp;
 
     fn new(_: &'static str, params: Checked<FedFomoParams>, env: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
@@ -254,14 +258,14 @@ impl Algorithm for FedFomo {
         env: &Env,
         cx: &mut ClientCx,
         state: &mut FedFomoClient,
-    ) -> Trained<RowUp> {
+    ) -> Trained<FomoUp> {
         let Weighed { row, scores } = self.combine(env, &holdout(cx), state);
         let train_loss = cx.train_plain(env, &mut state.model, &[]);
         Trained {
             up: RowUp {
                 model: state.model.params.clone(),
                 row,
-                scores,
+                extra: scores,
             },
             train_loss,
         }
@@ -272,11 +276,11 @@ impl Algorithm for FedFomo {
         env: &Env,
         server: &mut FedFomoServer,
         round: usize,
-        uploads: &[(usize, RowUp)],
+        uploads: &[(usize, FomoUp)],
     ) -> RoundOutcome<Relayed> {
         server.store.update(uploads);
         for (i, up) in uploads {
-            for &(j, w) in &up.scores {
+            for &(j, w) in &up.extra {
                 server.affinity[*i][j] += w;
             }
         }
@@ -399,21 +403,21 @@ mod tests {
         assert!(state.received.ids.is_empty());
         // Nothing received: the client keeps its model and uploads no row.
         let up = algo.local_round(&env, &mut cx, &mut state).up;
-        assert!(up.row.is_empty() && up.scores.is_empty());
+        assert!(up.row.is_empty() && up.extra.is_empty());
         let uploads = vec![
             (
                 0,
-                RowUp {
+                FomoUp {
                     model: up.model,
                     row: weighed.row,
-                    scores: weighed.scores,
+                    extra: weighed.scores,
                 },
             ),
             (
                 1,
-                RowUp {
+                FomoUp {
                     model: env.init.to_vec(),
-                    ..RowUp::default()
+                    ..FomoUp::default()
                 },
             ),
         ];
@@ -470,9 +474,9 @@ mod tests {
             uploads.extend((1..20).map(|i| {
                 (
                     i,
-                    RowUp {
+                    FomoUp {
                         model: env.init.to_vec(),
-                        ..RowUp::default()
+                        ..FomoUp::default()
                     },
                 )
             }));

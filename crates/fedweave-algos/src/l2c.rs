@@ -35,10 +35,8 @@ use crate::Checked;
 use crate::contract::holds_model;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
-use crate::relay::{MixedUp, Relayed, Store, holdout, holdout_grad, uploaded_rows};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
-};
+use crate::relay::{Relayed, RowUp, Store, holdout, holdout_grad, uploaded_rows};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_core::vecmath::{dot, weighted_sum};
 use fedweave_nn::LocalData;
 use serde::{Deserialize, Serialize};
@@ -98,37 +96,10 @@ pub fn prune(logits: &[f64], me: usize, k: usize) -> Vec<usize> {
     others
 }
 
-/// What an L2C client uploads.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct L2cUp {
-    /// The model after local training.
-    #[serde(with = "fedweave_core::stash::vector")]
-    pub model: Vec<f32>,
-    /// (client, α) pairs it mixed with, itself included; empty when it
-    /// received nothing. Not counted on the wire.
-    pub row: Vec<(usize, f64)>,
-    /// The neighbours it keeps after pruning, itself included (empty before
-    /// it prunes: it asks for every other client's model). Not counted.
-    pub kept: Vec<usize>,
-}
-
-impl MixedUp for L2cUp {
-    fn model(&self) -> &[f32] {
-        &self.model
-    }
-    fn row(&self) -> &[(usize, f64)] {
-        &self.row
-    }
-}
-
-impl Message for L2cUp {
-    fn vectors(&self) -> Vec<&[f32]> {
-        vec![&self.model]
-    }
-    fn vectors_mut(&mut self) -> Vec<&mut [f32]> {
-        vec![&mut self.model]
-    }
-}
+/// What an L2C client uploads: the trained model, the row α_i it mixed
+/// with and the neighbours it keeps after pruning, itself included (empty
+/// before it prunes: it asks for every other client's model).
+pub type L2cUp = RowUp<Vec<usize>>;
 
 /// L2C.
 pub struct L2c {
@@ -231,7 +202,7 @@ impl Algorithm for L2c {
             up: L2cUp {
                 model: state.model.params.clone(),
                 row,
-                kept: state.kept.clone(),
+                extra: state.kept.clone(),
             },
             train_loss,
         }
@@ -252,7 +223,11 @@ impl Algorithm for L2c {
                 // What it asked for: every other known client until it
                 // prunes, its kept neighbours after; never itself (it holds
                 // its own model).
-                let asked = if up.kept.is_empty() { &known } else { &up.kept };
+                let asked = if up.extra.is_empty() {
+                    &known
+                } else {
+                    &up.extra
+                };
                 let ids: Vec<usize> = asked.iter().copied().filter(|j| j != i).collect();
                 (*i, store.relay(&ids))
             })
@@ -382,7 +357,7 @@ mod tests {
                         i,
                         L2cUp {
                             row: row.clone(),
-                            kept: state.kept.clone(),
+                            extra: state.kept.clone(),
                             ..up
                         },
                     ),
