@@ -8,7 +8,7 @@
 #   --data   a folder holding Fashion-MNIST's four IDX files (default: Debian's
 #            /usr/share/datasets/fashion-mnist)
 #   --out    where the results go (default: gpu-results)
-#   --quick  shorter measurements (1 s instead of 3 s each, 2 rounds instead of 3)
+#   --quick  shorter measurements (1 s instead of 3 s each)
 #
 # What it measures, each part under its own time limit so one stuck part costs only itself:
 #   1. `fedweave bench --backend cuda`: client-steps/s of mlp, cnn, cnn-bn and resnet8 at
@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
     --bin) bin=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    --quick) secs=1; rounds=2; shift ;;
+    --quick) secs=1; shift ;;
     *) echo "gpu_bench.sh: unknown argument \`$1\`" >&2; exit 2 ;;
     esac
 done
@@ -73,13 +73,13 @@ part() {
 }
 
 # 1. Training throughput.
-part bench-train 240 bash -c "'$bin' bench --backend cuda --model mlp --model cnn --model cnn-bn \
+part bench-train 150 bash -c "'$bin' bench --backend cuda --model mlp --model cnn --model cnn-bn \
     --model resnet8 --k 1 --k 10 --k 100 --seconds $secs --json > '$out/train_cuda.jsonl'"
 
 # 2. Server steps at N = 500 and 1000, d = 582k: on the GPU and on every host core.
-part bench-server-cuda 150 bash -c "'$bin' bench --backend cuda --model cnn-bn --server 500 --server 1000 \
+part bench-server-cuda 100 bash -c "'$bin' bench --backend cuda --model cnn-bn --server 500 --server 1000 \
     --no-train --json > '$out/server_cuda.jsonl'"
-part bench-server-cpu 150 bash -c "'$bin' bench --backend cpu --model cnn-bn --server 500 \
+part bench-server-cpu 80 bash -c "'$bin' bench --backend cpu --model cnn-bn --server 500 \
     --no-train --json > '$out/server_cpu.jsonl'"
 
 # 3. pFedGraph Severe per round, and 4. PFLlib's FedAvg setting.
@@ -91,21 +91,21 @@ run() {
 }
 severe=(--set partition.kind='"pathological"' --set partition.classes_per_client=2
     --set eval.when='"before_and_after"')
-run severe-cuda 150 examples/fmnist_pfedgraph.toml "${severe[@]}" --set device.backend='"cuda"'
-run severe-cuda-batched 150 examples/fmnist_pfedgraph.toml "${severe[@]}" --set device.backend='"cuda"' \
+run severe-cuda 80 examples/fmnist_pfedgraph.toml "${severe[@]}" --set device.backend='"cuda"'
+run severe-cuda-batched 80 examples/fmnist_pfedgraph.toml "${severe[@]}" --set device.backend='"cuda"' \
     --set device.batch_clients=10
-run severe-cpu 150 examples/fmnist_pfedgraph.toml "${severe[@]}" --set rounds=1
+run severe-cpu 50 examples/fmnist_pfedgraph.toml "${severe[@]}" --set rounds=1
 pfllib=(--set algorithm.name='"fedavg"' --set model.kind='"cnn-bn"' --set partition.kind='"dirichlet"'
     --set partition.beta=0.1 --set train.local_iterations=0 --set train.local_epochs=2
     --set train.batch_size=10 --set train.lr=0.005 --set train.momentum=0.0 --set train.weight_decay=0.0)
-run pfllib-fedavg-cuda 200 examples/fmnist_pfedgraph.toml "${pfllib[@]}" --set device.backend='"cuda"'
-run pfllib-fedavg-cuda-batched 200 examples/fmnist_pfedgraph.toml "${pfllib[@]}" \
+run pfllib-fedavg-cuda 100 examples/fmnist_pfedgraph.toml "${pfllib[@]}" --set device.backend='"cuda"'
+run pfllib-fedavg-cuda-batched 100 examples/fmnist_pfedgraph.toml "${pfllib[@]}" \
     --set device.backend='"cuda"' --set device.batch_clients=10
 
 # 5. PyTorch on the same GPU.
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-    part torch-64 120 bash -c "python3 scripts/torch_cpu_throughput.py --device cuda --batch 64 > '$out/torch_cuda_b64.md'"
-    part torch-10 120 bash -c "python3 scripts/torch_cpu_throughput.py --device cuda --batch 10 > '$out/torch_cuda_b10.md'"
+    part torch-64 50 bash -c "python3 scripts/torch_cpu_throughput.py --device cuda --batch 64 > '$out/torch_cuda_b64.md'"
+    part torch-10 50 bash -c "python3 scripts/torch_cpu_throughput.py --device cuda --batch 10 > '$out/torch_cuda_b10.md'"
 fi
 
 # The table.

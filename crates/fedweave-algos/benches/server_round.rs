@@ -36,7 +36,9 @@ use fedweave_algos::fedaghn::FedAghn;
 use fedweave_algos::fedavg::FedAvg;
 use fedweave_algos::feddwa::FedDwa;
 use fedweave_algos::pfedgraph::{PFedGraph, PFedGraphParams, infer_graph, similarity_matrix};
-use fedweave_algos::server_bench::{self, guided_models as guided, trained_models as models};
+use fedweave_algos::server_bench::{
+    self, Federation, guided_models as guided, trained_models as models,
+};
 use fedweave_algos::sfl::Sfl;
 use fedweave_algos::{Algorithm, Env, Validate};
 use fedweave_core::pairwise::{GemmThroughput, Kernels, gemm_throughput};
@@ -142,27 +144,10 @@ fn spec_of(d: &str) -> ModelSpec {
 /// alone keeps four 2.3 GB N×d blocks).
 fn grid_case(n: usize, d: &str, peak: &GemmThroughput, kernels: &Kernels, only_pfedgraph: bool) {
     let spec = spec_of(d);
-    let init = spec.init(&mut rng_stream(7, 0, 0, Purpose::ModelInit));
+    let fed = Federation::new(&spec, n);
+    let (env, init) = (fed.env(&spec, kernels), &fed.init);
     let dim = init.len();
-    let train = TrainConfig {
-        lr: 0.01,
-        momentum: 0.0,
-        weight_decay: 0.0,
-        batch_size: 64,
-        iterations: 0,
-        epochs: 1,
-    };
-    let client_sizes = vec![600; n];
-    let env = Env {
-        spec: &spec,
-        train: &train,
-        sizes: &client_sizes,
-        init: &init,
-        relation: None,
-        label_counts: &[],
-        kernels,
-    };
-    let trained = models(&init, n);
+    let trained = models(init, n);
     let repeats = if n * dim > 20_000_000 { 1 } else { 3 };
     let (nn, dd) = (n as f64, dim as f64);
     // Useful flops: a symmetric Gram N²·d, a cross Gram or a mix 2·N²·d.
@@ -184,7 +169,7 @@ fn grid_case(n: usize, d: &str, peak: &GemmThroughput, kernels: &Kernels, only_p
             let s = similarity_matrix(
                 kernels,
                 &uploads,
-                &init,
+                init,
                 std::slice::from_ref(&(0..dim)),
                 0.9,
             );
@@ -221,7 +206,7 @@ fn grid_case(n: usize, d: &str, peak: &GemmThroughput, kernels: &Kernels, only_p
     );
     let (secs, _, _) = time_aggregate::<FedAvg>("fedavg", &env, &trained, repeats);
     report("fedavg aggregate", secs, 2.0 * nn * dd);
-    let (secs, _, _) = time_aggregate::<FedDwa>("feddwa", &env, &guided(&init, n), repeats);
+    let (secs, _, _) = time_aggregate::<FedDwa>("feddwa", &env, &guided(init, n), repeats);
     report(
         "feddwa aggregate (distances + mixing)",
         secs,
@@ -266,14 +251,6 @@ fn main() {
     let spec = ModelSpec::new(ModelKind::CnnBn, &[1, 28, 28], 10).expect("cnn-bn spec");
     let init = spec.init(&mut rng_stream(7, 0, 0, Purpose::ModelInit));
     let wire = spec.layout().wire_bytes() as f64;
-    let train = TrainConfig {
-        lr: 0.01,
-        momentum: 0.0,
-        weight_decay: 0.0,
-        batch_size: 64,
-        iterations: 0,
-        epochs: 1,
-    };
     println!(
         "cnn-bn 1x28x28: d = {} parameters, {:.2} MB per model",
         init.len(),
@@ -285,16 +262,8 @@ fn main() {
     println!("|---|---|---|---|---|");
     for &n in &sizes {
         let repeats = if n <= 50 { 5 } else { 2 };
-        let client_sizes = vec![600; n];
-        let env = Env {
-            spec: &spec,
-            train: &train,
-            sizes: &client_sizes,
-            init: &init,
-            relation: None,
-            label_counts: &[],
-            kernels: fedweave_core::pairwise::Kernels::cpu(),
-        };
+        let fed = Federation::new(&spec, n);
+        let env = fed.env(&spec, Kernels::cpu());
         let trained = models(&init, n);
         let rows = [
             (

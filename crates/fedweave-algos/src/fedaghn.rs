@@ -204,6 +204,14 @@ impl FedAghnServer {
 /// cos(Δ_a, Δ_b) on each group's range for every pair of participants
 /// (`[group][a][b]`), `None` meaning the all-ones vector: one blocked Gram
 /// matrix per layer ([`Kernels::cosine_matrix_sym`]).
+/// What one participant's upload leaves on the server: its new (p, q) per
+/// layer (none in its first round), Δ_i and θ_i.
+struct Stored {
+    pq: Option<Vec<(f64, f64)>>,
+    delta: Vec<f32>,
+    model: Vec<f32>,
+}
+
 fn layer_cosines(
     kernels: &Kernels,
     deltas: &[Option<&[f32]>],
@@ -288,7 +296,7 @@ impl Algorithm for FedAghn {
         // (1) Hypernetwork step, then (2) store θ_i and Δ_i. Each
         // participant's step reads only its own state: computed in parallel,
         // stored in participant order.
-        let steps: Vec<(Option<Vec<(f64, f64)>>, Vec<f32>, Vec<f32>)> = participants
+        let steps: Vec<Stored> = participants
             .par_iter()
             .zip(&models)
             .map(|(&i, &new)| {
@@ -320,10 +328,14 @@ impl Algorithm for FedAghn {
                         })
                         .collect()
                 });
-                (pq, update.iter().map(|u| -u).collect(), new.to_vec())
+                Stored {
+                    pq,
+                    delta: update.iter().map(|u| -u).collect(),
+                    model: new.to_vec(),
+                }
             })
             .collect();
-        for (&i, (pq, delta, model)) in participants.iter().zip(steps) {
+        for (&i, Stored { pq, delta, model }) in participants.iter().zip(steps) {
             server.sent[i] = None;
             if let Some(pq) = pq {
                 for (r, (p, q)) in pq.into_iter().enumerate() {

@@ -14,7 +14,9 @@ use crate::fedavg::FedAvg;
 use crate::feddwa::{FedDwa, Guided};
 use crate::pfedgraph::PFedGraph;
 use crate::{Algorithm, Env, Message, Validate};
+use fedweave_core::pairwise::Kernels;
 use fedweave_core::{Purpose, rng_stream};
+use fedweave_nn::{ModelSpec, TrainConfig};
 use rand_distr::{Distribution, StandardNormal};
 use std::hint::black_box;
 use std::time::Instant;
@@ -66,6 +68,46 @@ pub fn guided_models(init: &[f32], n: usize) -> Vec<(usize, Guided)> {
             (i, Guided { model, guidance })
         })
         .collect()
+}
+
+/// What a server step over `n` synthetic clients of one model borrows: the
+/// common initial model, 600 samples per client, one plain local epoch.
+pub struct Federation {
+    /// θ_init, drawn from the model's own initialisation.
+    pub init: Vec<f32>,
+    sizes: Vec<usize>,
+    train: TrainConfig,
+}
+
+impl Federation {
+    /// `n` clients of `spec`.
+    pub fn new(spec: &ModelSpec, n: usize) -> Self {
+        Self {
+            init: spec.init(&mut rng_stream(7, 0, 0, Purpose::ModelInit)),
+            sizes: vec![600; n],
+            train: TrainConfig {
+                lr: 0.01,
+                momentum: 0.0,
+                weight_decay: 0.0,
+                batch_size: 64,
+                iterations: 0,
+                epochs: 1,
+            },
+        }
+    }
+
+    /// The server's view of this federation, its products on `kernels`.
+    pub fn env<'a>(&'a self, spec: &'a ModelSpec, kernels: &'a Kernels) -> Env<'a> {
+        Env {
+            spec,
+            train: &self.train,
+            sizes: &self.sizes,
+            init: &self.init,
+            relation: None,
+            label_counts: &[],
+            kernels,
+        }
+    }
 }
 
 /// One method's server step.
@@ -139,8 +181,7 @@ pub fn time_method(method: &str, env: &Env, repeats: usize) -> Option<StepTime> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fedweave_core::pairwise::Kernels;
-    use fedweave_nn::{ModelKind, ModelSpec, TrainConfig};
+    use fedweave_nn::ModelKind;
 
     #[test]
     fn the_groups_share_a_direction_and_guidance_stays_close() {
@@ -168,25 +209,9 @@ mod tests {
     #[test]
     fn every_method_is_timed_and_fedavg_sends_one_model_down() {
         let spec = ModelSpec::new(ModelKind::Mlp, &[8], 3).expect("mlp");
-        let init = spec.init(&mut rng_stream(7, 0, 0, Purpose::ModelInit));
-        let train = TrainConfig {
-            lr: 0.01,
-            momentum: 0.0,
-            weight_decay: 0.0,
-            batch_size: 16,
-            iterations: 1,
-            epochs: 0,
-        };
-        let sizes = vec![50; 6];
-        let env = Env {
-            spec: &spec,
-            train: &train,
-            sizes: &sizes,
-            init: &init,
-            relation: None,
-            label_counts: &[],
-            kernels: Kernels::cpu(),
-        };
+        let fed = Federation::new(&spec, 6);
+        let env = fed.env(&spec, Kernels::cpu());
+        let init = &fed.init;
         for method in METHODS {
             let t = time_method(method, &env, 1).expect("a known method");
             assert!(t.seconds.is_finite() && t.seconds > 0.0, "{method}");

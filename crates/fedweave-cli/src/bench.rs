@@ -4,12 +4,10 @@
 //! JSON Lines (`--json`, one object per measurement) for scripts.
 
 use anyhow::Context;
-use fedweave_algos::Env;
 use fedweave_algos::server_bench::{self, METHODS};
 use fedweave_core::pairwise::Kernels;
-use fedweave_core::{Purpose, rng_stream};
 use fedweave_nn::throughput::{self, CLASSES, SyntheticClient, Workload};
-use fedweave_nn::{Backend, BurnOffload, ModelKind, ModelSpec, TrainConfig};
+use fedweave_nn::{Backend, BurnOffload, ModelKind, ModelSpec};
 use serde::Deserialize;
 use serde::de::IntoDeserializer;
 use std::sync::Arc;
@@ -231,25 +229,9 @@ fn server(
         Backend::Cpu => Kernels::cpu().clone(),
         other => Kernels::offloaded(Arc::new(BurnOffload::new(other)?), 0.0),
     };
-    let init = spec.init(&mut rng_stream(7, 0, 0, Purpose::ModelInit));
-    let train = TrainConfig {
-        lr: 0.01,
-        momentum: 0.0,
-        weight_decay: 0.0,
-        batch_size: 64,
-        iterations: 1,
-        epochs: 0,
-    };
-    let sizes = vec![600; n];
-    let env = Env {
-        spec,
-        train: &train,
-        sizes: &sizes,
-        init: &init,
-        relation: None,
-        label_counts: &[],
-        kernels: &kernels,
-    };
+    let fed = server_bench::Federation::new(spec, n);
+    let env = fed.env(spec, &kernels);
+    let init = &fed.init;
     // Big cases once: at N·d ≥ 10⁸ a round is seconds and the warm-up alone
     // is a faithful figure's worth of work.
     let repeats = if n * init.len() >= 100_000_000 { 1 } else { 3 };

@@ -716,7 +716,7 @@ fn sparse_mixing_over_many_models_takes_the_exact_loop_and_dense_the_gemm() {
     let models = rows(44, 100, 2500, 0.0);
     let refs: Vec<&[f32]> = models.iter().map(Vec::as_slice).collect();
     let w = sparse_rows(45, 120, 100, 10);
-    assert!(MIX_SPARSE_MIN_MODELS <= 100);
+    const { assert!(MIX_SPARSE_MIN_MODELS <= 100) };
     let (mock, dev) = Mock::kernels(MockMode::Naive, 0.0);
     let mixed = dev.mix(&w, &models);
     assert_eq!(mock.calls(), 0, "a sparse mixing went to the GEMM's device");

@@ -78,10 +78,16 @@ impl Backend {
             }
         };
         let probe = device.clone();
+        // The panic of a missing driver is expected here: keep its message and
+        // backtrace off the user's terminal (the error below says it), then
+        // put the previous hook back.
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
         let works = std::panic::catch_unwind(move || {
             let t: Tensor<1> = Tensor::from_data(TensorData::new(vec![1.0f32], [1]), &probe);
             t.into_data().as_slice::<f32>().map(|s| s[0]) == Ok(1.0)
         });
+        std::panic::set_hook(hook);
         match works {
             Ok(true) => Ok(device),
             _ => Err(NnError::DeviceUnavailable {

@@ -162,6 +162,14 @@ fn start(
     let started = Instant::now();
     std::fs::create_dir_all(out_dir).map_err(io(out_dir))?;
     let setup = Setup::load(cfg)?;
+    if cfg.device.batch_clients > 0 && cfg.device.backend == fedweave_nn::Backend::Cpu {
+        tracing::warn!(
+            "device.batch_clients = {} on the CPU backend: batched kernels are slower than one \
+             client at a time on a CPU (0.56–0.83× at K = 10, docs/results.md); the key is meant \
+             for GPUs",
+            cfg.device.batch_clients
+        );
+    }
     let runner = Runner {
         setup: &setup,
         out_dir,

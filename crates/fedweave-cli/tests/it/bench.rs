@@ -83,3 +83,35 @@ fn bench_refuses_what_it_cannot_measure() {
         assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
     }
 }
+
+#[test]
+fn batched_clients_on_the_cpu_warn_that_they_do_not_pay_there() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../examples/quickstart.toml"
+            ),
+            "--out",
+            out.to_str().unwrap(),
+            "--overwrite",
+            "--set",
+            "rounds=1",
+        ];
+        args.extend_from_slice(extra);
+        fedweave(&args)
+    };
+    let o = run(&["--set", "device.batch_clients=4"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("slower than one client at a time on a CPU"),
+        "{}",
+        text(&o)
+    );
+    let o = run(&[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("slower than one client"), "{}", text(&o));
+}
