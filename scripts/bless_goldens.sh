@@ -4,6 +4,7 @@
 # AVX-512 x86-64 machine (as root, with qemu-user for the AVX2 classes):
 #   scripts/bless_goldens.sh            # every class
 #   scripts/bless_goldens.sh CLASS...   # some classes
+#   FEDWEAVE_GOLDEN_CASES=fedfomo,l2c scripts/bless_goldens.sh   # some cases
 # Only for an intended change of the numbers: say which and why in
 # docs/results.md. See scripts/as_cpu.sh and tests/support/golden_set.rs.
 set -euo pipefail

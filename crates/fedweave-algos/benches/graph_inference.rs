@@ -21,7 +21,7 @@
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, criterion_group, criterion_main};
 use fedweave_algos::pfedgraph::{PFedGraph, PFedGraphParams, infer_graph, similarity_matrix};
-use fedweave_algos::{Algorithm, Env};
+use fedweave_algos::{Algorithm, Env, Validate};
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_nn::{ModelKind, ModelSpec, TrainConfig};
 use rand::Rng;
@@ -128,7 +128,14 @@ fn bench_aggregate(c: &mut Criterion) {
             kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
         let uploads: Vec<(usize, Vec<f32>)> = models.into_iter().enumerate().collect();
-        let algo = PFedGraph::new("pfedgraph", PFedGraphParams::default(), &env).expect("builds");
+        let algo = PFedGraph::new(
+            "pfedgraph",
+            PFedGraphParams::default()
+                .check(env.clients())
+                .expect("valid"),
+            &env,
+        )
+        .expect("builds");
         let mut server = algo.init_server(&env);
         group.bench_function(BenchmarkId::from_parameter(n), |b| {
             b.iter(|| black_box(algo.aggregate(&env, &mut server, 1, &uploads)))

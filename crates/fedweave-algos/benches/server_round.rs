@@ -35,12 +35,12 @@
 use fedweave_algos::fedaghn::FedAghn;
 use fedweave_algos::fedavg::FedAvg;
 use fedweave_algos::feddwa::FedDwa;
-use fedweave_algos::pfedgraph::{PFedGraph, infer_graph, similarity_matrix};
+use fedweave_algos::pfedgraph::{PFedGraph, PFedGraphParams, infer_graph, similarity_matrix};
 use fedweave_algos::server_bench::{
     self, Federation, guided_models as guided, trained_models as models,
 };
 use fedweave_algos::sfl::Sfl;
-use fedweave_algos::{Algorithm, Env};
+use fedweave_algos::{Algorithm, Env, Validate};
 use fedweave_core::pairwise::{GemmThroughput, Kernels, gemm_throughput};
 use fedweave_core::{Purpose, RelationGraph, rng_stream};
 use fedweave_nn::{Backend, BurnOffload, ModelKind, ModelSpec, TrainConfig};
@@ -51,7 +51,7 @@ use std::time::Instant;
 /// The fastest of `repeats` rounds after a warm-up, and the bytes each client
 /// moves down and up.
 fn time_aggregate<A: Algorithm>(
-    name: &str,
+    name: &'static str,
     env: &Env,
     uploads: &[(usize, A::Up)],
     repeats: usize,
@@ -185,7 +185,8 @@ fn grid_case(n: usize, d: &str, peak: &GemmThroughput, kernels: &Kernels, only_p
         nn * nn * dd,
     );
     if only_pfedgraph {
-        let algo = PFedGraph::new("pfedgraph", Default::default(), &env).expect("builds");
+        let params = PFedGraphParams::default().check(env.clients());
+        let algo = PFedGraph::new("pfedgraph", params.expect("valid"), &env).expect("builds");
         let mut server = algo.init_server(&env);
         let start = Instant::now();
         black_box(algo.aggregate(&env, &mut server, 1, &trained));

@@ -29,7 +29,10 @@
 //! weight decay), a fresh one each round; α's step is plain gradient
 //! descent.
 
+use crate::Checked;
+use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
@@ -39,23 +42,14 @@ use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::sync::Mutex;
 
-/// APFL's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ApflParams {
-    /// α of every client before round 1.
-    pub alpha_init: f64,
-    /// η_α, the step size of α (unset: the `[train]` learning rate).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub alpha_lr: Option<f64>,
-}
-
-impl Default for ApflParams {
-    fn default() -> Self {
-        Self {
-            alpha_init: 0.5,
-            alpha_lr: None,
-        }
+params! {
+    /// APFL's parameters.
+    pub struct ApflParams {
+        /// α of every client before round 1.
+        pub alpha_init: f64 = 0.5,
+        /// η_α, the step size of α (unset: the `[train]` learning rate).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub alpha_lr: Option<f64> = None,
     }
 }
 
@@ -133,6 +127,8 @@ impl ExtraLoss for ThroughMixture<'_> {
     }
 }
 
+holds_model!(ApflClient: personal);
+
 impl Algorithm for Apfl {
     const NAMES: &'static [Info] = &[Info {
         name: "apfl",
@@ -147,15 +143,11 @@ impl Algorithm for Apfl {
     /// The trained global copy.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: ApflParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<ApflParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
-
-    fn name(&self) -> &'static str {
-        "apfl"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> ApflClient {
         ApflClient {

@@ -16,7 +16,14 @@
 //! g ⊙ c_j (a scale-free stand-in for the dot product); λ is updated after
 //! a round, so round t (from 0) uses the schedule at t − 1; the core and p
 //! steps are plain (no momentum, no weight decay); every client downloads
-//! all N cores each round.
+//! all N cores each round. The core a client offers the next round is not
+//! its trained core but the mixture: `train` ends with `self.model_c =
+//! copy.deepcopy(self.model)`, `self.model` being Σ_j p_ij c_j of the last
+//! batch, and the server's `send_models` relays every client's `model_c`.
+//! The trained core (updated in place through the shared list of core
+//! models) reaches only the clients that train after it in the same round,
+//! PFLlib training clients one after another (read at commit d832e76,
+//! 2025-11-29: `clientapple.py`, `serverapple.py`).
 //!
 //! fedweave follows the code: DR vector over all N clients starting at 1/N,
 //! p0 = data-size weights, core step lr·N·p_ii, the tensor-mean gradient,
@@ -27,12 +34,17 @@
 //! `dr_lr` 1, 5 and 10; μ = 0.1 and L = 5 likewise chosen: L = 2 did
 //! worse), λ(t) =
 //! (1 + cos(π·(t − 1)/L))/2 for round t ≤ L (from 1; L = `prox_rounds`),
-//! else 0, and every client downloading every other core. Cores a client has
+//! else 0, and every client downloading every other core. The upload is
+//! the trained core, as the paper describes (each client shares its core
+//! model), not PFLlib's mixture. Cores a client has
 //! not received yet are the common init (PFLlib's round 0). The logged graph
 //! row is p_i clipped at 0 and normalised (p itself may leave the simplex;
 //! the personalised model uses it as it is). Evaluation: the personalised
 //! model Σ_j p_ij c_j after the round's training.
 
+use crate::Checked;
+use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::relay::{Relayed, RowUp, Store, uploaded_rows};
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, RoundOutcome, Trained};
@@ -40,25 +52,15 @@ use fedweave_core::vecmath::weighted_sum;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
-/// APPLE's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AppleParams {
-    /// η_p, the step size of the DR vector.
-    pub dr_lr: f64,
-    /// μ, the weight of the proximal pull towards p0.
-    pub mu: f64,
-    /// L: the rounds over which λ decays from 1 to 0.
-    pub prox_rounds: usize,
-}
-
-impl Default for AppleParams {
-    fn default() -> Self {
-        Self {
-            dr_lr: 10.0,
-            mu: 0.1,
-            prox_rounds: 5,
-        }
+params! {
+    /// APPLE's parameters.
+    pub struct AppleParams {
+        /// η_p, the step size of the DR vector.
+        pub dr_lr: f64 = 10.0,
+        /// μ, the weight of the proximal pull towards p0.
+        pub mu: f64 = 0.1,
+        /// L: the rounds over which λ decays from 1 to 0.
+        pub prox_rounds: usize = 5,
     }
 }
 
@@ -123,6 +125,8 @@ pub struct AppleClient {
     pub personal: Vec<f32>,
 }
 
+holds_model!(AppleClient: core);
+
 impl Algorithm for Apple {
     const NAMES: &'static [Info] = &[Info {
         name: "apple",
@@ -137,12 +141,10 @@ impl Algorithm for Apple {
     /// The core model and the DR row.
     type Up = RowUp;
 
-    fn new(_: &str, params: AppleParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "apple"
+    fn new(_: &'static str, params: Checked<AppleParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> Store {
@@ -214,6 +216,7 @@ impl Algorithm for Apple {
             up: RowUp {
                 model: state.core.params.clone(),
                 row,
+                extra: (),
             },
             train_loss,
         }
@@ -298,7 +301,7 @@ mod tests {
             mu: 0.0,
             ..Default::default()
         };
-        let algo = Apple::new("apple", params, &env).unwrap();
+        let algo = Apple::new("apple", params.check(env.clients()).unwrap(), &env).unwrap();
         let mut good = env.initial_model();
         for r in 1..=5 {
             tiny.cx(2, r).train_plain(&env, &mut good, &[]);

@@ -36,10 +36,10 @@
 //! models). Pairwise cosines and norms come from
 //! [`fedweave_core::pairwise`].
 
+use crate::Checked;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_core::pairwise::View;
 use fedweave_core::{CollaborationGraph, vecmath::weighted_sum};
 use serde::{Deserialize, Serialize};
@@ -55,25 +55,15 @@ pub enum Weighting {
     Uniform,
 }
 
-/// CFL's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CflParams {
-    /// ε1: a cluster may split when the norm of its mean update is below it.
-    pub eps1: f64,
-    /// ε2: … and the largest member update norm is above it.
-    pub eps2: f64,
-    /// Member weights in the mean update and the aggregation.
-    pub weighting: Weighting,
-}
-
-impl Default for CflParams {
-    fn default() -> Self {
-        Self {
-            eps1: 2.0,
-            eps2: 2.5,
-            weighting: Weighting::Size,
-        }
+params! {
+    /// CFL's parameters.
+    pub struct CflParams {
+        /// ε1: a cluster may split when the norm of its mean update is below it.
+        pub eps1: f64 = 2.0,
+        /// ε2: … and the largest member update norm is above it.
+        pub eps2: f64 = 2.5,
+        /// Member weights in the mean update and the aggregation.
+        pub weighting: Weighting = Weighting::Size,
     }
 }
 
@@ -90,7 +80,7 @@ pub struct Cfl {
 }
 
 /// The server's clusters and their models.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CflServer {
     /// The clusters' members, each ascending; clusters ordered by their
     /// smallest member.
@@ -179,12 +169,10 @@ impl Algorithm for Cfl {
     /// θ_i after training.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: CflParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "cfl"
+    fn new(_: &'static str, params: Checked<CflParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> CflServer {
@@ -283,10 +271,6 @@ impl Algorithm for Cfl {
     fn receive(&self, _: &Env, model: &mut Model, cluster_model: Vec<f32>) {
         model.params = cluster_model;
     }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
-    }
 }
 
 #[cfg(test)]
@@ -351,7 +335,9 @@ mod tests {
                 eps1: 10.0,
                 eps2: 0.5,
                 weighting: Weighting::Size,
-            },
+            }
+            .check(env.clients())
+            .unwrap(),
             &env,
         )
         .unwrap();
@@ -397,7 +383,9 @@ mod tests {
             CflParams {
                 weighting: Weighting::Uniform,
                 ..CflParams::default()
-            },
+            }
+            .check(env.clients())
+            .unwrap(),
             &env,
         )
         .unwrap();

@@ -1,5 +1,12 @@
 //! The algorithm contract: what an algorithm declares and what a runtime
-//! (the simulator today, the network runtime later) does with it.
+//! (the simulator, the client/server deployment and the peer-to-peer
+//! deployment of `fedweave-net`) does with it.
+//!
+//! Writing a method is one file and one line in the registry: the trait's
+//! provided methods cover the common cases (the name is the first of
+//! [`Algorithm::NAMES`], the server starts from `Server::default()`, a
+//! whole-model upload and download are checked as models, the engine scores
+//! after training), and the parameters arrive checked.
 //!
 //! An algorithm owns its state types: `Client` (what one client keeps
 //! between rounds) and `Server` (what the server keeps). The runtime stores
@@ -20,7 +27,7 @@
 
 use crate::AlgoError;
 use crate::batching::TrainBatch;
-use crate::params::Validate;
+use crate::params::{Checked, Validate};
 use fedweave_core::pairwise::Kernels;
 use fedweave_core::{CollaborationGraph, RelationGraph, RngStream};
 use fedweave_nn::{
@@ -387,6 +394,32 @@ impl PeerStep {
     }
 }
 
+/// The model a client's state holds and trains: what the protocol scores
+/// unless the algorithm overrides [`Algorithm::personalized`].
+pub trait HoldsModel {
+    /// The model.
+    fn held(&self) -> &Model;
+}
+
+impl HoldsModel for Model {
+    fn held(&self) -> &Model {
+        self
+    }
+}
+
+/// [`HoldsModel`] for client states that keep the model in a field:
+/// `holds_model!(DittoClient: personal)`.
+macro_rules! holds_model {
+    ($($ty:ty: $field:ident),* $(,)?) => {
+        $(impl $crate::contract::HoldsModel for $ty {
+            fn held(&self) -> &$crate::Model {
+                &self.$field
+            }
+        })*
+    };
+}
+pub(crate) use holds_model;
+
 /// Bounds every piece of algorithm state satisfies: checkpointable and
 /// movable between threads.
 pub trait State: Serialize + DeserializeOwned + Send + Sync + 'static {}
@@ -415,25 +448,36 @@ pub trait Algorithm: Sized + Send + Sync + 'static {
     const NAMES: &'static [Info];
     /// Its checked parameters.
     type Params: Params;
-    /// What one client keeps between rounds.
-    type Client: State;
-    /// What the server keeps between rounds (`()` for stateless servers).
-    type Server: State;
+    /// What one client keeps between rounds, and the model it holds.
+    type Client: State + HoldsModel;
+    /// What the server keeps between rounds (`()` for stateless servers);
+    /// its `Default` is the state before round 1 unless
+    /// [`Algorithm::init_server`] says otherwise.
+    type Server: State + Default;
     /// What the server sends one client.
     type Down: Message;
     /// What a client uploads (or, peer-to-peer, publishes).
     type Up: Message;
 
-    /// Builds the algorithm called `name` (one of [`Algorithm::NAMES`]) for
-    /// this federation; `Err` says what the federation lacks (e.g. SFL's
-    /// `graph = "given"` without a dataset graph).
-    fn new(name: &str, params: Self::Params, env: &Env) -> Result<Self, AlgoError>;
+    /// Builds the algorithm called `name` (always one of
+    /// [`Algorithm::NAMES`]: the registry passes the entry's own string) for
+    /// this federation, from parameters already checked for `name`; `Err`
+    /// says what the federation lacks (e.g. SFL's `graph = "given"` without
+    /// a dataset graph).
+    fn new(name: &'static str, params: Checked<Self::Params>, env: &Env)
+    -> Result<Self, AlgoError>;
 
-    /// The name it runs under.
-    fn name(&self) -> &'static str;
+    /// The name it runs under: the first of [`Algorithm::NAMES`]; types
+    /// with several names override it.
+    fn name(&self) -> &'static str {
+        Self::NAMES[0].name
+    }
 
-    /// The server's state before round 1.
-    fn init_server(&self, env: &Env) -> Self::Server;
+    /// The server's state before round 1: `Server::default()` unless the
+    /// method overrides it.
+    fn init_server(&self, _env: &Env) -> Self::Server {
+        Self::Server::default()
+    }
 
     /// Client `client`'s state before round 1.
     fn init_client(&self, env: &Env, client: usize) -> Self::Client;
@@ -462,8 +506,12 @@ pub trait Algorithm: Sized + Send + Sync + 'static {
     /// Client-side application of a download.
     fn receive(&self, env: &Env, state: &mut Self::Client, down: Self::Down);
 
-    /// The client's personalised model: what the protocol scores.
-    fn personalized<'c>(&self, state: &'c Self::Client) -> ModelRef<'c>;
+    /// The client's personalised model: what the protocol scores. The
+    /// default is the model its state holds ([`HoldsModel`]); methods that
+    /// score something computed (APFL's mixture) override it.
+    fn personalized<'c>(&self, state: &'c Self::Client) -> ModelRef<'c> {
+        state.held().view()
+    }
 
     /// Scores client `state`'s personalised model on each of `sets` (its
     /// validation and test data), in order. The default evaluates

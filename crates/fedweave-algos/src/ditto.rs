@@ -23,37 +23,28 @@
 //! `[train]` optimiser (learning rate, momentum, weight decay), a fresh one
 //! each round; each model keeps its own batch-norm statistics.
 
+use crate::Checked;
+use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_nn::{Proximal, TrainConfig};
 use serde::{Deserialize, Serialize};
 
-/// Ditto's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DittoParams {
-    /// λ of the personal objective F(v) + λ/2‖v − w‖².
-    pub lambda: f64,
-    /// Mini-batch steps of the personal update per round (unset, and
-    /// `plocal_epochs` unset: as many as the `[train]` local round).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub plocal_iterations: Option<usize>,
-    /// Full local passes of the personal update per round (PFLlib's
-    /// `plocal_epochs`); at most one of the two is set.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub plocal_epochs: Option<usize>,
-}
-
-impl Default for DittoParams {
-    fn default() -> Self {
-        Self {
-            lambda: 1.0,
-            plocal_iterations: None,
-            plocal_epochs: None,
-        }
+params! {
+    /// Ditto's parameters.
+    pub struct DittoParams {
+        /// λ of the personal objective F(v) + λ/2‖v − w‖².
+        pub lambda: f64 = 1.0,
+        /// Mini-batch steps of the personal update per round (unset, and
+        /// `plocal_epochs` unset: as many as the `[train]` local round).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub plocal_iterations: Option<usize> = None,
+        /// Full local passes of the personal update per round (PFLlib's
+        /// `plocal_epochs`); at most one of the two is set.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub plocal_epochs: Option<usize> = None,
     }
 }
 
@@ -105,6 +96,8 @@ impl Ditto {
     }
 }
 
+holds_model!(DittoClient: personal);
+
 impl Algorithm for Ditto {
     const NAMES: &'static [Info] = &[Info {
         name: "ditto",
@@ -119,15 +112,11 @@ impl Algorithm for Ditto {
     /// The trained global copy.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: DittoParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<DittoParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
-
-    fn name(&self) -> &'static str {
-        "ditto"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> DittoClient {
         DittoClient {
@@ -174,10 +163,6 @@ impl Algorithm for Ditto {
 
     fn receive(&self, _: &Env, state: &mut DittoClient, global: Vec<f32>) {
         state.global.params = global;
-    }
-
-    fn personalized<'c>(&self, state: &'c DittoClient) -> ModelRef<'c> {
-        state.personal.view()
     }
 }
 

@@ -29,11 +29,14 @@
 //! Evaluation: the model right after local training, scored before the peer
 //! exchange (what the authors' code logs).
 
+use crate::Checked;
+use crate::contract::holds_model;
 use crate::ggc::{self, Candidate, SelectionRule};
 use crate::params::Validate;
+use crate::params::params;
 use crate::{
-    AlgoError, Algorithm, ClientCx, ClientData, Env, Info, Model, ModelRef, ParamError, PeerNet,
-    PeerStep, Topology, Trained,
+    AlgoError, Algorithm, ClientCx, ClientData, Env, Info, Model, ParamError, PeerNet, PeerStep,
+    Topology, Trained,
 };
 use fedweave_nn::{SgdState, TrainConfig, evaluate};
 use serde::{Deserialize, Serialize};
@@ -48,36 +51,23 @@ pub enum PeerGraph {
     Random,
 }
 
-/// DPFL's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DpflParams {
-    /// B_c: collaborators per client (0 = no limit; unset = ⌈0.1·N⌉).
-    pub budget: Option<usize>,
-    /// Count the client itself in the budget (the authors' code).
-    pub budget_includes_self: bool,
-    /// τ_init: local epochs before the first selection (paper: 10; FEMNIST 4).
-    pub init_epochs: usize,
-    /// Run GGC every `period` rounds (paper's main setting 1).
-    pub period: usize,
-    /// Selection rule.
-    pub graph: PeerGraph,
-    /// GGC: when a candidate helps neither way (a = b = 0), drop it instead
-    /// of adding it as the paper does; guarantees the chosen set is never
-    /// worse than the client alone (see [`crate::ggc`]).
-    pub skip_when_no_gain: bool,
-}
-
-impl Default for DpflParams {
-    fn default() -> Self {
-        Self {
-            budget: None,
-            budget_includes_self: false,
-            init_epochs: 10,
-            period: 1,
-            graph: PeerGraph::Ggc,
-            skip_when_no_gain: false,
-        }
+params! {
+    /// DPFL's parameters.
+    pub struct DpflParams {
+        /// B_c: collaborators per client (0 = no limit; unset = ⌈0.1·N⌉).
+        pub budget: Option<usize> = None,
+        /// Count the client itself in the budget (the authors' code).
+        pub budget_includes_self: bool = false,
+        /// τ_init: local epochs before the first selection (paper: 10; FEMNIST 4).
+        pub init_epochs: usize = 10,
+        /// Run GGC every `period` rounds (paper's main setting 1).
+        pub period: usize = 1,
+        /// Selection rule.
+        pub graph: PeerGraph = PeerGraph::Ggc,
+        /// GGC: when a candidate helps neither way (a = b = 0), drop it instead
+        /// of adding it as the paper does; guarantees the chosen set is never
+        /// worse than the client alone (see [`crate::ggc`]).
+        pub skip_when_no_gain: bool = false,
     }
 }
 
@@ -190,6 +180,9 @@ fn fetch_all<'n>(
         .collect()
 }
 
+// Scored: the model after local training (scored before the peer exchange).
+holds_model!(DpflClient: model);
+
 impl Algorithm for Dpfl {
     const NAMES: &'static [Info] = &[Info {
         name: "dpfl",
@@ -203,19 +196,15 @@ impl Algorithm for Dpfl {
     /// The trained model, published to the peers.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: DpflParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "dpfl"
+    fn new(_: &'static str, params: Checked<DpflParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn topology(&self) -> Topology {
         Topology::PeerToPeer
     }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> DpflClient {
         DpflClient {
@@ -255,11 +244,6 @@ impl Algorithm for Dpfl {
     }
 
     fn receive(&self, _: &Env, _: &mut DpflClient, _: ()) {}
-
-    /// The model after local training (scored before the peer exchange).
-    fn personalized<'c>(&self, state: &'c DpflClient) -> ModelRef<'c> {
-        state.model.view()
-    }
 
     fn peer_step(
         &self,

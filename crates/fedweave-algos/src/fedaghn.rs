@@ -34,10 +34,12 @@
 //! Evaluation: the model after local training (the paper's "after"
 //! accuracies, METHODS.md §5.2 step 3).
 
+use crate::Checked;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-    ids_of, models_of,
+    AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained, ids_of,
+    models_of,
 };
 use fedweave_core::LayerGroup;
 use fedweave_core::pairwise::{Kernels, View};
@@ -56,28 +58,17 @@ pub enum HnSign {
     Pfedhn,
 }
 
-/// FedAGHN's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedAghnParams {
-    /// Initial self weight p (the paper's example script: 0.03).
-    pub p_init: f64,
-    /// Initial temperature q on the cosine similarities (script: 0.5).
-    pub q_init: f64,
-    /// Hypernetwork learning rate η_hn.
-    pub hn_lr: f64,
-    /// Sign of the hypernetwork step.
-    pub hn_sign: HnSign,
-}
-
-impl Default for FedAghnParams {
-    fn default() -> Self {
-        Self {
-            p_init: 0.03,
-            q_init: 0.5,
-            hn_lr: 0.005,
-            hn_sign: HnSign::Fedaghn,
-        }
+params! {
+    /// FedAGHN's parameters.
+    pub struct FedAghnParams {
+        /// Initial self weight p (the paper's example script: 0.03).
+        pub p_init: f64 = 0.03,
+        /// Initial temperature q on the cosine similarities (script: 0.5).
+        pub q_init: f64 = 0.5,
+        /// Hypernetwork learning rate η_hn.
+        pub hn_lr: f64 = 0.005,
+        /// Sign of the hypernetwork step.
+        pub hn_sign: HnSign = HnSign::Fedaghn,
     }
 }
 
@@ -184,7 +175,7 @@ pub struct FedAghn {
 }
 
 /// The server's hypernetwork state and its memory of the clients.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FedAghnServer {
     /// p_i^r, per client then layer.
     pub p: Vec<Vec<f64>>,
@@ -256,12 +247,10 @@ impl Algorithm for FedAghn {
     type Down = Vec<f32>;
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: FedAghnParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "fedaghn"
+    fn new(_: &'static str, params: Checked<FedAghnParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> FedAghnServer {
@@ -290,10 +279,6 @@ impl Algorithm for FedAghn {
 
     fn receive(&self, _: &Env, model: &mut Model, personal: Vec<f32>) {
         model.params = personal;
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 
     fn aggregate(
@@ -548,7 +533,7 @@ mod tests {
             hn_lr: 50.0,
             ..Default::default()
         };
-        let algo = FedAghn::new("fedaghn", params, &env).unwrap();
+        let algo = FedAghn::new("fedaghn", params.check(env.clients()).unwrap(), &env).unwrap();
         let mut server = algo.init_server(&env);
         let mut held: Vec<Vec<f32>> = vec![init.clone(); 5];
         let mut rng = rng_stream(2, 0, 0, Purpose::Batches);

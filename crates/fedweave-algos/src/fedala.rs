@@ -29,46 +29,34 @@
 //! locally trained model (PFLlib scores the model right after ALA, before
 //! training).
 
+use crate::Checked;
+use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_core::vecmath::std_dev;
 use fedweave_nn::LocalTrainer;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-/// FedALA's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedAlaParams {
-    /// Number of parameter tensors, counted from the top of the model, that
-    /// are aggregated adaptively (PFLlib's `layer_idx`).
-    pub layer_idx: usize,
-    /// Percentage of the local training samples W is learned on.
-    pub rand_percent: usize,
-    /// η, the step size of W.
-    pub eta: f64,
-    /// First ALA: stop when the std of the last `num_pre_loss` pass losses
-    /// falls below this.
-    pub threshold: f64,
-    /// First ALA: how many recent pass losses the stopping rule looks at.
-    pub num_pre_loss: usize,
-    /// First ALA: at most this many passes (ALA.py loops without a bound).
-    pub max_start_epochs: usize,
-}
-
-impl Default for FedAlaParams {
-    fn default() -> Self {
-        Self {
-            layer_idx: 2,
-            rand_percent: 80,
-            eta: 1.0,
-            threshold: 0.1,
-            num_pre_loss: 10,
-            max_start_epochs: 100,
-        }
+params! {
+    /// FedALA's parameters.
+    pub struct FedAlaParams {
+        /// Number of parameter tensors, counted from the top of the model, that
+        /// are aggregated adaptively (PFLlib's `layer_idx`).
+        pub layer_idx: usize = 2,
+        /// Percentage of the local training samples W is learned on.
+        pub rand_percent: usize = 80,
+        /// η, the step size of W.
+        pub eta: f64 = 1.0,
+        /// First ALA: stop when the std of the last `num_pre_loss` pass losses
+        /// falls below this.
+        pub threshold: f64 = 0.1,
+        /// First ALA: how many recent pass losses the stopping rule looks at.
+        pub num_pre_loss: usize = 10,
+        /// First ALA: at most this many passes (ALA.py loops without a bound).
+        pub max_start_epochs: usize = 100,
     }
 }
 
@@ -207,6 +195,8 @@ impl FedAla {
     }
 }
 
+holds_model!(FedAlaClient: model);
+
 impl Algorithm for FedAla {
     const NAMES: &'static [Info] = &[Info {
         name: "fedala",
@@ -221,15 +211,11 @@ impl Algorithm for FedAla {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: FedAlaParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<FedAlaParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
-
-    fn name(&self) -> &'static str {
-        "fedala"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> FedAlaClient {
         FedAlaClient {
@@ -266,10 +252,6 @@ impl Algorithm for FedAla {
 
     fn receive(&self, _: &Env, state: &mut FedAlaClient, global: Vec<f32>) {
         state.global = Some(global);
-    }
-
-    fn personalized<'c>(&self, state: &'c FedAlaClient) -> ModelRef<'c> {
-        state.model.view()
     }
 }
 

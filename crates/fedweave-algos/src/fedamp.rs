@@ -38,10 +38,13 @@
 //! Evaluation: θ_i after local training (both reference codes score the
 //! trained local model).
 
+use crate::Checked;
 use crate::contract::Params;
+use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
+    AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained,
     embed_rows, ids_of, models_of,
 };
 use fedweave_core::pairwise::{Matrix, View};
@@ -61,26 +64,16 @@ pub trait Attention: Params + Send + Sync + 'static {
     fn mu(&self) -> f64;
 }
 
-/// FedAMP's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedAmpParams {
-    /// α_K: the attention scale (ξ_ij = α_K·e^{−d/σ}/σ) and the
-    /// denominator of the proximal coefficient λ/α_K.
-    pub alpha_k: f64,
-    /// λ of the local term λ/(2α_K)·‖θ − u_i‖².
-    pub lambda: f64,
-    /// σ of the kernel e^{−‖θ_i − θ_j‖²/σ}/σ.
-    pub sigma: f64,
-}
-
-impl Default for FedAmpParams {
-    fn default() -> Self {
-        Self {
-            alpha_k: 100.0,
-            lambda: 1.0,
-            sigma: 1e4,
-        }
+params! {
+    /// FedAMP's parameters.
+    pub struct FedAmpParams {
+        /// α_K: the attention scale (ξ_ij = α_K·e^{−d/σ}/σ) and the
+        /// denominator of the proximal coefficient λ/α_K.
+        pub alpha_k: f64 = 100.0,
+        /// λ of the local term λ/(2α_K)·‖θ − u_i‖².
+        pub lambda: f64 = 1.0,
+        /// σ of the kernel e^{−‖θ_i − θ_j‖²/σ}/σ.
+        pub sigma: f64 = 1e4,
     }
 }
 
@@ -148,25 +141,15 @@ impl Attention for FedAmpParams {
     }
 }
 
-/// HeurFedAMP's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HeurFedAmpParams {
-    /// ξ_ii, the weight of the client's own model.
-    pub self_weight: f64,
-    /// σ of exp(σ·cos(Δ_i, Δ_j)).
-    pub sigma: f64,
-    /// λ of the local term λ/2·‖θ − u_i‖².
-    pub lambda: f64,
-}
-
-impl Default for HeurFedAmpParams {
-    fn default() -> Self {
-        Self {
-            self_weight: 0.3,
-            sigma: 10.0,
-            lambda: 1.0,
-        }
+params! {
+    /// HeurFedAMP's parameters.
+    pub struct HeurFedAmpParams {
+        /// ξ_ii, the weight of the client's own model.
+        pub self_weight: f64 = 0.3,
+        /// σ of exp(σ·cos(Δ_i, Δ_j)).
+        pub sigma: f64 = 10.0,
+        /// λ of the local term λ/2·‖θ − u_i‖².
+        pub lambda: f64 = 1.0,
     }
 }
 
@@ -265,6 +248,8 @@ impl<R: Attention> Amp<R> {
     }
 }
 
+holds_model!(AmpClient: model);
+
 impl<R: Attention> Algorithm for Amp<R> {
     const NAMES: &'static [Info] = R::NAMES;
     type Params = R;
@@ -275,15 +260,11 @@ impl<R: Attention> Algorithm for Amp<R> {
     /// θ_i after training.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: R, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<R>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
-
-    fn name(&self) -> &'static str {
-        R::NAMES[0].name
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> AmpClient {
         AmpClient {
@@ -326,10 +307,6 @@ impl<R: Attention> Algorithm for Amp<R> {
 
     fn receive(&self, _: &Env, state: &mut AmpClient, cloud: Vec<f32>) {
         state.cloud = Some(cloud);
-    }
-
-    fn personalized<'c>(&self, state: &'c AmpClient) -> ModelRef<'c> {
-        state.model.view()
     }
 }
 
@@ -404,7 +381,9 @@ mod tests {
                 alpha_k: 4.0,
                 lambda: 2.0,
                 sigma: 1.0,
-            },
+            }
+            .check(Tiny::new().env().clients())
+            .unwrap(),
             &Tiny::new().env(),
         )
         .unwrap();
@@ -441,7 +420,9 @@ mod tests {
             HeurFedAmpParams {
                 lambda: 2.0,
                 ..Default::default()
-            },
+            }
+            .check(env.clients())
+            .unwrap(),
             &env,
         )
         .unwrap();
@@ -477,7 +458,12 @@ mod tests {
     fn participants_receive_their_mixed_cloud_models_and_absent_rows_stay_identity() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let amp = HeurFedAmp::new("h-fedamp", HeurFedAmpParams::default(), &env).unwrap();
+        let amp = HeurFedAmp::new(
+            "h-fedamp",
+            HeurFedAmpParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let d = tiny.init.len();
         let up = |s: f32| -> Vec<f32> {
             tiny.init

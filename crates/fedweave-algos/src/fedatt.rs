@@ -27,26 +27,21 @@
 //! new w goes to every client, absent ones included; scored after
 //! receiving it, as `fedavg`.
 
+use crate::Checked;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, ParamError,
-    RoundOutcome, Trained, ids_of, models_of, tensor_layers,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
+    ids_of, models_of, tensor_layers,
 };
 use fedweave_core::CollaborationGraph;
-use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
-/// FedAtt's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedAttParams {
-    /// ε: the server's step toward the attention-weighted clients.
-    pub step: f64,
-}
-
-impl Default for FedAttParams {
-    fn default() -> Self {
-        Self { step: 1.2 }
+params! {
+    /// FedAtt's parameters.
+    pub struct FedAttParams {
+        /// ε: the server's step toward the attention-weighted clients.
+        pub step: f64 = 1.2,
     }
 }
 
@@ -125,12 +120,8 @@ impl Algorithm for FedAtt {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &str, p: FedAttParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, p: Checked<FedAttParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self { step: p.step })
-    }
-
-    fn name(&self) -> &'static str {
-        "fedatt"
     }
 
     fn init_server(&self, env: &Env) -> Vec<f32> {
@@ -178,10 +169,6 @@ impl Algorithm for FedAtt {
 
     fn receive(&self, _: &Env, model: &mut Model, global: Vec<f32>) {
         model.params = global;
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {

@@ -7,27 +7,22 @@
 //! the global model fine-tuned on local data (the baseline of pFedGraph and
 //! DPFL); the plain variants evaluate the global model itself.
 
+use crate::Checked;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, ParamError,
-    RoundOutcome, Trained, ids_of, models_of,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
+    ids_of, models_of,
 };
 use fedweave_core::CollaborationGraph;
 use fedweave_core::vecmath::weighted_sum;
 use fedweave_nn::Proximal;
-use serde::{Deserialize, Serialize};
 
-/// Parameters of the FedAvg family.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedAvgParams {
-    /// Proximal coefficient μ (FedProx only; pFedGraph's and FedAGHN's 0.01).
-    pub mu: f64,
-}
-
-impl Default for FedAvgParams {
-    fn default() -> Self {
-        Self { mu: 0.01 }
+params! {
+    /// Parameters of the FedAvg family.
+    pub struct FedAvgParams {
+        /// Proximal coefficient μ (FedProx only; pFedGraph's and FedAGHN's 0.01).
+        pub mu: f64 = 0.01,
     }
 }
 
@@ -35,6 +30,16 @@ impl Validate for FedAvgParams {
     fn validate(&self) -> Result<(), ParamError> {
         non_negative("mu", self.mu)
     }
+
+    /// `mu` only for FedProx and FedProx-FT.
+    fn applies(name: &str, key: &str) -> bool {
+        key != "mu" || proximal(name)
+    }
+}
+
+/// Whether the family member `name` adds the proximal term.
+fn proximal(name: &str) -> bool {
+    name.starts_with("fedprox")
 }
 
 /// The FedAvg family.
@@ -76,25 +81,17 @@ impl Algorithm for FedAvg {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(name: &str, p: FedAvgParams, _: &Env) -> Result<Self, AlgoError> {
-        let (name, prox, fine_tuned) = match name {
-            "fedavg-ft" => ("fedavg-ft", false, true),
-            "fedprox" => ("fedprox", true, false),
-            "fedprox-ft" => ("fedprox-ft", true, true),
-            _ => ("fedavg", false, false),
-        };
+    fn new(name: &'static str, p: Checked<FedAvgParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             name,
-            mu: if prox { p.mu as f32 } else { 0.0 },
-            fine_tuned,
+            mu: if proximal(name) { p.mu as f32 } else { 0.0 },
+            fine_tuned: name.ends_with("-ft"),
         })
     }
 
     fn name(&self) -> &'static str {
         self.name
     }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> Model {
         env.initial_model()
@@ -129,10 +126,6 @@ impl Algorithm for FedAvg {
 
     fn receive(&self, _: &Env, model: &mut Model, global: Vec<f32>) {
         model.params = global;
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {

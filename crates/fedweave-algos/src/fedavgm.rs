@@ -25,34 +25,26 @@
 //! every client, absent ones included. Scored: the global model, after
 //! receiving it, as `fedavg`.
 
+use crate::Checked;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, ParamError,
-    RoundOutcome, Trained, ids_of, models_of,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
+    ids_of, models_of,
 };
 use fedweave_core::CollaborationGraph;
 use fedweave_core::vecmath::weighted_sum;
 use serde::{Deserialize, Serialize};
 
-/// FedAvgM's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedAvgMParams {
-    /// β: the server momentum, in [0, 1).
-    pub server_momentum: f64,
-    /// Nesterov momentum: step by Δ + β·v instead of v.
-    pub nesterov: bool,
-    /// η: the server learning rate (1 = the paper's update).
-    pub server_lr: f64,
-}
-
-impl Default for FedAvgMParams {
-    fn default() -> Self {
-        Self {
-            server_momentum: 0.1,
-            nesterov: false,
-            server_lr: 1.0,
-        }
+params! {
+    /// FedAvgM's parameters.
+    pub struct FedAvgMParams {
+        /// β: the server momentum, in [0, 1).
+        pub server_momentum: f64 = 0.1,
+        /// Nesterov momentum: step by Δ + β·v instead of v.
+        pub nesterov: bool = false,
+        /// η: the server learning rate (1 = the paper's update).
+        pub server_lr: f64 = 1.0,
     }
 }
 
@@ -87,7 +79,7 @@ pub struct FedAvgM {
 }
 
 /// The server: the global model and the momentum buffer.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FedAvgMServer {
     /// w, as last sent.
     #[serde(with = "fedweave_core::stash::vector")]
@@ -112,16 +104,12 @@ impl Algorithm for FedAvgM {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &str, p: FedAvgMParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, p: Checked<FedAvgMParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             beta: p.server_momentum,
             nesterov: p.nesterov,
             lr: p.server_lr,
         })
-    }
-
-    fn name(&self) -> &'static str {
-        "fedavgm"
     }
 
     fn init_server(&self, env: &Env) -> FedAvgMServer {
@@ -180,10 +168,6 @@ impl Algorithm for FedAvgM {
 
     fn receive(&self, _: &Env, model: &mut Model, global: Vec<f32>) {
         model.params = global;
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {

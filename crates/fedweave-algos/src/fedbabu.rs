@@ -24,26 +24,23 @@
 //! personalisation of "the head fine-tuned during evaluation").
 //! `ft_epochs` = 10 is PFLlib's `fine_tuning_epochs` default.
 
+use crate::Checked;
+use crate::contract::holds_model;
 use crate::params::Validate;
+use crate::params::params;
 use crate::split::{Federation, Part, Shared};
 use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, RoundOutcome, Trained};
 use fedweave_nn::TrainConfig;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
-/// FedBABU's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedBabuParams {
-    /// Full passes over the local training data fine-tuning the head before
-    /// scoring (PFLlib's `fine_tuning_epochs` = 10; 0 scores the federated
-    /// model with its initial head).
-    pub ft_epochs: usize,
-}
-
-impl Default for FedBabuParams {
-    fn default() -> Self {
-        Self { ft_epochs: 10 }
+params! {
+    /// FedBABU's parameters.
+    pub struct FedBabuParams {
+        /// Full passes over the local training data fine-tuning the head before
+        /// scoring (PFLlib's `fine_tuning_epochs` = 10; 0 scores the federated
+        /// model with its initial head).
+        pub ft_epochs: usize = 10,
     }
 }
 
@@ -96,6 +93,8 @@ impl FedBabu {
     }
 }
 
+holds_model!(BabuClient: model);
+
 impl Algorithm for FedBabu {
     const NAMES: &'static [Info] = &[Info {
         name: "fedbabu",
@@ -110,18 +109,12 @@ impl Algorithm for FedBabu {
     /// The trained body.
     type Up = Shared;
 
-    fn new(_: &str, params: FedBabuParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: Checked<FedBabuParams>, env: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             fed: Federation::new(Part::base(env.spec), env.init.len(), "base", "head"),
             ft_epochs: params.ft_epochs,
         })
     }
-
-    fn name(&self) -> &'static str {
-        "fedbabu"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> BabuClient {
         BabuClient {
@@ -185,7 +178,14 @@ mod tests {
     use crate::testkit::{Tiny, changed};
 
     fn fedbabu(t: &Tiny, ft_epochs: usize) -> FedBabu {
-        FedBabu::new("fedbabu", FedBabuParams { ft_epochs }, &t.env()).unwrap()
+        FedBabu::new(
+            "fedbabu",
+            FedBabuParams { ft_epochs }
+                .check(t.env().clients())
+                .unwrap(),
+            &t.env(),
+        )
+        .unwrap()
     }
 
     /// Over rounds of training, averaging and receiving, the federated

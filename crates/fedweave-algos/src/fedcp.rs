@@ -45,11 +45,14 @@
 //!   initialisation are drawn from a stream keyed by the round-0 model, so
 //!   every run is reproducible.
 
+use crate::Checked;
 use crate::contract::check_parts;
+use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
-    RoundOutcome, Trained, embed_rows, ids_of,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ParamError, RoundOutcome,
+    Trained, embed_rows, ids_of,
 };
 use fedweave_core::vecmath::weighted_sum;
 use fedweave_core::{CollaborationGraph, Purpose, rng_stream};
@@ -58,22 +61,13 @@ use fedweave_nn::{ConditionalPolicy, EvalStats, LocalData, PolicyObjective};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-/// FedCP's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedCpParams {
-    /// λ of the MMD term (the authors' `-lam 5`).
-    pub lambda: f64,
-    /// Gumbel-softmax temperature τ (PFLlib's `tau = 1`).
-    pub tau: f64,
-}
-
-impl Default for FedCpParams {
-    fn default() -> Self {
-        Self {
-            lambda: 5.0,
-            tau: 1.0,
-        }
+params! {
+    /// FedCP's parameters.
+    pub struct FedCpParams {
+        /// λ of the MMD term (the authors' `-lam 5`).
+        pub lambda: f64 = 5.0,
+        /// Gumbel-softmax temperature τ (PFLlib's `tau = 1`).
+        pub tau: f64 = 1.0,
     }
 }
 
@@ -207,6 +201,10 @@ impl FedCp {
     }
 }
 
+// Scored: the body and personal head; the prediction also needs the global
+// head and the CPN, see [`Algorithm::evaluate`].
+holds_model!(FedCpClient: model);
+
 impl Algorithm for FedCp {
     const NAMES: &'static [Info] = &[Info {
         name: "fedcp",
@@ -219,21 +217,17 @@ impl Algorithm for FedCp {
     type Down = FedCpDown;
     type Up = FedCpUp;
 
-    fn new(name: &str, params: FedCpParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, params: Checked<FedCpParams>, env: &Env) -> Result<Self, AlgoError> {
         if env.label_counts.iter().all(|c| c.is_empty()) {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
                 message: "FedCP needs classification data (two classifier heads)".into(),
             });
         }
-        Ok(Self { params })
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
-
-    fn name(&self) -> &'static str {
-        "fedcp"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, client: usize) -> FedCpClient {
         let d = env.spec.feature_len();
@@ -410,12 +404,6 @@ impl Algorithm for FedCp {
         }
     }
 
-    /// The body and personal head; the prediction also needs the global
-    /// head and the CPN, see [`Algorithm::evaluate`].
-    fn personalized<'c>(&self, state: &'c FedCpClient) -> ModelRef<'c> {
-        state.model.view()
-    }
-
     fn evaluate(
         &self,
         env: &Env,
@@ -526,7 +514,12 @@ mod tests {
             label_counts: &counts,
             kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
-        let algo = FedCp::new("fedcp", FedCpParams::default(), &env).unwrap();
+        let algo = FedCp::new(
+            "fedcp",
+            FedCpParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let a = algo.init_client(&env, 0);
         let b = algo.init_client(&env, 1);
         assert_eq!(a.cpn, b.cpn);
@@ -541,7 +534,14 @@ mod tests {
             kernels: fedweave_core::pairwise::Kernels::cpu(),
             ..env
         };
-        assert!(FedCp::new("fedcp", FedCpParams::default(), &none).is_err());
+        assert!(
+            FedCp::new(
+                "fedcp",
+                FedCpParams::default().check(none.clients()).unwrap(),
+                &none
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -559,7 +559,12 @@ mod tests {
             label_counts: &counts,
             kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
-        let algo = FedCp::new("fedcp", FedCpParams::default(), &env).unwrap();
+        let algo = FedCp::new(
+            "fedcp",
+            FedCpParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let l = cpn_len(200);
         let up = |x: f32| FedCpUp {
             body: vec![x; split.base.len()],

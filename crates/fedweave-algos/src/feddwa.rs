@@ -28,10 +28,12 @@
 //! before it trains again (METHODS.md §4.4), so fedweave evaluates after
 //! mixing. Absent clients keep their last personalised model.
 
+use crate::Checked;
 use crate::params::Validate;
+use crate::params::params;
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
-    RoundOutcome, Trained, embed_rows, ids_of, mix_rows,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ParamError, RoundOutcome,
+    Trained, embed_rows, ids_of, mix_rows,
 };
 use fedweave_core::pairwise::{Kernels, View};
 use fedweave_nn::TrainConfig;
@@ -55,23 +57,14 @@ pub enum Guidance {
     FullBatch,
 }
 
-/// FedDWA's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedDwaParams {
-    /// K: collaborators kept per recipient, self included (paper: 5, robust
-    /// over 1–10).
-    pub top_k: usize,
-    /// How the guidance model is computed.
-    pub guidance: Guidance,
-}
-
-impl Default for FedDwaParams {
-    fn default() -> Self {
-        Self {
-            top_k: 5,
-            guidance: Guidance::Epoch,
-        }
+params! {
+    /// FedDWA's parameters.
+    pub struct FedDwaParams {
+        /// K: collaborators kept per recipient, self included (paper: 5, robust
+        /// over 1–10).
+        pub top_k: usize = 5,
+        /// How the guidance model is computed.
+        pub guidance: Guidance = Guidance::Epoch,
     }
 }
 
@@ -154,15 +147,11 @@ impl Algorithm for FedDwa {
     type Down = Vec<f32>;
     type Up = Guided;
 
-    fn new(_: &str, params: FedDwaParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<FedDwaParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
-
-    fn name(&self) -> &'static str {
-        "feddwa"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> Model {
         env.initial_model()
@@ -214,10 +203,6 @@ impl Algorithm for FedDwa {
 
     fn receive(&self, _: &Env, model: &mut Model, mixed: Vec<f32>) {
         model.params = mixed;
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 
     /// After receiving: FedDWA evaluates the personalised model each client

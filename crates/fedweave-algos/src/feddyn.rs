@@ -27,26 +27,22 @@
 //! server model θ, after receiving it. Local training uses the `[train]`
 //! optimiser, a fresh one each round.
 
+use crate::Checked;
+use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, ParamError,
-    RoundOutcome, Trained,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
 };
 use fedweave_core::CollaborationGraph;
 use fedweave_nn::{Linear, Proximal};
 use serde::{Deserialize, Serialize};
 
-/// FedDyn's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedDynParams {
-    /// α: weight of the proximal term and step of the state updates.
-    pub alpha: f64,
-}
-
-impl Default for FedDynParams {
-    fn default() -> Self {
-        Self { alpha: 0.01 }
+params! {
+    /// FedDyn's parameters.
+    pub struct FedDynParams {
+        /// α: weight of the proximal term and step of the state updates.
+        pub alpha: f64 = 0.01,
     }
 }
 
@@ -79,7 +75,7 @@ pub struct FedDynClient {
 }
 
 /// The server: its model θ and h.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FedDynServer {
     /// θ, as last sent.
     #[serde(with = "fedweave_core::stash::vector")]
@@ -88,6 +84,8 @@ pub struct FedDynServer {
     #[serde(with = "fedweave_core::stash::vector")]
     pub h: Vec<f32>,
 }
+
+holds_model!(FedDynClient: model);
 
 impl Algorithm for FedDyn {
     const NAMES: &'static [Info] = &[Info {
@@ -103,14 +101,10 @@ impl Algorithm for FedDyn {
     /// θ_i.
     type Up = Vec<f32>;
 
-    fn new(_: &str, p: FedDynParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, p: Checked<FedDynParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             alpha: p.alpha as f32,
         })
-    }
-
-    fn name(&self) -> &'static str {
-        "feddyn"
     }
 
     fn init_server(&self, env: &Env) -> FedDynServer {
@@ -193,10 +187,6 @@ impl Algorithm for FedDyn {
 
     fn receive(&self, _: &Env, state: &mut FedDynClient, model: Vec<f32>) {
         state.model.params = model;
-    }
-
-    fn personalized<'c>(&self, state: &'c FedDynClient) -> ModelRef<'c> {
-        state.model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {

@@ -30,28 +30,25 @@
 //! receive the new components too), uniform before their first round.
 //! Evaluation: the mixture, after local training.
 
+use crate::Checked;
+use crate::contract::HoldsModel;
 use crate::ifca::Models;
 use crate::params::Validate;
+use crate::params::params;
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
-    Trained, distinct_inits, ids_of,
+    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
+    distinct_inits, ids_of,
 };
 use fedweave_core::CollaborationGraph;
 use fedweave_core::vecmath::weighted_sum;
 use fedweave_nn::{EvalStats, LocalData, WeightedCrossEntropy, predict};
 use serde::{Deserialize, Serialize};
 
-/// FedEM's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedEmParams {
-    /// M: the number of mixture components.
-    pub components: usize,
-}
-
-impl Default for FedEmParams {
-    fn default() -> Self {
-        Self { components: 3 }
+params! {
+    /// FedEM's parameters.
+    pub struct FedEmParams {
+        /// M: the number of mixture components.
+        pub components: usize = 3,
     }
 }
 
@@ -80,7 +77,7 @@ pub struct FedEmClient {
 
 /// The server remembers each client's last mixture weights (for the graph
 /// rows of absent clients).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FedEmServer {
     /// π_j as last uploaded (uniform before the first upload).
     pub pi: Vec<Vec<f64>>,
@@ -182,6 +179,15 @@ fn uniform(m: usize) -> Vec<f64> {
     vec![1.0 / m as f64; m]
 }
 
+/// The component of largest weight π (the first among equals); the
+/// protocol scores the whole mixture through [`Algorithm::evaluate`].
+impl HoldsModel for FedEmClient {
+    fn held(&self) -> &Model {
+        let best = (0..self.pi.len()).fold(0, |b, m| if self.pi[m] > self.pi[b] { m } else { b });
+        &self.components[best]
+    }
+}
+
 impl Algorithm for FedEm {
     const NAMES: &'static [Info] = &[Info {
         name: "fedem",
@@ -195,7 +201,7 @@ impl Algorithm for FedEm {
     type Down = Models;
     type Up = Mixture;
 
-    fn new(name: &str, params: FedEmParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, params: Checked<FedEmParams>, env: &Env) -> Result<Self, AlgoError> {
         if env.label_counts.iter().all(|c| c.is_empty()) {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
@@ -203,11 +209,9 @@ impl Algorithm for FedEm {
                     .into(),
             });
         }
-        Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "fedem"
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> FedEmServer {
@@ -321,14 +325,6 @@ impl Algorithm for FedEm {
         }
     }
 
-    /// The component with the largest weight; the protocol scores the whole
-    /// mixture through [`Algorithm::evaluate`].
-    fn personalized<'c>(&self, state: &'c FedEmClient) -> ModelRef<'c> {
-        let best =
-            (0..state.pi.len()).fold(0, |b, m| if state.pi[m] > state.pi[b] { m } else { b });
-        state.components[best].view()
-    }
-
     fn evaluate(
         &self,
         env: &Env,
@@ -433,7 +429,12 @@ mod tests {
     fn a_round_updates_pi_from_the_e_step_and_trains_every_component() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let fedem = FedEm::new("fedem", FedEmParams { components: 2 }, &env).unwrap();
+        let fedem = FedEm::new(
+            "fedem",
+            FedEmParams { components: 2 }.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut state = fedem.init_client(&env, 0);
         // Component 1 already fits client 0's data: the E-step must give it
         // most of the responsibility.
@@ -471,7 +472,12 @@ mod tests {
     fn the_mixture_is_scored_with_mixed_probabilities() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let fedem = FedEm::new("fedem", FedEmParams { components: 2 }, &env).unwrap();
+        let fedem = FedEm::new(
+            "fedem",
+            FedEmParams { components: 2 }.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut state = fedem.init_client(&env, 0);
         let data = tiny.cx(0, 1).data.train;
         // π = (1, 0): the mixture is component 0 exactly.
@@ -491,7 +497,12 @@ mod tests {
     fn uploads_with_broken_mixture_weights_are_rejected() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let fedem = FedEm::new("fedem", FedEmParams { components: 2 }, &env).unwrap();
+        let fedem = FedEm::new(
+            "fedem",
+            FedEmParams { components: 2 }.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let d = env.init.len();
         let up = |pi: Vec<f64>| Mixture {
             components: Models(vec![vec![0.0; d]; 2]),

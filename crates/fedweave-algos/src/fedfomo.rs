@@ -11,8 +11,22 @@
 //! w_j = (L_val(θ_i) − L_val(θ_j)) / ‖θ_j − θ_i‖,
 //!
 //! clips at 0 and normalises; its new model is Σ_j w_j θ_j, or its own when
-//! no received model helps (every w_j ≤ 0). P[i][j] += w_j.
+//! no received model helps (every w_j ≤ 0). The affinity P[i][j] grows by
+//! the score w_j itself, before clipping: a model that hurt gets a negative
+//! affinity, so the top-M choice passes it over in favour of clients never
+//! tried (affinity 0).
 //!
+//! Which w goes into P: fedweave adds the signed score, as PFLlib
+//! (`clientfomo.py` keeps the raw scores in `weight_vector`, which
+//! `serverfomo.py` adds to P), FL-bench and the authors' code
+//! (NVlabs/FedFomo `federation.py`, which first divides the scores by
+//! |Σ_j w_j|: the same signs and order within a round) do, and as the
+//! paper's Algorithm 1 reads as we recall it (the paper's text could not be
+//! re-read when this was written; every implementation agrees). Before
+//! this, fedweave added the clipped, normalised weights, so a harmful
+//! client stayed at affinity 0, tied with clients never tried, and the
+//! random tie-break kept drawing it whenever N > M + 1.
+
 //! The reference codes: PFLlib (`clientfomo.py`, `serverfomo.py`) adds 1e-5
 //! to the distance, starts P at the identity and sends the top M of P[i]
 //! (so the client's own model takes one of the M slots), and has no
@@ -32,15 +46,21 @@
 //! of PFLlib, and the client's validation split as the validation data (its
 //! training data when it has none). The client weighs what it received at
 //! the start of its next round (it needs its own data), then trains and
-//! uploads its model with the weights it used; the server adds them to P and
-//! logs them as the round's graph (identity rows for clients that kept their
-//! own model and, in round 1, for everyone). Evaluation: the trained model.
+//! uploads its model with the weights it used and the scores; the server
+//! logs the weights as the round's graph (identity rows for clients that kept their
+//! own model and, in round 1, for everyone); the signed scores go into P.
+//! Evaluation: the trained model.
 
+use crate::Checked;
+use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::relay::{Relayed, RowUp, Store, holdout, uploaded_rows};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+
+/// A FedFomo upload: the trained model, the row it mixed with and the
+/// signed score of every model it weighed (harmful ones negative).
+pub type FomoUp = RowUp<Vec<(usize, f64)>>;
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_core::vecmath::{sq_dist, weighted_sum};
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_nn::LocalData;
@@ -48,26 +68,16 @@ use rand::Rng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
-/// FedFomo's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedFomoParams {
-    /// M: how many other clients' models each client receives per round.
-    pub m: usize,
-    /// ε at round 1: the probability that a client receives M random
-    /// clients instead of its top M.
-    pub epsilon: f64,
-    /// How much ε drops per round.
-    pub epsilon_decay: f64,
-}
-
-impl Default for FedFomoParams {
-    fn default() -> Self {
-        Self {
-            m: 5,
-            epsilon: 0.3,
-            epsilon_decay: 0.05,
-        }
+params! {
+    /// FedFomo's parameters.
+    pub struct FedFomoParams {
+        /// M: how many other clients' models each client receives per round.
+        pub m: usize = 5,
+        /// ε at round 1: the probability that a client receives M random
+        /// clients instead of its top M.
+        pub epsilon: f64 = 0.3,
+        /// How much ε drops per round.
+        pub epsilon_decay: f64 = 0.05,
     }
 }
 
@@ -86,16 +96,21 @@ impl Validate for FedFomoParams {
     }
 }
 
-/// FedFomo's weights from the client's own validation loss, each received
+/// FedFomo's scores from the client's own validation loss, each received
 /// model's validation loss and its distance to the client's model:
-/// max(0, (L_own − L_j) / (d_j + 1e-5)), normalised to sum 1; `None` when
-/// no received model helps (the client keeps its own).
-pub fn fomo_weights(own_loss: f64, losses: &[f64], dists: &[f64]) -> Option<Vec<f64>> {
-    let w: Vec<f64> = losses
+/// w_j = (L_own − L_j) / (d_j + 1e-5), negative for a model that hurts.
+pub fn fomo_scores(own_loss: f64, losses: &[f64], dists: &[f64]) -> Vec<f64> {
+    losses
         .iter()
         .zip(dists)
-        .map(|(l, d)| ((own_loss - l) / (d + 1e-5)).max(0.0))
-        .collect();
+        .map(|(l, d)| (own_loss - l) / (d + 1e-5))
+        .collect()
+}
+
+/// The mixing weights from the scores: max(0, w_j), normalised to sum 1;
+/// `None` when no received model helps (the client keeps its own).
+pub fn fomo_weights(scores: &[f64]) -> Option<Vec<f64>> {
+    let w: Vec<f64> = scores.iter().map(|x| x.max(0.0)).collect();
     let total: f64 = w.iter().sum();
     (total > 0.0 && total.is_finite()).then(|| w.iter().map(|x| x / total).collect())
 }
@@ -151,11 +166,12 @@ pub struct FedFomoServer {
 
 impl FedFomo {
     /// Weighs the received models on `data` and moves `state.model` to
-    /// their mixture; returns the row used (empty: kept its own model).
-    fn combine(&self, env: &Env, data: &LocalData, state: &mut FedFomoClient) -> Vec<(usize, f64)> {
+    /// their mixture; returns the row used (empty: kept its own model) and
+    /// the signed score of every received model.
+    fn combine(&self, env: &Env, data: &LocalData, state: &mut FedFomoClient) -> Weighed {
         let received = std::mem::take(&mut state.received);
         if received.ids.is_empty() || data.is_empty() {
-            return Vec::new();
+            return Weighed::default();
         }
         let model = &mut state.model;
         let loss = |p: &[f32]| fedweave_nn::evaluate(env.spec, p, &model.buffers, data).mean_loss();
@@ -166,25 +182,41 @@ impl FedFomo {
             .iter()
             .map(|m| sq_dist(m, &model.params).sqrt())
             .collect();
-        let Some(w) = fomo_weights(own, &losses, &dists) else {
-            return Vec::new();
+        let scores = fomo_scores(own, &losses, &dists);
+        let row = match fomo_weights(&scores) {
+            None => Vec::new(),
+            Some(w) => {
+                let refs: Vec<&[f32]> = received.models.iter().map(|m| m.as_slice()).collect();
+                weighted_sum(&w, &refs, &mut model.params);
+                received
+                    .ids
+                    .iter()
+                    .zip(&w)
+                    .filter(|(_, w)| **w > 0.0)
+                    .map(|(&j, &w)| (j, w))
+                    .collect()
+            }
         };
-        let refs: Vec<&[f32]> = received.models.iter().map(|m| m.as_slice()).collect();
-        weighted_sum(&w, &refs, &mut model.params);
-        received
-            .ids
-            .iter()
-            .zip(&w)
-            .filter(|(_, w)| **w > 0.0)
-            .map(|(&j, &w)| (j, w))
-            .collect()
+        Weighed {
+            row,
+            scores: received.ids.iter().copied().zip(scores).collect(),
+        }
     }
 }
+
+/// What a client's weighing produced: the row it mixed with and the scores.
+#[derive(Debug, Default, PartialEq)]
+struct Weighed {
+    row: Vec<(usize, f64)>,
+    scores: Vec<(usize, f64)>,
+}
+
+holds_model!(FedFomoClient: model);
 
 impl Algorithm for FedFomo {
     const NAMES: &'static [Info] = &[Info {
         name: "fedfomo",
-        summary: "client i mixes the M = 5 models the server sends (top M of its affinity row, ε-greedy: epsilon 0.3 − 0.05/round) with w_j ∝ max(0, ΔL_val/‖θ_j − θ_i‖), own model if none helps; P[i] += w",
+        summary: "client i mixes the M = 5 models the server sends (top M of its affinity row, ε-greedy: epsilon 0.3 − 0.05/round) with w_j ∝ max(0, ΔL_val/‖θ_j − θ_i‖), own model if none helps; P[i] += ΔL_val/‖θ_j − θ_i‖ (signed)",
         reference: "Zhang et al., ICLR 2021",
     }];
     type Params = FedFomoParams;
@@ -193,17 +225,13 @@ impl Algorithm for FedFomo {
     /// The M chosen clients' models.
     type Down = Relayed;
     /// The trained model and the weights used.
-    type Up = RowUp;
+    type Up = FomoUp;
 
-    fn new(_: &str, params: FedFomoParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: Checked<FedFomoParams>, env: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
-            params,
+            params: params.into_inner(),
             seed: crate::init_seed(env.init),
         })
-    }
-
-    fn name(&self) -> &'static str {
-        "fedfomo"
     }
 
     fn init_server(&self, env: &Env) -> FedFomoServer {
@@ -230,13 +258,14 @@ impl Algorithm for FedFomo {
         env: &Env,
         cx: &mut ClientCx,
         state: &mut FedFomoClient,
-    ) -> Trained<RowUp> {
-        let row = self.combine(env, &holdout(cx), state);
+    ) -> Trained<FomoUp> {
+        let Weighed { row, scores } = self.combine(env, &holdout(cx), state);
         let train_loss = cx.train_plain(env, &mut state.model, &[]);
         Trained {
             up: RowUp {
                 model: state.model.params.clone(),
                 row,
+                extra: scores,
             },
             train_loss,
         }
@@ -247,11 +276,11 @@ impl Algorithm for FedFomo {
         env: &Env,
         server: &mut FedFomoServer,
         round: usize,
-        uploads: &[(usize, RowUp)],
+        uploads: &[(usize, FomoUp)],
     ) -> RoundOutcome<Relayed> {
         server.store.update(uploads);
         for (i, up) in uploads {
-            for &(j, w) in &up.row {
+            for &(j, w) in &up.extra {
                 server.affinity[*i][j] += w;
             }
         }
@@ -282,10 +311,6 @@ impl Algorithm for FedFomo {
     fn receive(&self, _: &Env, state: &mut FedFomoClient, down: Relayed) {
         state.received = down;
     }
-
-    fn personalized<'c>(&self, state: &'c FedFomoClient) -> ModelRef<'c> {
-        state.model.view()
-    }
 }
 
 #[cfg(test)]
@@ -297,14 +322,19 @@ mod tests {
     fn weights_are_improvement_per_distance_clipped_and_normalised() {
         // Own loss 1.0; model a improves by 0.5 at distance 1, b by 0.5 at
         // distance 4, c makes things worse.
-        let w = fomo_weights(1.0, &[0.5, 0.5, 1.2], &[1.0, 4.0, 1.0]).unwrap();
+        let scores = fomo_scores(1.0, &[0.5, 0.5, 1.2], &[1.0, 4.0, 1.0]);
         let (a, b) = (0.5 / (1.0 + 1e-5), 0.5 / (4.0 + 1e-5));
+        assert_eq!(scores, [a, b, (1.0 - 1.2) / (1.0 + 1e-5)]);
+        let w = fomo_weights(&scores).unwrap();
         assert!((w[0] - a / (a + b)).abs() < 1e-12);
         assert!((w[1] - b / (a + b)).abs() < 1e-12);
         assert!((w[0] - 0.8).abs() < 1e-5, "{w:?}");
         assert_eq!(w[2], 0.0);
         // Nothing helps: keep the own model.
-        assert_eq!(fomo_weights(1.0, &[1.0, 3.0], &[1.0, 1.0]), None);
+        assert_eq!(
+            fomo_weights(&fomo_scores(1.0, &[1.0, 3.0], &[1.0, 1.0])),
+            None
+        );
     }
 
     #[test]
@@ -341,7 +371,12 @@ mod tests {
     fn client_mixes_helpful_models_and_server_updates_affinity() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let algo = FedFomo::new("fedfomo", FedFomoParams::default(), &env).unwrap();
+        let algo = FedFomo::new(
+            "fedfomo",
+            FedFomoParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut server = algo.init_server(&env);
         // Client 2's data covers client 0's classes: train a good model there.
         let mut good = env.initial_model();
@@ -359,32 +394,112 @@ mod tests {
             },
         );
         let mut cx = tiny.cx(0, 2);
-        let row = algo.combine(&env, &holdout(&cx), &mut state);
-        assert_eq!(row, vec![(2, 1.0)]);
+        let weighed = algo.combine(&env, &holdout(&cx), &mut state);
+        assert_eq!(weighed.row, vec![(2, 1.0)]);
+        let (useless_score, good_score) = (weighed.scores[0], weighed.scores[1]);
+        assert_eq!((useless_score.0, good_score.0), (1, 2));
+        assert!(useless_score.1 < 0.0 && good_score.1 > 0.0, "{weighed:?}");
         assert_eq!(state.model.params, good.params);
         assert!(state.received.ids.is_empty());
         // Nothing received: the client keeps its model and uploads no row.
         let up = algo.local_round(&env, &mut cx, &mut state).up;
-        assert!(up.row.is_empty());
+        assert!(up.row.is_empty() && up.extra.is_empty());
         let uploads = vec![
             (
                 0,
-                RowUp {
+                FomoUp {
                     model: up.model,
-                    row,
+                    row: weighed.row,
+                    extra: weighed.scores,
                 },
             ),
-            (1, RowUp::default()),
+            (
+                1,
+                FomoUp {
+                    model: env.init.to_vec(),
+                    ..FomoUp::default()
+                },
+            ),
         ];
-        let mut uploads = uploads;
-        uploads[1].1.model = env.init.to_vec();
         let out = algo.aggregate(&env, &mut server, 2, &uploads);
-        assert_eq!(server.affinity[0], vec![1.0, 0.0, 1.0]);
+        // P grows by the signed scores; the graph logs the mixing row.
+        assert_eq!(server.affinity[0], vec![1.0, useless_score.1, good_score.1]);
         assert_eq!(out.graph.row(0), &[0.0, 0.0, 1.0]);
         assert_eq!(out.graph.row(1), &[0.0, 1.0, 0.0]);
         // Client 0 is sent the one other known model, client 1's.
         let (_, d0) = &out.downloads[0];
         assert_eq!(d0.ids, vec![1]);
+    }
+
+    /// N = 20 > M + 1: a client that received a harmful model gives it a
+    /// negative affinity, so the top-M choice draws it less often than the
+    /// clients it never tried (before, its affinity stayed 0, tied with
+    /// theirs, and the random tie-break kept drawing it).
+    #[test]
+    fn a_harmful_client_is_drawn_less_than_untried_ones() {
+        let tiny = Tiny::new();
+        let sizes = vec![12; 20];
+        let env = Env {
+            sizes: &sizes,
+            ..tiny.env()
+        };
+        let algo = FedFomo::new(
+            "fedfomo",
+            FedFomoParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
+        let (harmful, helpful) = (7, 2);
+        let mut good = env.initial_model();
+        for r in 1..=5 {
+            tiny.cx(2, r).train_plain(&env, &mut good, &[]);
+        }
+        let bad: Vec<f32> = env.init.iter().map(|x| x * 40.0).collect();
+        let mut state = algo.init_client(&env, 0);
+        algo.receive(
+            &env,
+            &mut state,
+            Relayed {
+                ids: vec![harmful, helpful],
+                models: vec![bad, good.params.clone()],
+            },
+        );
+        let mut server = algo.init_server(&env);
+        let mut drawn = [0usize; 20];
+        for round in 2..=40 {
+            let up = algo
+                .local_round(&env, &mut tiny.cx(0, round), &mut state)
+                .up;
+            let mut uploads = vec![(0, up)];
+            uploads.extend((1..20).map(|i| {
+                (
+                    i,
+                    FomoUp {
+                        model: env.init.to_vec(),
+                        ..FomoUp::default()
+                    },
+                )
+            }));
+            let out = algo.aggregate(&env, &mut server, round, &uploads);
+            // Client 0 weighs only what it was first sent; what it is sent
+            // now is counted.
+            for &j in &out.downloads[0].1.ids {
+                drawn[j] += 1;
+            }
+        }
+        assert!(
+            server.affinity[0][harmful] < 0.0,
+            "{:?}",
+            server.affinity[0]
+        );
+        assert!(server.affinity[0][helpful] > 0.0);
+        let untried: Vec<usize> = (1..20).filter(|&j| j != harmful && j != helpful).collect();
+        let fewest_untried = untried.iter().map(|&j| drawn[j]).min().unwrap();
+        assert!(
+            drawn[harmful] < fewest_untried,
+            "harmful drawn {} times, untried at least {fewest_untried}: {drawn:?}",
+            drawn[harmful]
+        );
     }
 
     #[test]

@@ -38,8 +38,9 @@
 //! case. Clients with no training data take no step (a_i = 0) and are left
 //! out of the average.
 
+use crate::Checked;
 use crate::params::Validate;
-use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, RoundOutcome};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, RoundOutcome};
 use crate::{EvalPoint, Trained};
 use fedweave_core::CollaborationGraph;
 use serde::{Deserialize, Serialize};
@@ -110,12 +111,8 @@ impl Algorithm for FedNova {
     type Down = Vec<f32>;
     type Up = NovaUp;
 
-    fn new(_: &str, _: FedNovaParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, _: Checked<FedNovaParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self)
-    }
-
-    fn name(&self) -> &'static str {
-        "fednova"
     }
 
     fn init_server(&self, env: &Env) -> Vec<f32> {
@@ -176,10 +173,6 @@ impl Algorithm for FedNova {
 
     fn receive(&self, _: &Env, model: &mut Model, global: Vec<f32>) {
         model.params = global;
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {

@@ -49,33 +49,24 @@
 //! - No gradient-norm clipping (the authors clip at `max_grad_norm`); no
 //!   fedweave method clips.
 
+use crate::Checked;
+use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_nn::{InheritedMmd, predict};
 use serde::{Deserialize, Serialize};
 
-/// FedPHP's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedPhpParams {
-    /// μ: the ceiling of the moving-average coefficient.
-    pub mu: f64,
-    /// T: participations over which μ_t grows linearly from 0 to μ.
-    pub mu_rounds: usize,
-    /// λ: weight of the MMD term ((1 − λ) weighs the cross-entropy).
-    pub lambda: f64,
-}
-
-impl Default for FedPhpParams {
-    fn default() -> Self {
-        Self {
-            mu: 0.9,
-            mu_rounds: 100,
-            lambda: 0.1,
-        }
+params! {
+    /// FedPHP's parameters.
+    pub struct FedPhpParams {
+        /// μ: the ceiling of the moving-average coefficient.
+        pub mu: f64 = 0.9,
+        /// T: participations over which μ_t grows linearly from 0 to μ.
+        pub mu_rounds: usize = 100,
+        /// λ: weight of the MMD term ((1 − λ) weighs the cross-entropy).
+        pub lambda: f64 = 0.1,
     }
 }
 
@@ -124,6 +115,8 @@ pub fn moving_average(into: &mut [f32], from: &[f32], mu: f64) {
     }
 }
 
+holds_model!(PhpClient: hpm);
+
 impl Algorithm for FedPhp {
     const NAMES: &'static [Info] = &[Info {
         name: "fedphp",
@@ -138,7 +131,11 @@ impl Algorithm for FedPhp {
     /// The trained local model.
     type Up = Vec<f32>;
 
-    fn new(name: &str, params: FedPhpParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(
+        name: &'static str,
+        params: Checked<FedPhpParams>,
+        env: &Env,
+    ) -> Result<Self, AlgoError> {
         if env.label_counts.is_empty() {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
@@ -146,14 +143,10 @@ impl Algorithm for FedPhp {
                     .into(),
             });
         }
-        Ok(Self { params })
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
-
-    fn name(&self) -> &'static str {
-        "fedphp"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> PhpClient {
         PhpClient {
@@ -208,10 +201,6 @@ impl Algorithm for FedPhp {
     fn receive(&self, _: &Env, state: &mut PhpClient, global: Vec<f32>) {
         state.model.params = global;
     }
-
-    fn personalized<'c>(&self, state: &'c PhpClient) -> ModelRef<'c> {
-        state.hpm.view()
-    }
 }
 
 #[cfg(test)]
@@ -241,7 +230,7 @@ mod tests {
             label_counts: &counts,
             kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
-        let a = FedPhp::new("fedphp", params, &env).unwrap();
+        let a = FedPhp::new("fedphp", params.check(env.clients()).unwrap(), &env).unwrap();
         // The server's graph: p over participants 0 and 2, for everyone.
         let up = |v: f32| vec![v; init.len()];
         let out = a.aggregate(&env, &mut (), 1, &[(0, up(1.0)), (2, up(4.0))]);

@@ -47,12 +47,15 @@
 //!   prototype; the model's head is the paper's inference path and what every
 //!   other fedweave method is scored with.
 
+use crate::Checked;
+use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
-    Trained, embed_rows, ids_of,
+    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
+    embed_rows, ids_of,
 };
-use fedweave_nn::{LocalData, PrototypePull, predict};
+use fedweave_nn::{PrototypePull, predict};
 use serde::{Deserialize, Serialize};
 
 /// How the server averages the clients' prototypes of one class.
@@ -66,22 +69,13 @@ pub enum ProtoWeighting {
     Clients,
 }
 
-/// FedProto's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedProtoParams {
-    /// λ: weight of the prototype pull.
-    pub lambda: f64,
-    /// How prototypes of a class are averaged.
-    pub weighting: ProtoWeighting,
-}
-
-impl Default for FedProtoParams {
-    fn default() -> Self {
-        Self {
-            lambda: 1.0,
-            weighting: ProtoWeighting::Samples,
-        }
+params! {
+    /// FedProto's parameters.
+    pub struct FedProtoParams {
+        /// λ: weight of the prototype pull.
+        pub lambda: f64 = 1.0,
+        /// How prototypes of a class are averaged.
+        pub weighting: ProtoWeighting = ProtoWeighting::Samples,
     }
 }
 
@@ -204,6 +198,30 @@ pub fn class_means(
     out
 }
 
+/// Per class c, the weighted mean Σ_j (ω_j / Σ_l ω_l) v_j of the rows
+/// `(c, ω_j, v_j)` given for it, `classes × dim` row-major (0 for a class
+/// with no row), and the normalisers Σ_l ω_l per class. Rows of classes ≥
+/// `classes` are ignored. (FedPAC's aggregation sums before it normalises,
+/// which rounds differently: sharing this one would move its results.)
+pub(crate) fn weighted_class_means(
+    rows: &[(usize, f64, &[f32])],
+    classes: usize,
+    dim: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut total = vec![0.0f64; classes];
+    for &(c, w, _) in rows.iter().filter(|r| r.0 < classes) {
+        total[c] += w;
+    }
+    let mut sums = vec![0.0f64; classes * dim];
+    for &(c, w, v) in rows.iter().filter(|r| r.0 < classes) {
+        let w = w / total[c];
+        for (s, &x) in sums[c * dim..(c + 1) * dim].iter_mut().zip(v) {
+            *s += w * x as f64;
+        }
+    }
+    (sums, total)
+}
+
 /// The server rule: global prototypes and each participant's graph row
 /// (entries over the participants, in upload order).
 pub fn aggregate_prototypes(
@@ -217,25 +235,21 @@ pub fn aggregate_prototypes(
         ProtoWeighting::Samples => n as f64,
         ProtoWeighting::Clients => 1.0,
     };
-    let mut total = vec![0.0f64; classes];
-    for u in uploads {
-        for (&c, &n) in u.classes.iter().zip(&u.counts) {
-            total[c as usize] += raw(n);
-        }
-    }
-    let mut sums = vec![0.0f64; classes * dim];
-    for u in uploads {
-        for (k, (&c, &n)) in u.classes.iter().zip(&u.counts).enumerate() {
-            let c = c as usize;
-            let w = raw(n) / total[c];
-            for (s, &v) in sums[c * dim..(c + 1) * dim]
-                .iter_mut()
-                .zip(&u.values[k * dim..(k + 1) * dim])
-            {
-                *s += w * v as f64;
-            }
-        }
-    }
+    let rows: Vec<(usize, f64, &[f32])> = uploads
+        .iter()
+        .flat_map(|u| {
+            u.classes
+                .iter()
+                .zip(&u.counts)
+                .zip(
+                    u.values
+                        .chunks(dim.max(1))
+                        .chain(std::iter::repeat(&[][..])),
+                )
+                .map(|((&c, &n), v)| (c as usize, raw(n), v))
+        })
+        .collect();
+    let (means, total) = weighted_class_means(&rows, classes, dim);
     let mut global = GlobalPrototypes {
         classes: Vec::new(),
         values: Vec::new(),
@@ -244,7 +258,7 @@ pub fn aggregate_prototypes(
         global.classes.push(c as u32);
         global
             .values
-            .extend(sums[c * dim..(c + 1) * dim].iter().map(|&s| s as f32));
+            .extend(means[c * dim..(c + 1) * dim].iter().map(|&s| s as f32));
     }
     // W_ij = Σ_c (n_ic / n_i)·ω_jc over the classes i holds.
     let rows = uploads
@@ -273,9 +287,7 @@ pub fn aggregate_prototypes(
     (global, rows)
 }
 
-fn labels_of(data: &LocalData) -> Vec<u32> {
-    (0..data.len()).map(|k| data.label(k)).collect()
-}
+holds_model!(ProtoClient: model);
 
 impl Algorithm for FedProto {
     const NAMES: &'static [Info] = &[Info {
@@ -289,7 +301,11 @@ impl Algorithm for FedProto {
     type Down = GlobalPrototypes;
     type Up = LocalPrototypes;
 
-    fn new(name: &str, params: FedProtoParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(
+        name: &'static str,
+        params: Checked<FedProtoParams>,
+        env: &Env,
+    ) -> Result<Self, AlgoError> {
         if env.label_counts.is_empty() {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
@@ -297,17 +313,11 @@ impl Algorithm for FedProto {
             });
         }
         Ok(Self {
-            params,
+            params: params.into_inner(),
             classes: env.spec.num_classes(),
             dim: env.spec.feature_len(),
         })
     }
-
-    fn name(&self) -> &'static str {
-        "fedproto"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> ProtoClient {
         ProtoClient {
@@ -340,7 +350,12 @@ impl Algorithm for FedProto {
         let train = cx.data.train;
         let pred = predict(env.spec, &state.model.params, &state.model.buffers, &train);
         Trained {
-            up: class_means(&pred.features, &labels_of(&train), self.dim, self.classes),
+            up: class_means(
+                &pred.features,
+                &train.local_labels(),
+                self.dim,
+                self.classes,
+            ),
             train_loss: stats.mean_loss,
         }
     }
@@ -374,10 +389,6 @@ impl Algorithm for FedProto {
                 state.known[c] = true;
             }
         }
-    }
-
-    fn personalized<'c>(&self, state: &'c ProtoClient) -> ModelRef<'c> {
-        state.model.view()
     }
 
     fn check_upload(&self, _: &Env, up: &LocalPrototypes) -> Result<(), String> {
@@ -476,7 +487,12 @@ mod tests {
             label_counts: &counts,
             kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
-        let algo = FedProto::new("fedproto", FedProtoParams::default(), &env).unwrap();
+        let algo = FedProto::new(
+            "fedproto",
+            FedProtoParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut c = algo.init_client(&env, 0);
         let mut values = vec![0.5f32; 200];
         values.extend(vec![-1.0f32; 200]);

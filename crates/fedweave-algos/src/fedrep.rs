@@ -20,24 +20,19 @@
 //! `plocal_epochs` defaults to 1; the FedRep paper uses more head epochs
 //! than body epochs too). Evaluation: the model after local training.
 
+use crate::Checked;
 use crate::params::Validate;
+use crate::params::params;
 use crate::split::{Federation, Part, Shared};
-use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, RoundOutcome, Trained};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, RoundOutcome, Trained};
 use fedweave_nn::{TrainConfig, TrainStats};
-use serde::{Deserialize, Serialize};
 
-/// FedRep's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedRepParams {
-    /// Full passes over the local data training the head alone before the
-    /// body trains (FedAGHN's τ = 5; 0 skips the head phase).
-    pub head_epochs: usize,
-}
-
-impl Default for FedRepParams {
-    fn default() -> Self {
-        Self { head_epochs: 5 }
+params! {
+    /// FedRep's parameters.
+    pub struct FedRepParams {
+        /// Full passes over the local data training the head alone before the
+        /// body trains (FedAGHN's τ = 5; 0 skips the head phase).
+        pub head_epochs: usize = 5,
     }
 }
 
@@ -83,18 +78,12 @@ impl Algorithm for FedRep {
     /// The trained body.
     type Up = Shared;
 
-    fn new(_: &str, params: FedRepParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, params: Checked<FedRepParams>, env: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             fed: Federation::new(Part::base(env.spec), env.init.len(), "base", "head"),
             head_epochs: params.head_epochs,
         })
     }
-
-    fn name(&self) -> &'static str {
-        "fedrep"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> Model {
         env.initial_model()
@@ -126,10 +115,6 @@ impl Algorithm for FedRep {
         self.fed.receive(model, &body);
     }
 
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
-    }
-
     fn check_upload(&self, _: &Env, up: &Shared) -> Result<(), String> {
         self.fed.check(up)
     }
@@ -146,7 +131,14 @@ mod tests {
     use crate::testkit::{Tiny, changed};
 
     fn fedrep(t: &Tiny, head_epochs: usize) -> FedRep {
-        FedRep::new("fedrep", FedRepParams { head_epochs }, &t.env()).unwrap()
+        FedRep::new(
+            "fedrep",
+            FedRepParams { head_epochs }
+                .check(t.env().clients())
+                .unwrap(),
+            &t.env(),
+        )
+        .unwrap()
     }
 
     /// Each phase moves its own group and leaves the other bit for bit,

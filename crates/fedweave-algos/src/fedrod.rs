@@ -35,12 +35,14 @@
 //! is scored with, rather than a moving target; it also needs no second
 //! backward pass through the body.
 
+use crate::Checked;
+use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
 use crate::params::Validate;
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
 };
-use fedweave_nn::{BalancedSoftmax, BatchSampler, LocalData, Predictions, TrainConfig, predict};
+use fedweave_nn::{BalancedSoftmax, BatchSampler, Predictions, TrainConfig, predict};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
@@ -154,9 +156,7 @@ pub fn train_personal_head(
     total / steps as f64
 }
 
-fn labels_of(data: &LocalData) -> Vec<u32> {
-    (0..data.len()).map(|k| data.label(k)).collect()
-}
+holds_model!(RodClient: model);
 
 impl Algorithm for FedRod {
     const NAMES: &'static [Info] = &[Info {
@@ -172,7 +172,7 @@ impl Algorithm for FedRod {
     /// The trained shared model.
     type Up = Vec<f32>;
 
-    fn new(name: &str, _: FedRodParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, _: Checked<FedRodParams>, env: &Env) -> Result<Self, AlgoError> {
         if env.label_counts.is_empty() {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
@@ -182,12 +182,6 @@ impl Algorithm for FedRod {
         }
         Ok(Self {})
     }
-
-    fn name(&self) -> &'static str {
-        "fedrod"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> RodClient {
         let head = env.spec.split().head;
@@ -204,7 +198,7 @@ impl Algorithm for FedRod {
         state: &mut RodClient,
     ) -> Trained<Vec<f32>> {
         let train = cx.data.train;
-        let labels = labels_of(&train);
+        let labels = train.local_labels();
         let mut counts = vec![0usize; env.spec.num_classes()];
         for &y in &labels {
             if let Some(c) = counts.get_mut(y as usize) {
@@ -372,7 +366,12 @@ mod tests {
             label_counts: &counts,
             kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
-        let algo = FedRod::new("fedrod", FedRodParams::default(), &env).unwrap();
+        let algo = FedRod::new(
+            "fedrod",
+            FedRodParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut c = algo.init_client(&env, 0);
         let head = spec.split().head;
         assert_eq!(c.personal, init[head.clone()]);

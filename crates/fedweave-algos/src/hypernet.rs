@@ -17,7 +17,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 /// The shape of a hypernetwork.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Default, Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Shape {
     /// Rows of the embedding table (clients, or 1 for a per-client network).
     pub rows: usize,
@@ -63,7 +63,7 @@ impl Shape {
 }
 
 /// A hypernetwork: its shape, parameters and SGD momentum.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct HyperNet {
     /// The shape.
     pub shape: Shape,

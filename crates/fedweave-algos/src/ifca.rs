@@ -29,26 +29,23 @@
 //! Not done: IFCA's weight-sharing variant (shared lower layers) and its
 //! random restarts.
 
+use crate::Checked;
+use crate::contract::holds_model;
 use crate::params::Validate;
+use crate::params::params;
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
-    Trained, distinct_inits, embed_rows, ids_of,
+    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
+    distinct_inits, embed_rows, ids_of,
 };
 use fedweave_core::vecmath::weighted_sum;
 use fedweave_nn::{LocalData, evaluate};
 use serde::{Deserialize, Serialize};
 
-/// IFCA's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct IfcaParams {
-    /// M: the number of cluster models.
-    pub clusters: usize,
-}
-
-impl Default for IfcaParams {
-    fn default() -> Self {
-        Self { clusters: 4 }
+params! {
+    /// IFCA's parameters.
+    pub struct IfcaParams {
+        /// M: the number of cluster models.
+        pub clusters: usize = 4,
     }
 }
 
@@ -68,7 +65,7 @@ pub struct Ifca {
 
 /// Several whole models in one message (IFCA's cluster models, FedEM's
 /// components).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Models(#[serde(with = "fedweave_core::stash::vectors")] pub Vec<Vec<f32>>);
 
 impl Message for Models {
@@ -146,6 +143,8 @@ impl Ifca {
     }
 }
 
+holds_model!(IfcaClient: model);
+
 impl Algorithm for Ifca {
     const NAMES: &'static [Info] = &[Info {
         name: "ifca",
@@ -160,12 +159,10 @@ impl Algorithm for Ifca {
     type Down = Models;
     type Up = Chosen;
 
-    fn new(_: &str, params: IfcaParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "ifca"
+    fn new(_: &'static str, params: Checked<IfcaParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> Models {
@@ -258,10 +255,6 @@ impl Algorithm for Ifca {
     fn receive(&self, _: &Env, state: &mut IfcaClient, models: Models) {
         state.clusters = models.0;
     }
-
-    fn personalized<'c>(&self, state: &'c IfcaClient) -> ModelRef<'c> {
-        state.model.view()
-    }
 }
 
 #[cfg(test)]
@@ -294,7 +287,12 @@ mod tests {
     fn each_client_trains_the_cluster_model_with_the_lowest_training_loss() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let ifca = Ifca::new("ifca", IfcaParams { clusters: 3 }, &env).unwrap();
+        let ifca = Ifca::new(
+            "ifca",
+            IfcaParams { clusters: 3 }.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut state = ifca.init_client(&env, 0);
         // Cluster 2 is a model trained on client 0's data: the best fit.
         let mut good = env.initial_model();
@@ -320,7 +318,12 @@ mod tests {
     fn clusters_average_their_own_uploads_and_the_graph_is_membership() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let ifca = Ifca::new("ifca", IfcaParams { clusters: 3 }, &env).unwrap();
+        let ifca = Ifca::new(
+            "ifca",
+            IfcaParams { clusters: 3 }.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut server = ifca.init_server(&env);
         assert_ne!(server.0[0], server.0[1], "distinct initial models");
         let untouched = server.0[1].clone();

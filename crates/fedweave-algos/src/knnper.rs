@@ -42,36 +42,26 @@
 //! Evaluation point: after the global model is received (the model the
 //! kNN is built on), as FedAvg.
 
+use crate::Checked;
 use crate::fedavg::average_to_all;
 use crate::params::Validate;
+use crate::params::params;
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, ParamError,
-    RoundOutcome, Trained,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
 };
 use fedweave_core::pairwise::{Kernels, View};
 use fedweave_core::vecmath::sq_dist;
 use fedweave_nn::{EvalStats, LocalData, Predictions, predict};
-use serde::{Deserialize, Serialize};
 
-/// kNN-Per's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KnnPerParams {
-    /// Neighbours per query (paper: 10).
-    pub k: usize,
-    /// λ: weight of the kNN distribution in the interpolation.
-    pub lambda: f64,
-    /// σ: the kernel's length scale, relative to the feature width.
-    pub scale: f64,
-}
-
-impl Default for KnnPerParams {
-    fn default() -> Self {
-        Self {
-            k: 10,
-            lambda: 0.5,
-            scale: 1.0,
-        }
+params! {
+    /// kNN-Per's parameters.
+    pub struct KnnPerParams {
+        /// Neighbours per query (paper: 10).
+        pub k: usize = 10,
+        /// λ: weight of the kNN distribution in the interpolation.
+        pub lambda: f64 = 0.5,
+        /// σ: the kernel's length scale, relative to the feature width.
+        pub scale: f64 = 1.0,
     }
 }
 
@@ -218,10 +208,6 @@ pub fn score(
     stats
 }
 
-fn labels_of(data: &LocalData) -> Vec<u32> {
-    (0..data.len()).map(|k| data.label(k)).collect()
-}
-
 impl Algorithm for KnnPer {
     const NAMES: &'static [Info] = &[Info {
         name: "knn-per",
@@ -237,21 +223,21 @@ impl Algorithm for KnnPer {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(name: &str, params: KnnPerParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(
+        name: &'static str,
+        params: Checked<KnnPerParams>,
+        env: &Env,
+    ) -> Result<Self, AlgoError> {
         if env.label_counts.is_empty() {
             return Err(AlgoError::Unsupported {
                 algorithm: name.to_string(),
                 message: "kNN-Per votes over class labels; this dataset has none".into(),
             });
         }
-        Ok(Self { params })
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
-
-    fn name(&self) -> &'static str {
-        "knn-per"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> Model {
         env.initial_model()
@@ -275,10 +261,6 @@ impl Algorithm for KnnPer {
         model.params = global;
     }
 
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
-    }
-
     /// The datastore is built once and scores every set.
     fn evaluate(
         &self,
@@ -289,7 +271,7 @@ impl Algorithm for KnnPer {
     ) -> Vec<EvalStats> {
         let features = |d: &LocalData| predict(env.spec, &model.params, &model.buffers, d);
         let store = features(train);
-        let labels = labels_of(train);
+        let labels = train.local_labels();
         let store = Datastore {
             features: &store.features,
             labels: &labels,
@@ -300,7 +282,7 @@ impl Algorithm for KnnPer {
                 score(
                     &store,
                     &features(on),
-                    &labels_of(on),
+                    &on.local_labels(),
                     &self.params,
                     env.kernels,
                 )

@@ -13,7 +13,13 @@
 //!
 //! fedweave: the exchange goes through the server, which relays the models
 //! a client asked for (all the others' latest models until it prunes, its
-//! top-K afterwards; the client itself is always in its mixture). As with
+//! top-K afterwards; the client itself is always in its mixture): each
+//! upload names the neighbours the client keeps (none until it prunes), so
+//! under partial participation a client's mixture reaches every client the
+//! server has heard from, including those absent at its first upload.
+//! (Before, the server relayed only the ids of the uploaded row, which held
+//! only ids relayed before: clients absent at a client's first upload never
+//! entered its mixture.) As with
 //! FedFomo, a client mixes what it received at the start of its next round
 //! (it needs its validation data), with the weights it had, then takes one
 //! plain gradient step of size `lr` = 1 on β_i (an SGD step: the paper's
@@ -25,34 +31,25 @@
 //! (training data when it has none), as one batch. Evaluation: the trained
 //! model.
 
+use crate::Checked;
+use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::relay::{Relayed, RowUp, Store, holdout, holdout_grad, uploaded_rows};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_core::vecmath::{dot, weighted_sum};
 use fedweave_nn::LocalData;
 use serde::{Deserialize, Serialize};
 
-/// L2C's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct L2cParams {
-    /// Step size of the logits β.
-    pub lr: f64,
-    /// Rounds of dense mixing before pruning to the top K.
-    pub warmup: usize,
-    /// K: the other clients kept after the warm-up.
-    pub top_k: usize,
-}
-
-impl Default for L2cParams {
-    fn default() -> Self {
-        Self {
-            lr: 1.0,
-            warmup: 5,
-            top_k: 5,
-        }
+params! {
+    /// L2C's parameters.
+    pub struct L2cParams {
+        /// Step size of the logits β.
+        pub lr: f64 = 1.0,
+        /// Rounds of dense mixing before pruning to the top K.
+        pub warmup: usize = 5,
+        /// K: the other clients kept after the warm-up.
+        pub top_k: usize = 5,
     }
 }
 
@@ -98,6 +95,11 @@ pub fn prune(logits: &[f64], me: usize, k: usize) -> Vec<usize> {
     others.sort_unstable();
     others
 }
+
+/// What an L2C client uploads: the trained model, the row α_i it mixed
+/// with and the neighbours it keeps after pruning, itself included (empty
+/// before it prunes: it asks for every other client's model).
+pub type L2cUp = RowUp<Vec<usize>>;
 
 /// L2C.
 pub struct L2c {
@@ -158,6 +160,8 @@ impl L2c {
     }
 }
 
+holds_model!(L2cClient: model);
+
 impl Algorithm for L2c {
     const NAMES: &'static [Info] = &[Info {
         name: "l2c",
@@ -169,15 +173,13 @@ impl Algorithm for L2c {
     type Server = Store;
     /// The models the client mixes.
     type Down = Relayed;
-    /// The trained model and the weights used.
-    type Up = RowUp;
+    /// The trained model, the weights used and the neighbours kept.
+    type Up = L2cUp;
 
-    fn new(_: &str, params: L2cParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "l2c"
+    fn new(_: &'static str, params: Checked<L2cParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> Store {
@@ -193,13 +195,14 @@ impl Algorithm for L2c {
         }
     }
 
-    fn local_round(&self, env: &Env, cx: &mut ClientCx, state: &mut L2cClient) -> Trained<RowUp> {
+    fn local_round(&self, env: &Env, cx: &mut ClientCx, state: &mut L2cClient) -> Trained<L2cUp> {
         let row = self.combine(env, &holdout(cx), cx.client, cx.round, state);
         let train_loss = cx.train_plain(env, &mut state.model, &[]);
         Trained {
-            up: RowUp {
+            up: L2cUp {
                 model: state.model.params.clone(),
                 row,
+                extra: state.kept.clone(),
             },
             train_loss,
         }
@@ -210,20 +213,22 @@ impl Algorithm for L2c {
         env: &Env,
         store: &mut Store,
         _: usize,
-        uploads: &[(usize, RowUp)],
+        uploads: &[(usize, L2cUp)],
     ) -> RoundOutcome<Relayed> {
         store.update(uploads);
         let known = store.known();
         let downloads = uploads
             .iter()
             .map(|(i, up)| {
-                // The neighbours it mixed this round (all known before it
-                // first mixed), itself excluded: it holds its own model.
-                let ids: Vec<usize> = if up.row.is_empty() {
-                    known.iter().copied().filter(|j| j != i).collect()
+                // What it asked for: every other known client until it
+                // prunes, its kept neighbours after; never itself (it holds
+                // its own model).
+                let asked = if up.extra.is_empty() {
+                    &known
                 } else {
-                    up.row.iter().map(|(j, _)| *j).filter(|j| j != i).collect()
+                    &up.extra
                 };
+                let ids: Vec<usize> = asked.iter().copied().filter(|j| j != i).collect();
                 (*i, store.relay(&ids))
             })
             .collect();
@@ -236,10 +241,6 @@ impl Algorithm for L2c {
 
     fn receive(&self, _: &Env, state: &mut L2cClient, down: Relayed) {
         state.received = down;
-    }
-
-    fn personalized<'c>(&self, state: &'c L2cClient) -> ModelRef<'c> {
-        state.model.view()
     }
 }
 
@@ -308,9 +309,9 @@ mod tests {
 
     /// A client given a useful and a harmful model raises the useful one's
     /// logit, lowers the other's, and after the warm-up mixes only the kept
-    /// neighbours; the server relays exactly the neighbours in its row.
+    /// neighbours; the server relays exactly the neighbours it keeps.
     #[test]
-    fn client_learns_weights_prunes_and_server_relays_its_row() {
+    fn client_learns_weights_prunes_and_server_relays_what_it_keeps() {
         let tiny = Tiny::new();
         let env = tiny.env();
         let params = L2cParams {
@@ -318,7 +319,7 @@ mod tests {
             top_k: 1,
             ..Default::default()
         };
-        let algo = L2c::new("l2c", params, &env).unwrap();
+        let algo = L2c::new("l2c", params.check(env.clients()).unwrap(), &env).unwrap();
         let mut good = env.initial_model();
         for r in 1..=5 {
             tiny.cx(2, r).train_plain(&env, &mut good, &[]);
@@ -345,21 +346,65 @@ mod tests {
         assert_eq!(state.kept, vec![0, 2]);
         assert_eq!(row.iter().map(|r| r.0).collect::<Vec<_>>(), vec![0, 2]);
         let mut store = algo.init_server(&env);
-        let uploads: Vec<(usize, RowUp)> = (0..3)
+        let uploads: Vec<(usize, L2cUp)> = (0..3)
             .map(|i| {
-                let row = if i == 0 { row.clone() } else { Vec::new() };
-                (
-                    i,
-                    RowUp {
-                        model: env.init.to_vec(),
-                        row,
-                    },
-                )
+                let up = L2cUp {
+                    model: env.init.to_vec(),
+                    ..L2cUp::default()
+                };
+                match i {
+                    0 => (
+                        i,
+                        L2cUp {
+                            row: row.clone(),
+                            extra: state.kept.clone(),
+                            ..up
+                        },
+                    ),
+                    _ => (i, up),
+                }
             })
             .collect();
         let out = algo.aggregate(&env, &mut store, 2, &uploads);
         assert_eq!(out.downloads[0].1.ids, vec![2]);
         assert_eq!(out.downloads[1].1.ids, vec![0, 2]);
         assert!((out.graph.get(0, 2) - row[1].1).abs() < 1e-12);
+    }
+
+    /// Participation 0.5: client 0 first uploads when only client 1 has,
+    /// client 2 uploads for the first time the round after; during the
+    /// warm-up client 0's mixture must reach client 2 (before, the server
+    /// relayed only the ids of client 0's row, and client 2 never entered).
+    #[test]
+    fn the_mixture_reaches_clients_absent_at_the_first_upload() {
+        let tiny = Tiny::new();
+        let env = tiny.env();
+        let algo = L2c::new(
+            "l2c",
+            L2cParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
+        let mut store = algo.init_server(&env);
+        let mut clients: Vec<L2cClient> = (0..3).map(|i| algo.init_client(&env, i)).collect();
+        let mut mixed_with = Vec::new();
+        for (round, picked) in [(1, [0, 1]), (2, [0, 2]), (3, [0, 1]), (4, [0, 2])] {
+            let uploads: Vec<(usize, L2cUp)> = picked
+                .iter()
+                .map(|&i| {
+                    let up = algo.local_round(&env, &mut tiny.cx(i, round), &mut clients[i]);
+                    (i, up.up)
+                })
+                .collect();
+            mixed_with.push(uploads[0].1.row.iter().map(|r| r.0).collect::<Vec<_>>());
+            let out = algo.aggregate(&env, &mut store, round, &uploads);
+            for (i, down) in out.downloads {
+                algo.receive(&env, &mut clients[i], down);
+            }
+        }
+        assert_eq!(mixed_with[0], Vec::<usize>::new());
+        assert_eq!(mixed_with[1], vec![0, 1]);
+        assert_eq!(mixed_with[2], vec![0, 1, 2]);
+        assert_eq!(mixed_with[3], vec![0, 1, 2]);
     }
 }

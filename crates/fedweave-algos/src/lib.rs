@@ -4,23 +4,29 @@
 //!
 //! [`contract`] is the interface every algorithm implements (its own state
 //! and message types, the round protocol); [`registry`] is the one list of
-//! algorithms. One file per algorithm holds both rules and the paper's
-//! defaults: [`local`], [`fedavg`] (FedAvg, FedAvg-FT, FedProx, FedProx-FT),
-//! [`fedavgm`] (FedAvg with server momentum), [`fedatt`] (attentive
-//! aggregation toward the clients, layer by layer),
-//! [`pfedgraph`], [`feddwa`], [`fedaghn`], [`sfl`], [`dpfl`], and the
-//! personalised baselines [`ditto`], [`apfl`], [`fedala`]. Model-poisoning
-//! and label-flip attacks are in [`attack`]; the defences against them
-//! (median, trimmed mean, Krum, norm clipping) in [`robust`].
-//! Split-model baselines: [`fedrep`], [`fedbabu`] and [`partial`] (FedPer,
-//! LG-FedAvg, FedBN), sharing one part of the model through [`split`].
-//! Feature-level personalised baselines: [`fedrod`], [`fedproto`],
-//! [`knnper`], [`fedphp`], [`fedpac`], [`fedcp`]. Clustered and
-//! mixture baselines: [`cfl`], [`ifca`], [`fedem`]; attentive message
-//! passing: [`fedamp`] (FedAMP, HeurFedAMP).
-//! Baselines whose clients weigh the others' models, through the server
-//! relay of [`relay`]: [`fedfomo`], [`l2c`], [`apple`]; hypernetwork
-//! baselines on the small network of [`hypernet`]: [`pfedhn`], [`pfedla`].
+//! algorithms (`fedweave list` prints it). One file per algorithm holds both
+//! rules and the paper's defaults:
+//! - one global model: [`local`], [`fedavg`] (FedAvg, FedAvg-FT, FedProx,
+//!   FedProx-FT), [`fedavgm`] (server momentum), [`fedatt`] (attentive
+//!   aggregation, layer by layer), [`scaffold`], [`feddyn`], [`fednova`],
+//!   [`moon`];
+//! - collaboration graphs: [`pfedgraph`], [`feddwa`], [`fedaghn`], [`sfl`],
+//!   [`dpfl`] (peer to peer, with [`ggc`]), [`fedamp`] (FedAMP, HeurFedAMP);
+//! - personalised models: [`ditto`], [`apfl`], [`fedala`], [`perfedavg`],
+//!   [`pfedme`];
+//! - split models, sharing one part through [`split`]: [`fedrep`],
+//!   [`fedbabu`], [`partial`] (FedPer, LG-FedAvg, FedBN);
+//! - feature-level: [`fedrod`], [`fedproto`], [`knnper`], [`fedphp`],
+//!   [`fedpac`], [`fedcp`];
+//! - clustered and mixtures: [`cfl`], [`ifca`], [`fedem`];
+//! - clients that weigh the others' models through the server relay of
+//!   [`relay`]: [`fedfomo`], [`l2c`], [`apple`];
+//! - hypernetworks on the small network of [`hypernet`]: [`pfedhn`],
+//!   [`pfedla`].
+//!
+//! Model-poisoning and label-flip attacks are in [`attack`]; the defences
+//! against them (median, trimmed mean, Krum, norm clipping) in [`robust`].
+//! A unit test checks that this list names every registered module.
 
 #![warn(missing_docs)]
 
@@ -80,7 +86,7 @@ pub use contract::{
     Algorithm, ClientCx, ClientData, Env, EvalPoint, Info, Message, Model, ModelRef, PeerNet,
     PeerStep, RoundOutcome, Topology, Trained,
 };
-pub use params::{AlgoError, ParamError, Validate};
+pub use params::{AlgoError, Checked, ParamError, Validate};
 pub use registry::{Visitor, catalogue, check_params, dispatch};
 
 /// A seed for an algorithm's own initial draws (FedCP's policy network,

@@ -1,8 +1,9 @@
 //! Local training: no collaboration, W = I. The floor every personalised
 //! method must beat. Its graph rule is the trait's default `aggregate`.
 
+use crate::Checked;
 use crate::params::Validate;
-use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, Trained};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, Trained};
 use serde::{Deserialize, Serialize};
 
 /// Local has no parameters.
@@ -27,15 +28,9 @@ impl Algorithm for Local {
     type Down = ();
     type Up = ();
 
-    fn new(_: &str, _: LocalParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, _: Checked<LocalParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self)
     }
-
-    fn name(&self) -> &'static str {
-        "local"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> Model {
         env.initial_model()
@@ -50,8 +45,4 @@ impl Algorithm for Local {
     }
 
     fn receive(&self, _: &Env, _: &mut Model, _: ()) {}
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
-    }
 }

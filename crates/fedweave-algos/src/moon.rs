@@ -29,28 +29,24 @@
 //! evaluation mode (running batch-norm statistics); PFLlib runs them in
 //! training mode on each batch — identical without batch norm.
 
+use crate::Checked;
+use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, ParamError,
-    RoundOutcome, Trained,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ParamError, RoundOutcome, Trained,
 };
 use fedweave_nn::{ModelContrastive, predict};
 use serde::{Deserialize, Serialize};
 
-/// MOON's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct MoonParams {
-    /// μ: weight of the contrastive term.
-    pub mu: f64,
-    /// τ: temperature of the contrastive term.
-    pub tau: f64,
-}
-
-impl Default for MoonParams {
-    fn default() -> Self {
-        Self { mu: 1.0, tau: 0.5 }
+params! {
+    /// MOON's parameters.
+    pub struct MoonParams {
+        /// μ: weight of the contrastive term.
+        pub mu: f64 = 1.0,
+        /// τ: temperature of the contrastive term.
+        pub tau: f64 = 0.5,
     }
 }
 
@@ -104,6 +100,8 @@ impl Moon {
     }
 }
 
+holds_model!(MoonClient: model);
+
 impl Algorithm for Moon {
     const NAMES: &'static [Info] = &[Info {
         name: "moon",
@@ -118,15 +116,11 @@ impl Algorithm for Moon {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: MoonParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
+    fn new(_: &'static str, params: Checked<MoonParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
-
-    fn name(&self) -> &'static str {
-        "moon"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> MoonClient {
         MoonClient {
@@ -170,10 +164,6 @@ impl Algorithm for Moon {
 
     fn receive(&self, _: &Env, state: &mut MoonClient, global: Vec<f32>) {
         state.model.params = global;
-    }
-
-    fn personalized<'c>(&self, state: &'c MoonClient) -> ModelRef<'c> {
-        state.model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {

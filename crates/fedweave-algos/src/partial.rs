@@ -26,11 +26,10 @@
 //! layers), as FedAvg evaluates the global model and PFLlib evaluates FedBN.
 //! None has parameters.
 
+use crate::Checked;
 use crate::params::Validate;
 use crate::split::{Federation, Part, Shared};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, ModelRef, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, RoundOutcome, Trained};
 use serde::{Deserialize, Serialize};
 
 /// FedPer, LG-FedAvg and FedBN have no parameters.
@@ -73,25 +72,28 @@ impl Algorithm for PartialAvg {
     /// The trained shared part.
     type Up = Shared;
 
-    fn new(name: &str, _: PartialAvgParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(name: &'static str, _: Checked<PartialAvgParams>, env: &Env) -> Result<Self, AlgoError> {
         let d = env.init.len();
-        let (name, fed, eval_point) = match name {
+        let (fed, eval_point) = match name {
             "lg-fedavg" => (
-                "lg-fedavg",
                 Federation::new(Part::head(env.spec), d, "head", "base").kept_first(),
                 EvalPoint::AfterTraining,
             ),
             "fedbn" => (
-                "fedbn",
                 Federation::new(Part::batch_norm(env.spec).complement(d), d, "rest", "bn")
                     .kept_first(),
                 EvalPoint::AfterReceive,
             ),
-            _ => (
-                "fedper",
+            "fedper" => (
                 Federation::new(Part::base(env.spec), d, "base", "head"),
                 EvalPoint::AfterTraining,
             ),
+            other => {
+                return Err(AlgoError::Unsupported {
+                    algorithm: other.to_string(),
+                    message: "not a partial-averaging method".into(),
+                });
+            }
         };
         Ok(Self {
             name,
@@ -103,8 +105,6 @@ impl Algorithm for PartialAvg {
     fn name(&self) -> &'static str {
         self.name
     }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> Model {
         env.initial_model()
@@ -130,10 +130,6 @@ impl Algorithm for PartialAvg {
 
     fn receive(&self, _: &Env, model: &mut Model, shared: Shared) {
         self.fed.receive(model, &shared);
-    }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {
@@ -164,7 +160,12 @@ mod tests {
         let t = Tiny::new();
         let env = t.env();
         let split = t.spec.split();
-        let algo = PartialAvg::new("fedper", PartialAvgParams {}, &env).unwrap();
+        let algo = PartialAvg::new(
+            "fedper",
+            PartialAvgParams {}.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut model = env.initial_model();
         let mut cx = t.cx(1, 1);
         cx.origin = Some(None);
@@ -188,7 +189,12 @@ mod tests {
         let t = Tiny::new();
         let env = t.env();
         let split = t.spec.split();
-        let algo = PartialAvg::new("lg-fedavg", PartialAvgParams {}, &env).unwrap();
+        let algo = PartialAvg::new(
+            "lg-fedavg",
+            PartialAvgParams {}.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut models = [env.initial_model(), env.initial_model()];
         let mut uploads = Vec::new();
         for (i, model) in [0, 2].into_iter().zip(models.iter_mut()) {
@@ -243,7 +249,12 @@ mod tests {
             label_counts: &[],
             kernels: fedweave_core::pairwise::Kernels::cpu(),
         };
-        let algo = PartialAvg::new("fedbn", PartialAvgParams {}, &env).unwrap();
+        let algo = PartialAvg::new(
+            "fedbn",
+            PartialAvgParams {}.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let bn = spec.split().batch_norm;
         assert_eq!(bn.iter().map(|r| r.len()).sum::<usize>(), 2 * (32 + 64));
         let in_bn = |e: usize| bn.iter().any(|r| r.contains(&e));
@@ -285,7 +296,12 @@ mod tests {
     fn without_batch_norm_it_is_fedavg() {
         let t = crate::testkit::Tiny::new();
         let env = t.env();
-        let algo = PartialAvg::new("fedbn", PartialAvgParams {}, &env).unwrap();
+        let algo = PartialAvg::new(
+            "fedbn",
+            PartialAvgParams {}.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let up = algo.fed.upload(&t.init);
         assert_eq!(up.values, t.init);
         let out = algo.aggregate(&env, &mut (), 1, &[(0, up.clone()), (2, up)]);

@@ -34,32 +34,24 @@
 //! (0.84); with the defaults (α = 0.01, β = 0.05) it scores 0.96
 //! (`tests/it/baselines.rs`).
 
+use crate::Checked;
+use crate::contract::holds_model;
 use crate::fedavg::average_to_all;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use fedweave_nn::SgdConfig;
 use serde::{Deserialize, Serialize};
 
-/// Per-FedAvg's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PerFedAvgParams {
-    /// α: the temporary step of each meta step, and the one adaptation
-    /// step of the scored model.
-    pub alpha: f64,
-    /// β: the meta step (unset: the `[train]` learning rate).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub beta: Option<f64>,
-}
-
-impl Default for PerFedAvgParams {
-    fn default() -> Self {
-        Self {
-            alpha: 0.01,
-            beta: None,
-        }
+params! {
+    /// Per-FedAvg's parameters.
+    pub struct PerFedAvgParams {
+        /// α: the temporary step of each meta step, and the one adaptation
+        /// step of the scored model.
+        pub alpha: f64 = 0.01,
+        /// β: the meta step (unset: the `[train]` learning rate).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub beta: Option<f64> = None,
     }
 }
 
@@ -85,6 +77,8 @@ pub struct PerFedAvgClient {
     pub adapted: Model,
 }
 
+holds_model!(PerFedAvgClient: adapted);
+
 impl Algorithm for PerFedAvg {
     const NAMES: &'static [Info] = &[Info {
         name: "per-fedavg",
@@ -99,18 +93,12 @@ impl Algorithm for PerFedAvg {
     /// The meta-trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &str, p: PerFedAvgParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, p: Checked<PerFedAvgParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             alpha: p.alpha as f32,
             beta: p.beta.map(|b| b as f32),
         })
     }
-
-    fn name(&self) -> &'static str {
-        "per-fedavg"
-    }
-
-    fn init_server(&self, _: &Env) {}
 
     fn init_client(&self, env: &Env, _: usize) -> PerFedAvgClient {
         PerFedAvgClient {
@@ -177,10 +165,6 @@ impl Algorithm for PerFedAvg {
 
     fn receive(&self, _: &Env, state: &mut PerFedAvgClient, global: Vec<f32>) {
         state.model.params = global;
-    }
-
-    fn personalized<'c>(&self, state: &'c PerFedAvgClient) -> ModelRef<'c> {
-        state.adapted.view()
     }
 }
 

@@ -21,10 +21,13 @@
 //! checks this for every algorithm (absent: no training, identity row,
 //! model unchanged unless the method addresses it).
 
+use crate::Checked;
+use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ModelRef, ParamError, RoundOutcome,
-    Trained, embed_rows, ids_of, mix_rows, models_of,
+    AlgoError, Algorithm, ClientCx, Env, Info, Message, Model, ParamError, RoundOutcome, Trained,
+    embed_rows, ids_of, mix_rows, models_of,
 };
 use fedweave_core::pairwise::{Kernels, View};
 use fedweave_core::project_to_simplex;
@@ -63,35 +66,22 @@ pub enum RegTarget {
     Normalized,
 }
 
-/// pFedGraph's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PFedGraphParams {
-    /// The code's `alpha` (larger ⇒ closer to data-size weights); default
-    /// 0.08·K.
-    pub alpha: Option<f64>,
-    /// λ of the cosine regulariser.
-    pub lambda: f64,
-    /// Similarities above this become 1.
-    pub threshold: f64,
-    /// Similarity on all layers or on the fc layers only.
-    pub similarity: SimilarityOn,
-    /// Regulariser sign.
-    pub reg_sign: RegSign,
-    /// Regulariser target.
-    pub reg_target: RegTarget,
-}
-
-impl Default for PFedGraphParams {
-    fn default() -> Self {
-        Self {
-            alpha: None,
-            lambda: 0.01,
-            threshold: 0.9,
-            similarity: SimilarityOn::All,
-            reg_sign: RegSign::Paper,
-            reg_target: RegTarget::Mixed,
-        }
+params! {
+    /// pFedGraph's parameters.
+    pub struct PFedGraphParams {
+        /// The code's `alpha` (larger ⇒ closer to data-size weights); default
+        /// 0.08·K.
+        pub alpha: Option<f64> = None,
+        /// λ of the cosine regulariser.
+        pub lambda: f64 = 0.01,
+        /// Similarities above this become 1.
+        pub threshold: f64 = 0.9,
+        /// Similarity on all layers or on the fc layers only.
+        pub similarity: SimilarityOn = SimilarityOn::All,
+        /// Regulariser sign.
+        pub reg_sign: RegSign = RegSign::Paper,
+        /// Regulariser target.
+        pub reg_target: RegTarget = RegTarget::Mixed,
     }
 }
 
@@ -193,6 +183,8 @@ pub fn infer_graph(similarity: &[Vec<f64>], p: &[f64], alpha: f64) -> Vec<Vec<f6
         .collect()
 }
 
+holds_model!(PFedGraphClient: model);
+
 impl Algorithm for PFedGraph {
     const NAMES: &'static [Info] = &[Info {
         name: "pfedgraph",
@@ -205,17 +197,16 @@ impl Algorithm for PFedGraph {
     type Down = Mixed;
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: PFedGraphParams, env: &Env) -> Result<Self, AlgoError> {
+    fn new(
+        _: &'static str,
+        params: Checked<PFedGraphParams>,
+        env: &Env,
+    ) -> Result<Self, AlgoError> {
         let alpha = params.alpha.unwrap_or(0.08 * env.clients() as f64);
-        Ok(Self { params, alpha })
-    }
-
-    fn name(&self) -> &'static str {
-        "pfedgraph"
-    }
-
-    fn init_server(&self, _: &Env) -> PFedGraphServer {
-        PFedGraphServer::default()
+        Ok(Self {
+            params: params.into_inner(),
+            alpha,
+        })
     }
 
     fn init_client(&self, env: &Env, _: usize) -> PFedGraphClient {
@@ -306,11 +297,6 @@ impl Algorithm for PFedGraph {
     fn receive(&self, _: &Env, state: &mut PFedGraphClient, down: Mixed) {
         state.model.params = down.model;
         state.target = down.normalized;
-    }
-
-    /// The model after local training (the paper's protocol scores it).
-    fn personalized<'c>(&self, state: &'c PFedGraphClient) -> ModelRef<'c> {
-        state.model.view()
     }
 }
 

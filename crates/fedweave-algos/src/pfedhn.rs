@@ -34,47 +34,35 @@
 //! participants' (self 1), normalised. Evaluation: the model after local
 //! training.
 
+use crate::Checked;
 use crate::hypernet::{HyperNet, Sgd, Shape};
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
+    AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained,
     embed_rows, ids_of, models_of,
 };
 use fedweave_core::vecmath::cosine;
 use fedweave_core::{Purpose, rng_stream};
 use serde::{Deserialize, Serialize};
 
-/// pFedHN's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PFedHnParams {
-    /// Embedding width (0: ⌊(1 + N)/4⌋, at least 1).
-    pub embed_dim: usize,
-    /// Width of the hidden layers.
-    pub hidden_dim: usize,
-    /// Hidden Linear(100, 100) layers after the first (the paper's n_hidden).
-    pub hidden_layers: usize,
-    /// Hypernetwork learning rate.
-    pub hn_lr: f64,
-    /// Hypernetwork SGD momentum.
-    pub hn_momentum: f64,
-    /// Hypernetwork weight decay.
-    pub hn_weight_decay: f64,
-    /// Gradient norm clip.
-    pub norm_clip: f64,
-}
-
-impl Default for PFedHnParams {
-    fn default() -> Self {
-        Self {
-            embed_dim: 0,
-            hidden_dim: 100,
-            hidden_layers: 1,
-            hn_lr: 1e-3,
-            hn_momentum: 0.9,
-            hn_weight_decay: 1e-3,
-            norm_clip: 50.0,
-        }
+params! {
+    /// pFedHN's parameters.
+    pub struct PFedHnParams {
+        /// Embedding width (0: ⌊(1 + N)/4⌋, at least 1).
+        pub embed_dim: usize = 0,
+        /// Width of the hidden layers.
+        pub hidden_dim: usize = 100,
+        /// Hidden Linear(100, 100) layers after the first (the paper's n_hidden).
+        pub hidden_layers: usize = 1,
+        /// Hypernetwork learning rate.
+        pub hn_lr: f64 = 1e-3,
+        /// Hypernetwork SGD momentum.
+        pub hn_momentum: f64 = 0.9,
+        /// Hypernetwork weight decay.
+        pub hn_weight_decay: f64 = 1e-3,
+        /// Gradient norm clip.
+        pub norm_clip: f64 = 50.0,
     }
 }
 
@@ -108,7 +96,7 @@ pub struct PFedHn {
 }
 
 /// The server: the hypernetwork and the model it last sent each client.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct PFedHnServer {
     /// h(v; φ).
     pub net: HyperNet,
@@ -156,12 +144,10 @@ impl Algorithm for PFedHn {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: PFedHnParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "pfedhn"
+    fn new(_: &'static str, params: Checked<PFedHnParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> PFedHnServer {
@@ -225,10 +211,6 @@ impl Algorithm for PFedHn {
     fn receive(&self, _: &Env, model: &mut Model, theta: Vec<f32>) {
         model.params = theta;
     }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
-    }
 }
 
 #[cfg(test)]
@@ -249,7 +231,7 @@ mod tests {
             embed_dim: 2,
             ..Default::default()
         };
-        let algo = PFedHn::new("pfedhn", params, &env).unwrap();
+        let algo = PFedHn::new("pfedhn", params.check(env.clients()).unwrap(), &env).unwrap();
         let mut server = algo.init_server(&env);
         for i in 0..3 {
             assert_eq!(server.net.output(&server.net.pass(i)), env.init);

@@ -34,12 +34,14 @@
 //! their mean as the round's graph. Evaluation: the model after local
 //! training.
 
+use crate::Checked;
 use crate::fedaghn::HnSign;
 use crate::hypernet::{HyperNet, Sgd, Shape};
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-    ids_of, layered_outcome, models_of, tensor_layers,
+    AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained, ids_of,
+    layered_outcome, models_of, tensor_layers,
 };
 use fedweave_core::vecmath::{dot, weighted_sum};
 use fedweave_core::{Purpose, rng_stream};
@@ -47,28 +49,17 @@ use rand::Rng;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-/// pFedLA's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PFedLaParams {
-    /// Embedding width.
-    pub embedding_dim: usize,
-    /// Width of the three hidden layers.
-    pub hidden_dim: usize,
-    /// Hypernetwork learning rate.
-    pub hn_lr: f64,
-    /// Direction of the hypernetwork step.
-    pub hn_sign: HnSign,
-}
-
-impl Default for PFedLaParams {
-    fn default() -> Self {
-        Self {
-            embedding_dim: 100,
-            hidden_dim: 100,
-            hn_lr: 5e-3,
-            hn_sign: HnSign::Fedaghn,
-        }
+params! {
+    /// pFedLA's parameters.
+    pub struct PFedLaParams {
+        /// Embedding width.
+        pub embedding_dim: usize = 100,
+        /// Width of the three hidden layers.
+        pub hidden_dim: usize = 100,
+        /// Hypernetwork learning rate.
+        pub hn_lr: f64 = 5e-3,
+        /// Direction of the hypernetwork step.
+        pub hn_sign: HnSign = HnSign::Fedaghn,
     }
 }
 
@@ -134,7 +125,7 @@ pub struct PFedLa {
 
 /// The server: a hypernetwork per client, the latest models, and what it
 /// last built for each client.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct PFedLaServer {
     /// Client i's hypernetwork.
     pub nets: Vec<HyperNet>,
@@ -228,12 +219,10 @@ impl Algorithm for PFedLa {
     /// The trained model.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: PFedLaParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "pfedla"
+    fn new(_: &'static str, params: Checked<PFedLaParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> PFedLaServer {
@@ -339,10 +328,6 @@ impl Algorithm for PFedLa {
     fn receive(&self, _: &Env, model: &mut Model, theta: Vec<f32>) {
         model.params = theta;
     }
-
-    fn personalized<'c>(&self, model: &'c Model) -> ModelRef<'c> {
-        model.view()
-    }
 }
 
 #[cfg(test)]
@@ -377,7 +362,7 @@ mod tests {
             hidden_dim: 6,
             ..Default::default()
         };
-        let algo = PFedLa::new("pfedla", params, &env).unwrap();
+        let algo = PFedLa::new("pfedla", params.check(env.clients()).unwrap(), &env).unwrap();
         let server = algo.init_server(&env);
         let net = &server.nets[1];
         let models: Vec<Vec<f32>> = (0..3)
@@ -428,7 +413,12 @@ mod tests {
     fn aggregate_steps_uploaders_and_logs_per_tensor_graphs() {
         let tiny = Tiny::new();
         let env = tiny.env();
-        let algo = PFedLa::new("pfedla", PFedLaParams::default(), &env).unwrap();
+        let algo = PFedLa::new(
+            "pfedla",
+            PFedLaParams::default().check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
         let mut server = algo.init_server(&env);
         let ups: Vec<(usize, Vec<f32>)> = (0..3)
             .map(|c| {

@@ -14,8 +14,17 @@
 //!
 //! θ̃ starts the round at the received global model and carries over from
 //! batch to batch (PFLlib's model is θ̃; its `local_params` are w). The
-//! round uploads w; θ̃ is scored after training (PFLlib's
-//! `evaluate_personalized`).
+//! round uploads w; θ̃ is scored after training: the paper's personalised
+//! model.
+//!
+//! PFLlib scores something else (read at commit d832e76, 2025-11-29:
+//! `clientpFedMe.py`, `serverpFedMe.py`, `fedoptimizer.py`). Its
+//! `personalized_params` are the model's own parameter tensors
+//! (`pFedMeOptimizer.step` returns `group['params']`), which `train`
+//! overwrites with w at the end of the round (`update_parameters(self.model,
+//! self.local_params)`) and `set_parameters` with the new global model at
+//! the next round's `send_models`; `evaluate_personalized` runs after
+//! `send_models`, so it scores the received global model, not θ̃.
 //!
 //! Server: the data-size weighted mean of the uploads, then
 //! w_g ← (1 − β)·w_g + β·mean (`beta`), sent to every client. Graph: every
@@ -26,38 +35,28 @@
 //! used λ = 1). η·λ must stay below 2 for the step on w not to overshoot
 //! (1 means w jumps to θ̃); with fedweave's default η = 0.05 it is 0.75.
 
+use crate::Checked;
+use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
-use crate::{
-    AlgoError, Algorithm, ClientCx, Env, Info, Model, ModelRef, ParamError, RoundOutcome, Trained,
-};
+use crate::{AlgoError, Algorithm, ClientCx, Env, Info, Model, ParamError, RoundOutcome, Trained};
 use crate::{ids_of, models_of};
 use fedweave_core::CollaborationGraph;
 use fedweave_core::vecmath::weighted_sum;
 use fedweave_nn::{Proximal, SgdConfig};
 use serde::{Deserialize, Serialize};
 
-/// pFedMe's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PFedMeParams {
-    /// λ of the Moreau envelope.
-    pub lambda: f64,
-    /// K: inner steps per mini-batch.
-    pub k: usize,
-    /// η_p: the inner steps' learning rate.
-    pub personal_lr: f64,
-    /// β: the server's step toward the new mean (1: plain average).
-    pub beta: f64,
-}
-
-impl Default for PFedMeParams {
-    fn default() -> Self {
-        Self {
-            lambda: 15.0,
-            k: 5,
-            personal_lr: 0.01,
-            beta: 1.0,
-        }
+params! {
+    /// pFedMe's parameters.
+    pub struct PFedMeParams {
+        /// λ of the Moreau envelope.
+        pub lambda: f64 = 15.0,
+        /// K: inner steps per mini-batch.
+        pub k: usize = 5,
+        /// η_p: the inner steps' learning rate.
+        pub personal_lr: f64 = 0.01,
+        /// β: the server's step toward the new mean (1: plain average).
+        pub beta: f64 = 1.0,
     }
 }
 
@@ -110,6 +109,8 @@ pub fn beta_average(global: &mut [f32], beta: f64, p: &[f64], models: &[&[f32]])
     }
 }
 
+holds_model!(PFedMeClient: personal);
+
 impl Algorithm for PFedMe {
     const NAMES: &'static [Info] = &[Info {
         name: "pfedme",
@@ -125,12 +126,10 @@ impl Algorithm for PFedMe {
     /// The client's w.
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: PFedMeParams, _: &Env) -> Result<Self, AlgoError> {
-        Ok(Self { params })
-    }
-
-    fn name(&self) -> &'static str {
-        "pfedme"
+    fn new(_: &'static str, params: Checked<PFedMeParams>, _: &Env) -> Result<Self, AlgoError> {
+        Ok(Self {
+            params: params.into_inner(),
+        })
     }
 
     fn init_server(&self, env: &Env) -> Vec<f32> {
@@ -217,10 +216,6 @@ impl Algorithm for PFedMe {
 
     fn receive(&self, _: &Env, state: &mut PFedMeClient, global: Vec<f32>) {
         state.local.params = global;
-    }
-
-    fn personalized<'c>(&self, state: &'c PFedMeClient) -> ModelRef<'c> {
-        state.personal.view()
     }
 }
 

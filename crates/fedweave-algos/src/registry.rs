@@ -1,14 +1,11 @@
 //! The one list of algorithms. `fedweave list`, config validation, the
 //! README table and the engine's dispatch all read it; adding a method is
-//! its own file plus one line in the `registry!` invocation below.
+//! its own file (declared in `lib.rs`) plus one line in the `registry!`
+//! invocation below. The names live only in each type's
+//! [`Algorithm::NAMES`].
 
 use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};
-use crate::{
-    apfl, apple, cfl, ditto, dpfl, fedaghn, fedala, fedamp, fedatt, fedavg, fedavgm, fedbabu,
-    fedcp, feddwa, feddyn, fedem, fedfomo, fednova, fedpac, fedphp, fedproto, fedrep, fedrod, ifca,
-    knnper, l2c, local, moon, partial, perfedavg, pfedgraph, pfedhn, pfedla, pfedme, scaffold, sfl,
-};
 
 /// What the engine does with a concrete algorithm type: the registry hands
 /// it the built algorithm, so the engine runs monomorphised code with the
@@ -21,11 +18,15 @@ pub trait Visitor {
 }
 
 macro_rules! registry {
-    ($($ty:ty),* $(,)?) => {
+    ($($m:ident :: $t:ident),* $(,)?) => {
+        /// The module of every registered type, in list order.
+        #[cfg(test)]
+        const MODULES: &[&str] = &[$(stringify!($m)),*];
+
         /// Every algorithm's names, summaries and references, in list order.
         pub fn catalogue() -> Vec<Info> {
             let mut all = Vec::new();
-            $(all.extend_from_slice(<$ty as Algorithm>::NAMES);)*
+            $(all.extend_from_slice(<crate::$m::$t as Algorithm>::NAMES);)*
             all
         }
 
@@ -37,8 +38,8 @@ macro_rules! registry {
             clients: usize,
         ) -> Result<toml::Table, AlgoError> {
             $(
-                if <$ty as Algorithm>::NAMES.iter().any(|i| i.name == name) {
-                    return parse::<<$ty as Algorithm>::Params>(name, table, clients).map(|p| p.1);
+                if <crate::$m::$t as Algorithm>::NAMES.iter().any(|i| i.name == name) {
+                    return parse::<<crate::$m::$t as Algorithm>::Params>(name, table, clients).map(|p| p.1);
                 }
             )*
             Err(unknown(name))
@@ -53,10 +54,10 @@ macro_rules! registry {
             visitor: V,
         ) -> Result<V::Output, AlgoError> {
             $(
-                if <$ty as Algorithm>::NAMES.iter().any(|i| i.name == name) {
+                if let Some(info) = <crate::$m::$t as Algorithm>::NAMES.iter().find(|i| i.name == name) {
                     let (params, resolved) =
-                        parse::<<$ty as Algorithm>::Params>(name, table, env.clients())?;
-                    let algorithm = <$ty as Algorithm>::new(name, params, env)?;
+                        parse::<<crate::$m::$t as Algorithm>::Params>(name, table, env.clients())?;
+                    let algorithm = <crate::$m::$t as Algorithm>::new(info.name, params, env)?;
                     return Ok(visitor.visit(algorithm, resolved));
                 }
             )*
@@ -159,6 +160,52 @@ mod tests {
             }
             poisoned
         }
+    }
+
+    #[test]
+    fn the_crate_docs_name_every_registered_module() {
+        let docs: String = include_str!("lib.rs")
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .collect();
+        for m in MODULES {
+            assert!(docs.contains(&format!("[`{m}`]")), "lib.rs docs lack {m}");
+        }
+    }
+
+    #[test]
+    fn keys_that_do_not_apply_to_the_chosen_name_are_rejected() {
+        let mu: toml::Table = toml::from_str("mu = 0.1").unwrap();
+        for name in ["fedavg", "fedavg-ft"] {
+            let err = check_params(name, &mu, 4).unwrap_err().to_string();
+            assert!(err.contains("algorithm.mu does not apply"), "{err}");
+            let resolved = check_params(name, &toml::Table::new(), 4).unwrap();
+            assert!(!resolved.contains_key("mu"), "{name}: {resolved:?}");
+        }
+        for name in ["fedprox", "fedprox-ft"] {
+            let resolved = check_params(name, &mu, 4).unwrap();
+            assert_eq!(resolved["mu"].as_float(), Some(0.1));
+        }
+    }
+
+    #[test]
+    fn every_name_builds_the_type_it_is_listed_under() {
+        let tiny = Tiny::new();
+        struct Name;
+        impl Visitor for Name {
+            type Output = &'static str;
+            fn visit<A: Algorithm>(self, algo: A, _: toml::Table) -> &'static str {
+                algo.name()
+            }
+        }
+        let mut built = 0;
+        for info in catalogue() {
+            if let Ok(name) = dispatch(info.name, &toml::Table::new(), &tiny.env(), Name) {
+                assert_eq!(name, info.name);
+                built += 1;
+            }
+        }
+        assert!(built >= 30, "{built}");
     }
 
     #[test]

@@ -53,9 +53,10 @@ impl Relayed {
 }
 
 /// A trained model and the graph row its client mixed with at the start of
-/// the round.
+/// the round, with the method's own addition `E` (FedFomo's scores, L2C's
+/// kept neighbours; nothing for APPLE).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct RowUp {
+pub struct RowUp<E = ()> {
     /// The model after local training.
     #[serde(with = "fedweave_core::stash::vector")]
     pub model: Vec<f32>,
@@ -63,9 +64,14 @@ pub struct RowUp {
     /// when the client kept its own model (W_ii = 1). A few scalars next to
     /// a model: not counted on the wire.
     pub row: Vec<(usize, f64)>,
+    /// The method's own addition (a few scalars: not counted either).
+    pub extra: E,
 }
 
-impl Message for RowUp {
+impl<E> Message for RowUp<E>
+where
+    E: Serialize + serde::de::DeserializeOwned + Clone + Send + Sync + 'static,
+{
     fn vectors(&self) -> Vec<&[f32]> {
         vec![&self.model]
     }
@@ -91,7 +97,7 @@ impl Store {
     }
 
     /// Keeps the round's uploaded models.
-    pub fn update(&mut self, uploads: &[(usize, RowUp)]) {
+    pub fn update<E>(&mut self, uploads: &[(usize, RowUp<E>)]) {
         for (i, up) in uploads {
             self.models[*i] = Some(up.model.clone());
         }
@@ -119,7 +125,7 @@ impl Store {
 
 /// The round's graph over `n` clients: each uploader's row, identity rows
 /// for the others and for uploaders that kept their own model.
-pub fn uploaded_rows(n: usize, uploads: &[(usize, RowUp)]) -> CollaborationGraph {
+pub fn uploaded_rows<E>(n: usize, uploads: &[(usize, RowUp<E>)]) -> CollaborationGraph {
     let mut g = CollaborationGraph::identity(n);
     for (i, up) in uploads {
         if up.row.is_empty() {
@@ -199,6 +205,7 @@ mod tests {
         let up = |row: Vec<(usize, f64)>| RowUp {
             model: vec![1.0, 2.0],
             row,
+            extra: (),
         };
         let uploads = vec![(0, up(vec![(0, 0.25), (2, 0.75)])), (2, up(vec![]))];
         let g = uploaded_rows(3, &uploads);

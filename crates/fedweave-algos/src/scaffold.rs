@@ -30,27 +30,24 @@
 //! η_g = `server_lr` = 1 (the paper's experiments and PFLlib's default).
 //! Clients without training data take no step and upload y = x, Δc = 0.
 
+use crate::Checked;
+use crate::contract::holds_model;
 use crate::fednova::effective_steps;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
-    RoundOutcome, Trained,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ParamError, RoundOutcome,
+    Trained,
 };
 use fedweave_core::CollaborationGraph;
 use fedweave_nn::Linear;
 use serde::{Deserialize, Serialize};
 
-/// SCAFFOLD's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ScaffoldParams {
-    /// η_g: the server's step along the mean update.
-    pub server_lr: f64,
-}
-
-impl Default for ScaffoldParams {
-    fn default() -> Self {
-        Self { server_lr: 1.0 }
+params! {
+    /// SCAFFOLD's parameters.
+    pub struct ScaffoldParams {
+        /// η_g: the server's step along the mean update.
+        pub server_lr: f64 = 1.0,
     }
 }
 
@@ -70,7 +67,7 @@ pub struct Scaffold {
 }
 
 /// A model-sized pair: a model and a control variate (or its change).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct WithControl {
     /// The model (x down, y_i up).
     #[serde(with = "fedweave_core::stash::vector")]
@@ -116,6 +113,8 @@ pub fn control_delta(x: &[f32], y: &[f32], c: &[f32], steps: f64, lr: f32) -> Ve
         .collect()
 }
 
+holds_model!(ScaffoldClient: model);
+
 impl Algorithm for Scaffold {
     const NAMES: &'static [Info] = &[Info {
         name: "scaffold",
@@ -130,14 +129,10 @@ impl Algorithm for Scaffold {
     /// (y_i, Δc_i).
     type Up = WithControl;
 
-    fn new(_: &str, p: ScaffoldParams, _: &Env) -> Result<Self, AlgoError> {
+    fn new(_: &'static str, p: Checked<ScaffoldParams>, _: &Env) -> Result<Self, AlgoError> {
         Ok(Self {
             server_lr: p.server_lr,
         })
-    }
-
-    fn name(&self) -> &'static str {
-        "scaffold"
     }
 
     fn init_server(&self, env: &Env) -> ScaffoldServer {
@@ -232,10 +227,6 @@ impl Algorithm for Scaffold {
     fn receive(&self, _: &Env, state: &mut ScaffoldClient, down: WithControl) {
         state.model.params = down.model;
         state.server_control = down.control;
-    }
-
-    fn personalized<'c>(&self, state: &'c ScaffoldClient) -> ModelRef<'c> {
-        state.model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {

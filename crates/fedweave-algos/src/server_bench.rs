@@ -13,7 +13,7 @@ use crate::fedaghn::FedAghn;
 use crate::fedavg::FedAvg;
 use crate::feddwa::{FedDwa, Guided};
 use crate::pfedgraph::PFedGraph;
-use crate::{Algorithm, Env, Message};
+use crate::{Algorithm, Env, Message, Validate};
 use fedweave_core::pairwise::Kernels;
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_nn::{ModelSpec, TrainConfig};
@@ -129,14 +129,17 @@ pub struct StepTime {
 ///
 /// If `A` rejects its default parameters (a bug of the algorithm).
 pub fn time_aggregate<A: Algorithm>(
-    name: &str,
+    name: &'static str,
     env: &Env,
     uploads: &[(usize, A::Up)],
     repeats: usize,
 ) -> StepTime {
-    let params = toml::Value::Table(toml::Table::new())
+    let params: A::Params = toml::Value::Table(toml::Table::new())
         .try_into()
         .expect("default parameters");
+    let params = params
+        .check(env.clients())
+        .expect("valid default parameters");
     let algo = A::new(name, params, env).expect("builds with default parameters");
     let mut server = algo.init_server(env);
     let mut best = f64::INFINITY;
@@ -163,12 +166,14 @@ pub fn time_aggregate<A: Algorithm>(
 pub fn time_method(method: &str, env: &Env, repeats: usize) -> Option<StepTime> {
     let n = env.sizes.len();
     Some(match method {
-        "fedavg" => time_aggregate::<FedAvg>(method, env, &trained_models(env.init, n), repeats),
+        "fedavg" => time_aggregate::<FedAvg>("fedavg", env, &trained_models(env.init, n), repeats),
         "pfedgraph" => {
-            time_aggregate::<PFedGraph>(method, env, &trained_models(env.init, n), repeats)
+            time_aggregate::<PFedGraph>("pfedgraph", env, &trained_models(env.init, n), repeats)
         }
-        "feddwa" => time_aggregate::<FedDwa>(method, env, &guided_models(env.init, n), repeats),
-        "fedaghn" => time_aggregate::<FedAghn>(method, env, &trained_models(env.init, n), repeats),
+        "feddwa" => time_aggregate::<FedDwa>("feddwa", env, &guided_models(env.init, n), repeats),
+        "fedaghn" => {
+            time_aggregate::<FedAghn>("fedaghn", env, &trained_models(env.init, n), repeats)
+        }
         _ => return None,
     })
 }

@@ -53,10 +53,13 @@
 //! client c's test split. Absent clients (partial participation) keep their
 //! latest model in Θ and their own model (identity row).
 
+use crate::Checked;
+use crate::contract::holds_model;
+use crate::params::params;
 use crate::params::{Validate, non_negative};
 use crate::{
-    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ModelRef, ParamError,
-    RoundOutcome, Trained,
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ParamError, RoundOutcome,
+    Trained,
 };
 use fedweave_core::pairwise::{Kernels, View};
 use fedweave_core::{CollaborationGraph, RelationGraph};
@@ -100,46 +103,30 @@ pub enum SelfLoops {
     Code,
 }
 
-/// SFL's parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SflParams {
-    /// Relation graph source.
-    pub graph: GraphSource,
-    /// Propagation steps m of U = Â^m Θ (the code's `layers` = 3).
-    pub hops: usize,
-    /// λ of the regulariser λ(½‖v − w‖² + ½‖v − u_i‖²).
-    pub lambda: f64,
-    /// Start from w without regulariser, as the authors' code behaves
-    /// (implies `start = "w"`).
-    pub code_compat: bool,
-    /// Where local training starts.
-    pub start: Start,
-    /// SFL*: how the blended graphs get self-loops.
-    pub self_loops: SelfLoops,
-    /// SFL*: weight of the learned graph against the base graph (1 = the
-    /// learned graph alone).
-    pub adj_beta: f64,
-    /// SFL*: neighbours kept per row of the learned graph (the code's
-    /// `subgraph_size` = 30, capped at N − 1).
-    pub top_k: usize,
-    /// Labels per client that define `label_overlap` (the code's `topk`).
-    pub top_labels: usize,
-}
-
-impl Default for SflParams {
-    fn default() -> Self {
-        Self {
-            graph: GraphSource::Auto,
-            hops: 3,
-            lambda: 0.01,
-            code_compat: false,
-            start: Start::U,
-            self_loops: SelfLoops::Uniform,
-            adj_beta: 0.05,
-            top_k: 30,
-            top_labels: 5,
-        }
+params! {
+    /// SFL's parameters.
+    pub struct SflParams {
+        /// Relation graph source.
+        pub graph: GraphSource = GraphSource::Auto,
+        /// Propagation steps m of U = Â^m Θ (the code's `layers` = 3).
+        pub hops: usize = 3,
+        /// λ of the regulariser λ(½‖v − w‖² + ½‖v − u_i‖²).
+        pub lambda: f64 = 0.01,
+        /// Start from w without regulariser, as the authors' code behaves
+        /// (implies `start = "w"`).
+        pub code_compat: bool = false,
+        /// Where local training starts.
+        pub start: Start = Start::U,
+        /// SFL*: how the blended graphs get self-loops.
+        pub self_loops: SelfLoops = SelfLoops::Uniform,
+        /// SFL*: weight of the learned graph against the base graph (1 = the
+        /// learned graph alone).
+        pub adj_beta: f64 = 0.05,
+        /// SFL*: neighbours kept per row of the learned graph (the code's
+        /// `subgraph_size` = 30, capped at N − 1).
+        pub top_k: usize = 30,
+        /// Labels per client that define `label_overlap` (the code's `topk`).
+        pub top_labels: usize = 5,
     }
 }
 
@@ -193,7 +180,7 @@ pub struct SflClient {
 }
 
 /// The server's Θ: every client's latest model.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct SflServer {
     #[serde(with = "fedweave_core::stash::vectors")]
     latest: Vec<Vec<f32>>,
@@ -389,6 +376,9 @@ fn propagate(a: &RelationGraph, theta: &[Vec<f32>], hops: usize) -> Vec<Vec<f32>
     cur
 }
 
+// Scored: u_i, as the authors' code scores each u_c on client c's test split.
+holds_model!(SflClient: model);
+
 impl Algorithm for Sfl {
     const NAMES: &'static [Info] = &[Info {
         name: "sfl",
@@ -401,18 +391,16 @@ impl Algorithm for Sfl {
     type Down = Propagated;
     type Up = Vec<f32>;
 
-    fn new(_: &str, params: SflParams, env: &Env) -> Result<Self, AlgoError> {
-        let sfl = Self { params };
+    fn new(_: &'static str, params: Checked<SflParams>, env: &Env) -> Result<Self, AlgoError> {
+        let sfl = Self {
+            params: params.into_inner(),
+        };
         sfl.base_graph(env)
             .map_err(|message| AlgoError::Unsupported {
                 algorithm: "sfl".into(),
                 message,
             })?;
         Ok(sfl)
-    }
-
-    fn name(&self) -> &'static str {
-        "sfl"
     }
 
     fn init_server(&self, env: &Env) -> SflServer {
@@ -504,11 +492,6 @@ impl Algorithm for Sfl {
     fn receive(&self, _: &Env, state: &mut SflClient, down: Propagated) {
         state.model.params = down.model;
         state.global = Some(down.global);
-    }
-
-    /// u_i, as the authors' code scores each u_c on client c's test split.
-    fn personalized<'c>(&self, state: &'c SflClient) -> ModelRef<'c> {
-        state.model.view()
     }
 
     fn eval_point(&self) -> EvalPoint {

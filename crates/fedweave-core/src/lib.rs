@@ -9,6 +9,7 @@
 pub mod graph;
 pub mod layout;
 pub mod pairwise;
+pub mod qp;
 pub mod rng;
 pub mod simplex;
 pub mod sparse;

@@ -87,6 +87,11 @@ impl<'a> LocalData<'a> {
         }
     }
 
+    /// The labels of every local sample, in order, after any flip.
+    pub fn local_labels(&self) -> Vec<u32> {
+        (0..self.len()).map(|k| self.label(k)).collect()
+    }
+
     /// Copies the samples at local positions `which` into `x` and their
     /// labels (classification) or targets (regression) into `y`.
     pub(crate) fn gather(
