@@ -416,6 +416,10 @@ impl Algorithm for FedCp {
         state.model.view()
     }
 
+    fn scores_personalized(&self) -> bool {
+        false
+    }
+
     fn evaluate(
         &self,
         env: &Env,

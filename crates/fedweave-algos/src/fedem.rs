@@ -329,6 +329,10 @@ impl Algorithm for FedEm {
         state.components[best].view()
     }
 
+    fn scores_personalized(&self) -> bool {
+        false
+    }
+
     fn evaluate(
         &self,
         env: &Env,

@@ -279,6 +279,10 @@ impl Algorithm for KnnPer {
         model.view()
     }
 
+    fn scores_personalized(&self) -> bool {
+        false
+    }
+
     /// The datastore is built once and scores every set.
     fn evaluate(
         &self,
