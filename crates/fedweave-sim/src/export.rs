@@ -394,14 +394,8 @@ pub fn export(opts: &ExportOptions) -> Result<Vec<PathBuf>, ModelsError> {
         {
             return Err(bad("does not match the run's model card".into()));
         }
-        let meta = HashMap::from([
-            ("format".to_string(), "pt".to_string()),
-            ("client".to_string(), i.to_string()),
-            ("which".to_string(), opts.which.name().to_string()),
-            ("round".to_string(), kept.round.to_string()),
-            ("algorithm".to_string(), kept.algorithm.clone()),
-            ("model".to_string(), kind_name(card.kind)),
-        ]);
+        // PyTorch's convention; which client and round is in model.json.
+        let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
         let bytes = write_state_dict(&to_state_dict(&spec, &kept.model), meta).map_err(bad)?;
         crate::models::write_atomic(target, &bytes).map_err(|source| ModelsError::Io {
             path: target.clone(),

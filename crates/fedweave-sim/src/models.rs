@@ -9,8 +9,9 @@
 //! - `models/best/client-I.safetensors` and `models/last/client-I.safetensors`
 //!   — client I's model exactly as it was scored: tensor `params` (the flat
 //!   F32 parameter vector, layout as in `model.json`) and, for models with
-//!   batch norm, `buffers` (running means and variances); the metadata says
-//!   `client`, `which`, `round` (when it was scored), `algorithm`, `exact`.
+//!   batch norm, `buffers` (running means and variances); the metadata entry
+//!   `fedweave` (JSON) says `client`, `which`, `round` (when it was scored),
+//!   `algorithm`, `exact`.
 //!
 //! A file holds 4 bytes per parameter and buffer value plus a header of
 //! about 300 bytes (`cnn-bn` on 1×28×28: 2.33 MB a client). A best model is
@@ -42,6 +43,22 @@ use std::path::{Path, PathBuf};
 pub const MODELS_DIR: &str = "models";
 /// What a kept model's file says it is.
 const FORMAT: &str = "fedweave-model";
+/// The metadata key of a kept model's header.
+const META_KEY: &str = "fedweave";
+
+/// What a kept model's file says about itself (its metadata entry
+/// `fedweave`, as JSON).
+#[derive(Serialize, Deserialize)]
+struct ModelHeader {
+    format: String,
+    version: u32,
+    client: usize,
+    which: Which,
+    round: usize,
+    algorithm: String,
+    exact: bool,
+}
+
 /// What `model.json` says it is.
 const CARD_FORMAT: &str = "fedweave-model-card";
 
@@ -286,15 +303,21 @@ fn write_model(
     kept: &KeptModel,
 ) -> Result<(), ModelsError> {
     let path = model_path(dir, which, client);
-    let meta = HashMap::from([
-        ("format".to_string(), FORMAT.to_string()),
-        ("version".to_string(), "1".to_string()),
-        ("client".to_string(), client.to_string()),
-        ("which".to_string(), which.name().to_string()),
-        ("round".to_string(), kept.round.to_string()),
-        ("algorithm".to_string(), kept.algorithm.clone()),
-        ("exact".to_string(), kept.exact.to_string()),
-    ]);
+    // One metadata entry: a map's order would differ from run to run, and
+    // a resumed run must write the same bytes as an uninterrupted one.
+    let header = ModelHeader {
+        format: FORMAT.to_string(),
+        version: 1,
+        client,
+        which,
+        round: kept.round,
+        algorithm: kept.algorithm.clone(),
+        exact: kept.exact,
+    };
+    let meta = HashMap::from([(
+        META_KEY.to_string(),
+        serde_json::to_string(&header).unwrap_or_default(),
+    )]);
     let params = f32_bytes(&kept.model.params);
     let buffers = f32_bytes(&kept.model.buffers);
     let mut views = vec![(
@@ -385,10 +408,13 @@ pub fn read_model(dir: &Path, which: Which, client: usize) -> Result<KeptModel, 
     };
     let tensors = SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
     let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| corrupt(e.to_string()))?;
-    let meta = header.metadata().clone().unwrap_or_default();
-    if meta.get("format").map(String::as_str) != Some(FORMAT) {
-        return Err(corrupt("not a fedweave model file".into()));
-    }
+    let head: ModelHeader = header
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(META_KEY))
+        .and_then(|j| serde_json::from_str(j).ok())
+        .filter(|h: &ModelHeader| h.format == FORMAT)
+        .ok_or_else(|| corrupt("not a fedweave model file".into()))?;
     let vector = |name: &str| -> Result<Vec<f32>, ModelsError> {
         match tensors.tensor(name) {
             Ok(t) if t.dtype() == Dtype::F32 && t.shape().len() == 1 => Ok(t
@@ -401,17 +427,14 @@ pub fn read_model(dir: &Path, which: Which, client: usize) -> Result<KeptModel, 
             Err(e) => Err(corrupt(e.to_string())),
         }
     };
-    let get = |k: &str| meta.get(k).cloned().unwrap_or_default();
     Ok(KeptModel {
         model: Snapshot {
             params: vector("params")?,
             buffers: vector("buffers")?,
         },
-        round: get("round")
-            .parse()
-            .map_err(|_| corrupt("no round in the metadata".into()))?,
-        algorithm: get("algorithm"),
-        exact: get("exact") == "true",
+        round: head.round,
+        algorithm: head.algorithm,
+        exact: head.exact,
     })
 }
 
