@@ -353,11 +353,13 @@ pub fn export(opts: &ExportOptions) -> Result<Vec<PathBuf>, ModelsError> {
         models.push((i, read_model(dir, opts.which, i)?));
     }
     if models.is_empty() {
-        return Err(ModelsError::NotKept {
-            client: 0,
+        return Err(ModelsError::NoneKept {
             which: opts.which.name(),
             dir: dir.clone(),
-            why: "no client has one (the run has not finished a round)".into(),
+            why: match opts.which {
+                Which::Best => "best models are written once a round is scored",
+                Which::Last => "last models are written when the run finishes its last round",
+            },
         });
     }
     let out = opts

@@ -117,6 +117,16 @@ pub enum ModelsError {
         /// Why not.
         why: String,
     },
+    /// No client of the run has a model of that kind.
+    #[error("{} has no {which} models: {why}", .dir.display())]
+    NoneKept {
+        /// Best or last.
+        which: &'static str,
+        /// The run directory.
+        dir: PathBuf,
+        /// Why, probably.
+        why: &'static str,
+    },
     /// A file that exists is not what it should be.
     #[error("{}: {message}", .path.display())]
     Corrupt {
