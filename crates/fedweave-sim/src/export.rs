@@ -245,29 +245,31 @@ pub fn layers(spec: &ModelSpec) -> Option<Vec<Value>> {
     let relu = json!({"type": "relu"});
     let pool = json!({"type": "max_pool2d", "kernel_size": 2, "stride": 2});
     let flatten = json!({"type": "flatten"});
+    // The three fully connected layers of `mlp` and `cnn`.
+    let three_fc = || {
+        vec![
+            flatten.clone(),
+            linear("fc1"),
+            relu.clone(),
+            linear("fc2"),
+            relu.clone(),
+            linear("fc3"),
+        ]
+    };
     let list = match spec.kind() {
-        ModelKind::Mlp => vec![
-            flatten,
-            linear("fc1"),
-            relu.clone(),
-            linear("fc2"),
-            relu,
-            linear("fc3"),
-        ],
-        ModelKind::Cnn => vec![
-            conv("conv1"),
-            relu.clone(),
-            pool.clone(),
-            conv("conv2"),
-            relu.clone(),
-            pool,
-            flatten,
-            linear("fc1"),
-            relu.clone(),
-            linear("fc2"),
-            relu,
-            linear("fc3"),
-        ],
+        ModelKind::Mlp => three_fc(),
+        ModelKind::Cnn => [
+            vec![
+                conv("conv1"),
+                relu.clone(),
+                pool.clone(),
+                conv("conv2"),
+                relu.clone(),
+                pool.clone(),
+            ],
+            three_fc(),
+        ]
+        .concat(),
         ModelKind::CnnBn => vec![
             conv("conv1"),
             bn("bn1"),
@@ -276,10 +278,10 @@ pub fn layers(spec: &ModelSpec) -> Option<Vec<Value>> {
             conv("conv2"),
             bn("bn2"),
             relu.clone(),
-            pool,
-            flatten,
+            pool.clone(),
+            flatten.clone(),
             linear("fc1"),
-            relu,
+            relu.clone(),
             linear("fc"),
         ],
         ModelKind::CnnDwa => vec![
@@ -289,11 +291,11 @@ pub fn layers(spec: &ModelSpec) -> Option<Vec<Value>> {
             bn("bn1"),
             conv("conv2"),
             relu.clone(),
-            pool,
+            pool.clone(),
             bn("bn2"),
-            flatten,
+            flatten.clone(),
             linear("fc1"),
-            relu,
+            relu.clone(),
             linear("fc"),
         ],
         _ => return None,
