@@ -3,7 +3,7 @@
 use anyhow::Context;
 use fedweave_nn::LocalData;
 use fedweave_sim::export::{ExportOptions, export, run_clients};
-use fedweave_sim::models::{ModelCard, ModelsError, PixelScaling, Which, read_model};
+use fedweave_sim::models::{ModelCard, ModelsError, PixelScaling, Which, read_checked};
 use std::path::{Path, PathBuf};
 
 /// The file format of `fedweave export`.
@@ -106,7 +106,7 @@ pub fn run_predict(args: PredictArgs) -> anyhow::Result<()> {
         }
         .into());
     }
-    let kept = read_model(&args.dir, args.which.into(), args.client)?;
+    let kept = read_checked(&args.dir, args.which.into(), args.client)?;
     if !kept.exact {
         eprintln!(
             "note: `{}` scores with more than this model (its own evaluation differs); these are the model's own outputs",

@@ -12,7 +12,7 @@
 //! `momentum = None`). GRU tensors take `nn.GRU`'s names (`gru.weight_ih_l0`,
 //! gates r, z, n as PyTorch), embedding tables stay `[rows, dim]`.
 
-use crate::models::{ModelCard, ModelsError, Snapshot, Which, read_model};
+use crate::models::{ModelCard, ModelsError, Snapshot, Which, read_checked};
 use fedweave_nn::{ModelKind, ModelSpec};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::Serialize;
@@ -352,7 +352,7 @@ pub fn export(opts: &ExportOptions) -> Result<Vec<PathBuf>, ModelsError> {
     };
     let mut models = Vec::with_capacity(wanted.len());
     for &i in &wanted {
-        models.push((i, read_model(dir, opts.which, i)?));
+        models.push((i, read_checked(dir, opts.which, i)?));
     }
     if models.is_empty() {
         return Err(ModelsError::NoneKept {

@@ -448,6 +448,31 @@ pub fn read_model(dir: &Path, which: Which, client: usize) -> Result<KeptModel, 
     })
 }
 
+/// [`read_model`], checked against a finished run's books: a best model
+/// must be from the round `summary.json` names as the client's best
+/// (`per_client_best_round`). A run started by a fedweave that kept no
+/// models and resumed by this one holds best models only for the clients
+/// that improved after the resume; the others are refused here.
+pub fn read_checked(dir: &Path, which: Which, client: usize) -> Result<KeptModel, ModelsError> {
+    let kept = read_model(dir, which, client)?;
+    let booked = std::fs::read_to_string(dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v.get("per_client_best_round")?.get(client)?.as_u64());
+    match booked {
+        Some(r) if which == Which::Best && r as usize != kept.round => Err(ModelsError::NotKept {
+            client,
+            which: which.name(),
+            dir: dir.to_path_buf(),
+            why: format!(
+                "its file is from round {} but summary.json has its best validation score in round {r} (a run begun by a fedweave that kept no models, then resumed)",
+                kept.round
+            ),
+        }),
+        _ => Ok(kept),
+    }
+}
+
 /// How a model reads its inputs, as `model.json` records it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -249,6 +249,18 @@ fn bad_input_is_a_clear_error() {
         "cannot read",
     );
 
+    // A best model that is not the one the books name.
+    let summary = Path::new(&run).join("summary.json");
+    let text = std::fs::read_to_string(&summary).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["per_client_best_round"][benign] = 99.into();
+    std::fs::write(&summary, v.to_string()).unwrap();
+    refused(
+        &fedweave(&["export", &run, "--clients", &me]),
+        "best validation score in round 99",
+    );
+    std::fs::write(&summary, text).unwrap();
+
     // A run that kept nothing (an older fedweave's, or a networked one).
     std::fs::remove_dir_all(Path::new(&run).join("models/best")).unwrap();
     refused(
