@@ -308,7 +308,8 @@ pub fn layers(spec: &ModelSpec) -> Option<Vec<Value>> {
 pub struct ExportOptions {
     /// The run directory.
     pub dir: PathBuf,
-    /// The clients (`None`: every client with a kept model).
+    /// The clients (`None`: every client with a kept model); exported in
+    /// ascending order, each once.
     pub clients: Option<Vec<usize>>,
     /// Best or last models.
     pub which: Which,
@@ -344,7 +345,10 @@ pub fn export(opts: &ExportOptions) -> Result<Vec<PathBuf>, ModelsError> {
                     last: clients.saturating_sub(1),
                 });
             }
-            list.clone()
+            let mut list = list.clone();
+            list.sort_unstable();
+            list.dedup();
+            list
         }
         None => (0..clients)
             .filter(|&i| crate::models::model_path(dir, opts.which, i).is_file())
@@ -377,10 +381,7 @@ pub fn export(opts: &ExportOptions) -> Result<Vec<PathBuf>, ModelsError> {
     if !opts.overwrite
         && let Some(t) = targets.iter().find(|t| t.exists())
     {
-        return Err(ModelsError::Corrupt {
-            path: t.clone(),
-            message: "exists; pass --overwrite to replace it (or --out another folder)".into(),
-        });
+        return Err(ModelsError::Exists(t.clone()));
     }
     let spec = card.spec()?;
     std::fs::create_dir_all(&out).map_err(|source| ModelsError::Io {

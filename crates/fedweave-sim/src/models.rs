@@ -127,6 +127,9 @@ pub enum ModelsError {
         /// Why, probably.
         why: &'static str,
     },
+    /// An output file exists and may not be replaced.
+    #[error("{} exists; pass --overwrite to replace it (or --out another folder)", .0.display())]
+    Exists(PathBuf),
     /// A file that exists is not what it should be.
     #[error("{}: {message}", .path.display())]
     Corrupt {

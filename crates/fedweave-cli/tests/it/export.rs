@@ -180,6 +180,19 @@ fn predict_gives_fedweave_s_classes_and_export_writes_state_dicts() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(last.join(format!("client-{good}.safetensors")).is_file());
     assert!(!out.join(format!("client-{bad}.safetensors")).exists());
+    // A client named twice is exported once.
+    let twice = format!("{me},{me}");
+    let dup = tmp.path().join("dup");
+    let o = fedweave(&[
+        "export",
+        &run,
+        "--clients",
+        &twice,
+        "--out",
+        dup.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8(o.stdout).unwrap().lines().count(), 2);
     // Existing files need --overwrite.
     let again = fedweave(&["export", &run]);
     refused(&again, "--overwrite");
