@@ -464,3 +464,72 @@ pub fn run_clients(dir: &Path) -> Result<usize, ModelsError> {
         .map_err(|e| Box::new(crate::RunError::Config(e)))?;
     Ok(cfg.clients)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fedweave_core::{Purpose, rng_stream};
+    use fedweave_nn::{InputValues, ModelInput};
+
+    /// Every architecture: the state_dict round-trips bit for bit, linear
+    /// weights come out `[out, in]`, batch-norm layers carry their
+    /// statistics.
+    #[test]
+    fn every_model_round_trips_through_its_state_dict() {
+        let dense = ModelInput::default();
+        let tokens = ModelInput {
+            values: InputValues::Tokens { vocab: 30 },
+            embed_dim: Some(8),
+        };
+        let ids = ModelInput {
+            values: InputValues::Categorical {
+                cardinalities: vec![7, 9],
+            },
+            embed_dim: Some(4),
+        };
+        let cases: Vec<(ModelKind, Vec<usize>, &ModelInput)> = vec![
+            (ModelKind::Mlp, vec![1, 8, 8], &dense),
+            (ModelKind::Cnn, vec![1, 28, 28], &dense),
+            (ModelKind::CnnBn, vec![3, 32, 32], &dense),
+            (ModelKind::CnnDwa, vec![3, 32, 32], &dense),
+            (ModelKind::Gru, vec![12, 3], &dense),
+            (ModelKind::ResNet8, vec![3, 16, 16], &dense),
+            (ModelKind::ResNet9, vec![3, 16, 16], &dense),
+            (ModelKind::ResNet18, vec![3, 16, 16], &dense),
+            (ModelKind::TextCnn, vec![20], &tokens),
+            (ModelKind::Mf, vec![2], &ids),
+        ];
+        for (kind, shape, input) in cases {
+            let spec = ModelSpec::with_input(kind, &shape, 5, input).unwrap();
+            let mut rng = rng_stream(1, 0, 0, Purpose::ModelInit);
+            let model = Snapshot {
+                params: spec.init(&mut rng),
+                buffers: (0..spec.buffer_len()).map(|k| k as f32 * 0.5).collect(),
+            };
+            let dict = to_state_dict(&spec, &model);
+            let bytes = write_state_dict(&dict, HashMap::new()).unwrap();
+            let back = from_state_dict(&spec, &read_state_dict(&bytes).unwrap()).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&back.params), bits(&model.params), "{kind:?}");
+            assert_eq!(bits(&back.buffers), bits(&model.buffers), "{kind:?}");
+            let head = dict
+                .iter()
+                .find(|t| {
+                    t.name == "fc.weight" || t.name == "fc3.weight" || t.name == "head.weight"
+                })
+                .unwrap();
+            assert_eq!(head.shape[0], 5, "{kind:?}: the head's weight is [out, in]");
+            let stats = dict
+                .iter()
+                .filter(|t| t.name.ends_with(".running_var"))
+                .count();
+            let norms = spec.split().batch_norm.len();
+            assert_eq!(stats, norms, "{kind:?}");
+            let listed = matches!(
+                kind,
+                ModelKind::Mlp | ModelKind::Cnn | ModelKind::CnnBn | ModelKind::CnnDwa
+            );
+            assert_eq!(layers(&spec).is_some(), listed, "{kind:?}");
+        }
+    }
+}
