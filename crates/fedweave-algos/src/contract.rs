@@ -531,6 +531,15 @@ pub trait Algorithm: Sized + Send + Sync + 'static {
             .collect()
     }
 
+    /// Whether [`Algorithm::evaluate`] scores exactly the model
+    /// [`Algorithm::personalized`] returns (its parameters and buffers
+    /// alone), so that model, kept on disk, reproduces the client's scores.
+    /// Methods whose prediction needs more (kNN-Per's datastore, FedEM's
+    /// mixture, FedCP's policy network) say `false`.
+    fn scores_personalized(&self) -> bool {
+        true
+    }
+
     /// When the protocol scores it.
     fn eval_point(&self) -> EvalPoint {
         EvalPoint::AfterTraining

@@ -404,6 +404,10 @@ impl Algorithm for FedCp {
         }
     }
 
+    fn scores_personalized(&self) -> bool {
+        false
+    }
+
     fn evaluate(
         &self,
         env: &Env,

@@ -325,6 +325,10 @@ impl Algorithm for FedEm {
         }
     }
 
+    fn scores_personalized(&self) -> bool {
+        false
+    }
+
     fn evaluate(
         &self,
         env: &Env,

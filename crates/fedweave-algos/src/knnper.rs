@@ -261,6 +261,10 @@ impl Algorithm for KnnPer {
         model.params = global;
     }
 
+    fn scores_personalized(&self) -> bool {
+        false
+    }
+
     /// The datastore is built once and scores every set.
     fn evaluate(
         &self,

@@ -2,6 +2,7 @@
 
 mod bench;
 mod init;
+mod models;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -95,6 +96,12 @@ enum Command {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
+    /// Write clients' kept models (best-validation or last) as PyTorch
+    /// state_dicts in safetensors files, one per client, with model.json.
+    Export(models::ExportArgs),
+    /// Classify samples (.npy or .csv) with a client's kept model: one
+    /// class per line.
+    Predict(models::PredictArgs),
     /// Rebuild DIR/report.html from a run directory.
     Report {
         /// The run directory.
@@ -382,7 +389,7 @@ fn stop_on_signals() -> anyhow::Result<()> {
 }
 
 /// Files a run writes into its directory (`--overwrite` removes them).
-const RUN_FILES: [&str; 7] = [
+const RUN_FILES: [&str; 8] = [
     "config.toml",
     "rounds.jsonl",
     "summary.json",
@@ -390,6 +397,7 @@ const RUN_FILES: [&str; 7] = [
     "partition.json",
     "checkpoint",
     "tensorboard",
+    "models",
 ];
 
 /// Refuses to write a run into `out` when it already holds one, unless
@@ -525,6 +533,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Export(args) => models::run_export(args),
+        Command::Predict(args) => models::run_predict(args),
         Command::Report { dir } => {
             let path = fedweave_report::write_report(&dir)?;
             println!("{}", path.display());

@@ -11,6 +11,7 @@
 //! bit-identically.
 
 use crate::engine::RunError;
+use crate::models::{sync_dir, write_atomic};
 use crate::packed::{Unpacked, pack};
 use crate::round::RunState;
 use serde::Serialize;
@@ -70,14 +71,9 @@ pub(crate) fn save<S: Serialize, C: Serialize>(
         ("wall_seconds".to_string(), wall_seconds.to_string()),
     ]);
     let bytes = pack(state, metadata).map_err(|e| fail(&target, e))?;
-    let tmp = folder.join("state.safetensors.tmp");
-    std::fs::write(&tmp, bytes).map_err(|e| fail(&tmp, e.to_string()))?;
-    let sync = |p: &Path| std::fs::File::open(p).and_then(|f| f.sync_all());
-    sync(&tmp).map_err(|e| fail(&tmp, e.to_string()))?;
-    std::fs::rename(&tmp, &target).map_err(|e| fail(&target, e.to_string()))?;
+    write_atomic(&target, &bytes).map_err(|e| fail(&target, e.to_string()))?;
     // The rename itself is durable once the folder is synced.
-    sync(folder).map_err(|e| fail(folder, e.to_string()))?;
-    Ok(())
+    sync_dir(folder).map_err(|e| fail(folder, e.to_string()))
 }
 
 /// A checkpoint's state and the run's wall-clock seconds when it was written.

@@ -6,6 +6,7 @@
 
 use crate::checkpoint::{self, Identity};
 use crate::config::{ConfigError, ExperimentConfig, key_err};
+use crate::models::{self, ModelCard};
 use crate::protocol::{Facts, Trackers, summarize};
 use crate::round::{RunState, run_round};
 use crate::setup::Setup;
@@ -220,6 +221,17 @@ impl Visitor for Runner<'_> {
             .map_err(|e| RunError::Threads(e.to_string()))?;
 
         let env = setup.env();
+        let exact = algo.scores_personalized();
+        let card = ModelCard::new(
+            &setup.spec,
+            cfg,
+            &facts.dataset,
+            algo.name(),
+            exact,
+            !facts.regression,
+            &setup.input,
+        );
+        card.write(out_dir)?;
         let restored = if resume { dir.restore()? } else { None };
         let (mut state, mut records) = restored.unwrap_or_else(|| {
             let state = RunState {
@@ -234,7 +246,10 @@ impl Visitor for Runner<'_> {
         });
         dir.start_records(&records, state.round)?;
         while state.round < cfg.rounds {
-            let record = run_round(&algo, setup, &facts, &mut state, &pool);
+            let (record, kept) = run_round(&algo, setup, &facts, &mut state, &pool);
+            // The round's models before its checkpoint: a run resumed from
+            // an earlier checkpoint rewrites them as it replays the round.
+            models::keep(out_dir, kept, state.round, algo.name(), exact)?;
             dir.commit(&record, &state)?;
             on_round(&record);
             records.push(record);

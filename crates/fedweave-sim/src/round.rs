@@ -15,6 +15,7 @@ use crate::checks::{admit_download, check_loss, check_origin, check_score};
 use crate::driver::{
     Clients, Exchange, HostedPeers, StepFn, TrainAsk, TrainReply, peer_round, server_round,
 };
+use crate::models::{Kept, Stash};
 use crate::peer::{SharedMemoryNet, assemble};
 use crate::protocol::{Facts, Score, Trackers, evaluate_clients, fill_means, participant_accuracy};
 use crate::setup::Setup;
@@ -336,19 +337,21 @@ pub fn close_round(facts: &Facts, trackers: &mut Trackers, books: RoundBooks) ->
     record
 }
 
-/// Runs round `state.round + 1` and returns its record: a server
-/// method's round is [`server_round`] with the clients in memory; a
-/// peer-to-peer method's, the peers' exchange through shared memory.
+/// Runs round `state.round + 1` and returns its record and the models
+/// the books keep from it (see [`crate::models`]): a server method's round
+/// is [`server_round`] with the clients in memory; a peer-to-peer
+/// method's, the peers' exchange through shared memory.
 pub(crate) fn run_round<A: Algorithm>(
     algo: &A,
     setup: &Setup,
     facts: &Facts,
     state: &mut RunState<A::Server, A::Client>,
     pool: &rayon::ThreadPool,
-) -> RoundRecord {
+) -> (RoundRecord, Kept) {
     let round = state.round + 1;
+    let mut stash = Stash::new(&state.trackers, round == facts.cfg.rounds);
     let record = if algo.topology() == Topology::PeerToPeer {
-        memory_peer_round(algo, setup, facts, round, state, pool)
+        memory_peer_round(algo, setup, facts, round, state, pool, &mut stash)
     } else {
         let env = setup.env();
         let mut clients = MemoryClients {
@@ -356,6 +359,7 @@ pub(crate) fn run_round<A: Algorithm>(
             setup,
             states: &mut state.clients,
             pool,
+            stash: &mut stash,
         };
         server_round(
             algo,
@@ -368,7 +372,7 @@ pub(crate) fn run_round<A: Algorithm>(
         )
     };
     state.round = round;
-    record
+    (record, stash.resolve(&state.trackers, round))
 }
 
 /// Trains round `round`'s participants in memory, one task per
@@ -462,18 +466,36 @@ struct MemoryClients<'a, A: Algorithm> {
     setup: &'a Setup,
     states: &'a mut Vec<A::Client>,
     pool: &'a rayon::ThreadPool,
+    /// Where the scored models that may be kept go.
+    stash: &'a mut Stash,
 }
 
 impl<A: Algorithm> MemoryClients<'_, A> {
     /// Every benign client's score, `None` for the others.
-    fn scores(&self) -> Vec<Option<Score>> {
+    fn scores(&mut self) -> Vec<Option<Score>> {
         let mut out = vec![None; self.states.len()];
-        let scores = evaluate_clients(self.algo, self.setup, self.states, self.pool);
-        for (&i, s) in self.setup.benign.iter().zip(scores) {
+        for (i, s) in scores_stashed(self.algo, self.setup, self.states, self.pool, self.stash) {
             out[i] = Some(s);
         }
         out
     }
+}
+
+/// Scores every benign client in memory and offers the scored models to
+/// `stash`.
+fn scores_stashed<A: Algorithm>(
+    algo: &A,
+    setup: &Setup,
+    states: &[A::Client],
+    pool: &rayon::ThreadPool,
+    stash: &mut Stash,
+) -> Vec<(usize, Score)> {
+    let scores = evaluate_clients(algo, setup, states, pool);
+    let scored: Vec<(usize, Score)> = setup.benign.iter().copied().zip(scores).collect();
+    for (i, s) in &scored {
+        stash.offer(algo, *i, s, &states[*i]);
+    }
+    scored
 }
 
 impl<A: Algorithm> Clients<A> for MemoryClients<'_, A> {
@@ -541,12 +563,13 @@ struct MemoryPeers<'a, A: Algorithm> {
     setup: &'a Setup,
     states: &'a mut Vec<A::Client>,
     pool: &'a rayon::ThreadPool,
+    /// Where the scored models that may be kept go.
+    stash: &'a mut Stash,
 }
 
 impl<A: Algorithm> HostedPeers<A> for MemoryPeers<'_, A> {
     fn scores(&mut self) -> Vec<(usize, Score)> {
-        let scores = evaluate_clients(self.algo, self.setup, self.states, self.pool);
-        self.setup.benign.iter().copied().zip(scores).collect()
+        scores_stashed(self.algo, self.setup, self.states, self.pool, self.stash)
     }
 
     fn train(&mut self, round: usize, participants: &[usize], _: bool) -> Vec<Upload<A::Up>> {
@@ -595,6 +618,7 @@ fn memory_peer_round<A: Algorithm>(
     round: usize,
     state: &mut RunState<A::Server, A::Client>,
     pool: &rayon::ThreadPool,
+    stash: &mut Stash,
 ) -> RoundRecord {
     let started = Instant::now();
     let mut peers = MemoryPeers {
@@ -602,6 +626,7 @@ fn memory_peer_round<A: Algorithm>(
         setup,
         states: &mut state.clients,
         pool,
+        stash,
     };
     let outcome = peer_round(algo, setup, round, &mut peers);
     let ex = &outcome.exchange;
@@ -750,7 +775,7 @@ mod tests {
             };
             for _ in 0..3 {
                 let before = held(&state);
-                let record = run_round(&algo, setup, &setup.facts(), &mut state, &pool);
+                let (record, _) = run_round(&algo, setup, &setup.facts(), &mut state, &pool);
                 let after = held(&state);
                 assert_eq!(record.participants.len(), n / 2, "{}", algo.name());
                 let received = |i: usize| {

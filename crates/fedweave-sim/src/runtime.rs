@@ -119,10 +119,11 @@ impl Derived {
     /// test data.
     pub fn score<A: Algorithm>(&self, algo: &A, i: usize, state: &A::Client) -> Score {
         let env = self.env();
-        crate::protocol::score_client(algo, &env, state, &self.data(i), &self.test(i))
+        crate::protocol::score_client(algo, &env, state, &self.data(i), &self.test_data(i))
     }
 
-    fn test(&self, i: usize) -> LocalData<'_> {
+    /// Client `i`'s test data.
+    pub fn test_data(&self, i: usize) -> LocalData<'_> {
         self.setup.test_data(i)
     }
 

@@ -21,6 +21,8 @@ pub(crate) struct Setup {
     /// Per-client label counts, written to `partition.json`.
     pub report: PartitionReport,
     pub spec: ModelSpec,
+    /// What the model reads besides the sample shape (kept models' card).
+    pub input: ModelInput,
     pub train: TrainConfig,
     /// Each client's local training settings (they differ only in the step
     /// count, when `train.local_iterations` is a range).
@@ -97,6 +99,7 @@ impl Setup {
             is_malicious,
             report,
             spec,
+            input,
             partition,
             dataset,
             cfg,

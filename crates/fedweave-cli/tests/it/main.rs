@@ -4,6 +4,7 @@ mod bench;
 mod cli;
 mod cluster;
 mod errors;
+mod export;
 mod interrupt;
 mod net;
 mod progress;

@@ -10,6 +10,7 @@ mod golden;
 #[path = "../../../fedweave-nn/tests/support/golden_set.rs"]
 mod golden_set;
 mod graph_methods;
+mod kept;
 mod models;
 mod resume;
 mod robust;

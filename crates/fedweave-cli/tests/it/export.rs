@@ -1,0 +1,344 @@
+//! `fedweave export` and `fedweave predict` from the command line: the
+//! classes `predict` prints are those fedweave's own forward pass gives;
+//! PyTorch (where installed) loads the export and gives fedweave's logits;
+//! bad input is a clear error with a non-zero exit status, never a panic.
+
+use crate::{fedweave, text};
+use fedweave_sim::ExperimentConfig;
+use fedweave_sim::models::{Which, read_model};
+use fedweave_sim::runtime::Derived;
+use std::path::Path;
+
+const CONFIG: &str = "seed = 4\nclients = 4\nrounds = 2\nthreads = 2\n[data]\ndataset = \"digits\"\n[partition]\nkind = \"pathological\"\nclasses_per_client = 2\n[model]\nkind = \"mlp\"\n[train]\nlocal_iterations = 3\nbatch_size = 16\nlr = 0.05\n[algorithm]\nname = \"fedrep\"\n[attack]\nkind = \"sign_flip\"\nratio = 0.25\n";
+
+/// Runs `config` (with `overrides`) into `dir/run`; returns the run dir.
+fn run(dir: &Path, config: &str, overrides: &[&str]) -> String {
+    let cfg = dir.join("cfg.toml");
+    std::fs::write(&cfg, config).unwrap();
+    let out = dir.join("run");
+    let mut args = vec![
+        "run",
+        cfg.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "-q",
+    ];
+    for o in overrides {
+        args.extend(["--set", o]);
+    }
+    let o = fedweave(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    out.to_str().unwrap().to_string()
+}
+
+/// The attacker of a run of `CONFIG` and a benign client.
+fn roles(run: &str) -> (usize, usize) {
+    let text = std::fs::read_to_string(Path::new(run).join("summary.json")).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let bad = summary["malicious"][0].as_u64().unwrap() as usize;
+    (bad, (bad + 1) % 4)
+}
+
+/// Client `i`'s first `n` test samples (flat) and the logits of its best
+/// model on them by fedweave's own forward pass.
+fn samples(run: &str, i: usize, n: usize) -> (Vec<f32>, Vec<Vec<f32>>, Vec<usize>) {
+    let cfg = ExperimentConfig::from_file(&Path::new(run).join("config.toml"), &[]).unwrap();
+    let fed = Derived::load(&cfg).unwrap();
+    let env = fed.env();
+    let kept = read_model(Path::new(run), Which::Best, i).unwrap();
+    let mut test = fed.test_data(i);
+    let rows: Vec<usize> = test.indices[..n].to_vec();
+    test.indices = &rows;
+    let len = env.spec.input_len();
+    let x: Vec<f32> = rows
+        .iter()
+        .flat_map(|&r| test.features[r * len..(r + 1) * len].to_vec())
+        .collect();
+    let out = fedweave_nn::predict(env.spec, &kept.model.params, &kept.model.buffers, &test);
+    let logits: Vec<Vec<f32>> = (0..n).map(|k| out.output(k).to_vec()).collect();
+    let classes = logits
+        .iter()
+        .map(|l| (0..l.len()).fold(0, |b, c| if l[c] > l[b] { c } else { b }))
+        .collect();
+    (x, logits, classes)
+}
+
+fn npy<T: npyz::Serialize + npyz::AutoSerialize + Copy>(shape: &[u64], values: &[T]) -> Vec<u8> {
+    use npyz::WriterBuilder;
+    let mut buf = Vec::new();
+    let mut w = npyz::WriteOptions::<T>::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(&mut buf)
+        .begin_nd()
+        .unwrap();
+    w.extend(values.iter().copied()).unwrap();
+    w.finish().unwrap();
+    buf
+}
+
+fn predicted(args: &[&str]) -> Vec<String> {
+    let o = fedweave(args);
+    assert!(o.status.success(), "{}", text(&o));
+    String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn predict_gives_fedweave_s_classes_and_export_writes_state_dicts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = run(tmp.path(), CONFIG, &[]);
+    let (bad, good) = roles(&run);
+    let me = good.to_string();
+    let (x, _, classes) = samples(&run, good, 12);
+    let want: Vec<String> = classes.iter().map(usize::to_string).collect();
+    let (npy_path, csv_path, u8_path) = (
+        tmp.path().join("x.npy"),
+        tmp.path().join("x.csv"),
+        tmp.path().join("raw.npy"),
+    );
+    std::fs::write(&npy_path, npy(&[12, 1, 8, 8], &x)).unwrap();
+    let csv: String = x
+        .chunks(64)
+        .map(|r| r.iter().map(f32::to_string).collect::<Vec<_>>().join(",") + "\n")
+        .collect();
+    std::fs::write(&csv_path, csv).unwrap();
+    // Raw digits pixels (0..=16), scaled by predict as the loader scales them.
+    let raw: Vec<u8> = x
+        .iter()
+        .map(|v| {
+            ((v * fedweave_data::digits::DIGITS_STD + fedweave_data::digits::DIGITS_MEAN) * 16.0)
+                .round() as u8
+        })
+        .collect();
+    std::fs::write(&u8_path, npy(&[12, 64], &raw)).unwrap();
+    for input in [&npy_path, &csv_path, &u8_path] {
+        let args = [
+            "predict",
+            &run,
+            "--client",
+            &me,
+            "--input",
+            input.to_str().unwrap(),
+        ];
+        assert_eq!(predicted(&args), want, "{}", input.display());
+    }
+    let json = predicted(&[
+        "predict",
+        &run,
+        "--client",
+        &me,
+        "--input",
+        npy_path.to_str().unwrap(),
+        "--json",
+    ]);
+    for (line, class) in json.iter().zip(&classes) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["class"].as_u64(), Some(*class as u64));
+        let p: f64 = v["probabilities"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_f64().unwrap())
+            .sum();
+        assert!((p - 1.0).abs() < 1e-9);
+    }
+
+    // Export: the benign clients by default, a chosen one, --which last.
+    let o = fedweave(&["export", &run]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = Path::new(&run).join("export-best");
+    let files: Vec<String> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        files.len(),
+        4,
+        "three benign clients and model.json: {files:?}"
+    );
+    let card: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("model.json")).unwrap()).unwrap();
+    assert_eq!(card["kind"], "mlp");
+    assert_eq!(card["state_dict"][0]["name"], "fc1.weight");
+    assert_eq!(card["state_dict"][0]["shape"], serde_json::json!([200, 64]));
+    let last = tmp.path().join("last");
+    let o = fedweave(&[
+        "export",
+        &run,
+        "--which",
+        "last",
+        "--clients",
+        &me,
+        "--out",
+        last.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(last.join(format!("client-{good}.safetensors")).is_file());
+    assert!(!out.join(format!("client-{bad}.safetensors")).exists());
+    // A client named twice is exported once.
+    let twice = format!("{me},{me}");
+    let dup = tmp.path().join("dup");
+    let o = fedweave(&[
+        "export",
+        &run,
+        "--clients",
+        &twice,
+        "--out",
+        dup.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8(o.stdout).unwrap().lines().count(), 2);
+    // Existing files need --overwrite.
+    let again = fedweave(&["export", &run]);
+    refused(&again, "--overwrite");
+    let o = fedweave(&["export", &run, "--overwrite"]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+/// A clean failure: non-zero exit, the message says `needle`, no panic.
+fn refused(o: &std::process::Output, needle: &str) {
+    let t = text(o);
+    assert!(!o.status.success(), "should fail: {t}");
+    assert!(t.contains(needle), "message should say `{needle}`: {t}");
+    assert!(!t.contains("panicked"), "{t}");
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = run(tmp.path(), CONFIG, &[]);
+    let (bad, benign) = roles(&run);
+    let (bad, me) = (bad.to_string(), benign.to_string());
+    let no_model = format!("client {bad} has no best model");
+    let here = tmp.path().to_str().unwrap();
+    let file = |name: &str, bytes: &[u8]| {
+        let p = tmp.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    refused(&fedweave(&["export", here]), "not a run directory");
+    refused(
+        &fedweave(&["export", &run, "--clients", "0,9"]),
+        "client 9 does not exist",
+    );
+    refused(&fedweave(&["export", &run, "--clients", "0,x"]), "invalid");
+    // The attacker is never scored: it has no model.
+    refused(&fedweave(&["export", &run, "--clients", &bad]), &no_model);
+    refused(
+        &fedweave(&["export", &run, "--format", "onnx"]),
+        "not built yet",
+    );
+
+    let predict = |client: &str, input: &str| {
+        fedweave(&["predict", &run, "--client", client, "--input", input])
+    };
+    let good = file("ok.npy", &npy(&[2, 64], &[0.5f32; 128]));
+    refused(&predict("7", &good), "client 7 does not exist");
+    refused(&predict(&bad, &good), &no_model);
+    refused(
+        &predict(&me, &file("wide.npy", &npy(&[2, 65], &[0.5f32; 130]))),
+        "[n, 1, 8, 8] or [n, 64]",
+    );
+    refused(
+        &predict(&me, &file("ints.npy", &npy(&[2, 64], &[1i32; 128]))),
+        "dtype",
+    );
+    refused(
+        &predict(&me, &file("junk.npy", b"not an array")),
+        "not a valid .npy",
+    );
+    refused(
+        &predict(&me, &file("x.csv", "1,2,3\n".as_bytes())),
+        "takes 64 features",
+    );
+    refused(&predict(&me, &file("x.txt", b"1")), ".npy or a .csv");
+    refused(
+        &predict(&me, &tmp.path().join("missing.npy").to_string_lossy()),
+        "cannot read",
+    );
+
+    // A best model that is not the one the books name.
+    let summary = Path::new(&run).join("summary.json");
+    let text = std::fs::read_to_string(&summary).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["per_client_best_round"][benign] = 99.into();
+    std::fs::write(&summary, v.to_string()).unwrap();
+    refused(
+        &fedweave(&["export", &run, "--clients", &me]),
+        "best validation score in round 99",
+    );
+    std::fs::write(&summary, text).unwrap();
+
+    // A run that kept nothing (an older fedweave's, or a networked one).
+    std::fs::remove_dir_all(Path::new(&run).join("models/best")).unwrap();
+    refused(
+        &fedweave(&["export", &run, "--out", here]),
+        "has no best models",
+    );
+    std::fs::remove_dir_all(Path::new(&run).join("models")).unwrap();
+    refused(&fedweave(&["export", &run]), "holds no kept models");
+    refused(&predict(&me, &good), "holds no kept models");
+}
+
+fn torch_available() -> bool {
+    std::process::Command::new("python3")
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn pytorch_loads_the_export_with_fedweave_s_logits() {
+    if !torch_available() {
+        eprintln!("skipped: PyTorch is not installed (python3 -c 'import torch' fails)");
+        return;
+    }
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/load_exported.py"
+    );
+    let mut cases = vec![("mlp", CONFIG.to_string())];
+    if Path::new("/usr/share/datasets/fashion-mnist").is_dir() {
+        for kind in ["cnn", "cnn-bn"] {
+            let cfg = CONFIG
+                .replace("\"digits\"", "\"fashion-mnist\"\nmax_train_samples = 600")
+                .replace("\"mlp\"", &format!("\"{kind}\""));
+            cases.push((kind, cfg));
+        }
+    }
+    for (kind, cfg) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = run(tmp.path(), &cfg, &[]);
+        let (_, good) = roles(&run);
+        let o = fedweave(&["export", &run, "--clients", &good.to_string()]);
+        assert!(o.status.success(), "{}", text(&o));
+        let out = Path::new(&run).join("export-best");
+        let (x, logits, _) = samples(&run, good, 8);
+        let input = tmp.path().join("x.f32");
+        std::fs::write(
+            &input,
+            x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+        )
+        .unwrap();
+        let o = std::process::Command::new("python3")
+            .args([script, out.join("model.json").to_str().unwrap()])
+            .arg(out.join(format!("client-{good}.safetensors")))
+            .arg(&input)
+            .arg("8")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{kind}: {}", text(&o));
+        let theirs: Vec<Vec<f32>> = serde_json::from_slice(&o.stdout).unwrap();
+        for (a, b) in theirs.iter().flatten().zip(logits.iter().flatten()) {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "{kind}: {a} vs {b}"
+            );
+        }
+    }
+}
