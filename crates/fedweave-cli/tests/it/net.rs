@@ -550,7 +550,22 @@ fn a_killed_peer_leaves_the_others_finishing_and_a_restarted_one_rejoins() {
         std::thread::sleep(Duration::from_millis(5));
     }
     running[3].kill_9();
-    std::thread::sleep(Duration::from_secs(5));
+    // Restarted only once every other peer has finished a round without it
+    // (a fixed pause let a starved peer reach its next round after the
+    // restart, under a loaded test run, and never see the absence).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(0..3).all(|i| {
+        std::fs::read_to_string(log(&format!("p{i}.log")))
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("round done") && l.contains("absent=[3]"))
+    }) {
+        assert!(
+            Instant::now() < deadline,
+            "the others went on without peer 3"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let mut again = peer(&cfg, 3, ports[3], &peers, &out, &log("p3-again.log"));
     for (i, p) in running.iter_mut().enumerate().take(3) {
         assert!(p.wait(240).success(), "peer {i} finished");
