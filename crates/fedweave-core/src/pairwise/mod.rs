@@ -793,7 +793,7 @@ impl Kernels {
                 Err(e) => self.fell_back("a mixing", &e),
             }
         }
-        mix_host(&wd, &used, &mut distinct);
+        mix_host(&wd, &used, !gemm, &mut distinct);
         Mixed { distinct, which }
     }
 }
@@ -1037,11 +1037,10 @@ fn sparse_pays(wd: &[f64], na: usize) -> bool {
 
 /// The host's W·Θ on `p` distinct rows `wd` (row-major, `models.len()`
 /// columns) into `distinct`: blocks of columns in parallel, each a GEMM
-/// (or `weighted_block` for few rows).
-fn mix_host(wd: &[f64], models: &[&[f32]], distinct: &mut [Vec<f32>]) {
+/// (or `weighted_block` row by row when `direct`: few rows, or sparse ones).
+fn mix_host(wd: &[f64], models: &[&[f32]], direct: bool, distinct: &mut [Vec<f32>]) {
     let (p, na) = (distinct.len(), models.len());
     let d = distinct.first().map_or(0, Vec::len);
-    let direct = p <= MIX_DIRECT_ROWS || sparse_pays(wd, na);
     // Few rows: long blocks stream each model; sparse rows: blocks whose
     // models all fit in L2 while the rows gather from them; dense rows:
     // short blocks keep the converted block of Θ in cache across the GEMM's
