@@ -234,6 +234,9 @@ fn layer_cosines(
         .collect()
 }
 
+/// Its messages are models: it takes a personal part ([`crate::personal`]).
+impl crate::personal::Splittable for FedAghn {}
+
 impl Algorithm for FedAghn {
     const NAMES: &'static [Info] = &[Info {
         name: "fedaghn",

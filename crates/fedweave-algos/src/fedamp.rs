@@ -250,6 +250,9 @@ impl<R: Attention> Amp<R> {
 
 holds_model!(AmpClient: model);
 
+/// Its messages are models: it takes a personal part ([`crate::personal`]).
+impl<R: Attention> crate::personal::Splittable for Amp<R> {}
+
 impl<R: Attention> Algorithm for Amp<R> {
     const NAMES: &'static [Info] = R::NAMES;
     type Params = R;

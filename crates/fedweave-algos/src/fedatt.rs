@@ -104,6 +104,9 @@ pub fn attentive_step(
         .collect()
 }
 
+/// Its messages are models: it takes a personal part ([`crate::personal`]).
+impl crate::personal::Splittable for FedAtt {}
+
 impl Algorithm for FedAtt {
     const NAMES: &'static [Info] = &[Info {
         name: "fedatt",

@@ -49,6 +49,9 @@ pub struct FedAvg {
     fine_tuned: bool,
 }
 
+/// Its messages are models: it takes a personal part ([`crate::personal`]).
+impl crate::personal::Splittable for FedAvg {}
+
 impl Algorithm for FedAvg {
     const NAMES: &'static [Info] = &[
         Info {

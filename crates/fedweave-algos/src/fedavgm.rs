@@ -89,6 +89,9 @@ pub struct FedAvgMServer {
     pub momentum: Vec<f32>,
 }
 
+/// Its messages are models: it takes a personal part ([`crate::personal`]).
+impl crate::personal::Splittable for FedAvgM {}
+
 impl Algorithm for FedAvgM {
     const NAMES: &'static [Info] = &[Info {
         name: "fedavgm",

@@ -100,6 +100,15 @@ impl Message for Guided {
     }
 }
 
+impl crate::personal::ModelMessage for Guided {
+    fn map_models(self, mut f: impl FnMut(Vec<f32>) -> Vec<f32>) -> Self {
+        Self {
+            model: f(self.model),
+            guidance: f(self.guidance),
+        }
+    }
+}
+
 /// Rows of P over the participants: row i ∝ 1/max(‖guidance_i − models_j‖²,
 /// [`MIN_SQ_DIST`]), normalised, cut to its `top_k` largest entries (ties go
 /// to the lower index, so the result is deterministic) and renormalised.
@@ -133,6 +142,9 @@ pub fn dwa_rows(
         })
         .collect()
 }
+
+/// Its messages are models: it takes a personal part ([`crate::personal`]).
+impl crate::personal::Splittable for FedDwa {}
 
 impl Algorithm for FedDwa {
     const NAMES: &'static [Info] = &[Info {

@@ -15,7 +15,9 @@
 //! - personalised models: [`ditto`], [`apfl`], [`fedala`], [`perfedavg`],
 //!   [`pfedme`];
 //! - split models, sharing one part through [`split`]: [`fedrep`],
-//!   [`fedbabu`], [`partial`] (FedPer, LG-FedAvg, FedBN);
+//!   [`fedbabu`], [`partial`] (FedPer, LG-FedAvg, FedBN); [`personal`]
+//!   gives any server-mixing method a personal head, body or batch norm
+//!   (SFL + FedPer, SFL + LG-FedAvg);
 //! - feature-level: [`fedrod`], [`fedproto`], [`knnper`], [`fedphp`],
 //!   [`fedpac`], [`fedcp`];
 //! - clustered and mixtures: [`cfl`], [`ifca`], [`fedem`];
@@ -66,6 +68,7 @@ pub mod moon;
 mod params;
 pub mod partial;
 pub mod perfedavg;
+pub mod personal;
 pub mod pfedgraph;
 pub mod pfedhn;
 pub mod pfedla;

@@ -99,6 +99,12 @@ impl<P> Checked<P> {
     pub fn into_inner(self) -> P {
         self.0
     }
+
+    /// A checked part of these parameters (a wrapper's inner method's
+    /// parameters, checked with the whole).
+    pub(crate) fn map<Q>(self, f: impl FnOnce(P) -> Q) -> Checked<Q> {
+        Checked(f(self.0))
+    }
 }
 
 impl<P> std::ops::Deref for Checked<P> {

@@ -144,6 +144,15 @@ impl Message for Mixed {
     }
 }
 
+impl crate::personal::ModelMessage for Mixed {
+    fn map_models(self, mut f: impl FnMut(Vec<f32>) -> Vec<f32>) -> Self {
+        Self {
+            model: f(self.model),
+            normalized: self.normalized.map(&mut f),
+        }
+    }
+}
+
 /// S_ij = cos(θ_i − θ_init, θ_j − θ_init) over the `ranges` of each model,
 /// with values above `threshold` set to 1 (so S_ii = 1): one blocked Gram
 /// matrix ([`Kernels::cosine_matrix_sym`]) in `f64`, the differences taken on
@@ -184,6 +193,9 @@ pub fn infer_graph(similarity: &[Vec<f64>], p: &[f64], alpha: f64) -> Vec<Vec<f6
 }
 
 holds_model!(PFedGraphClient: model);
+
+/// Its messages are models: it takes a personal part ([`crate::personal`]).
+impl crate::personal::Splittable for PFedGraph {}
 
 impl Algorithm for PFedGraph {
     const NAMES: &'static [Info] = &[Info {

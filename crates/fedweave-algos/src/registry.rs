@@ -2,10 +2,24 @@
 //! README table and the engine's dispatch all read it; adding a method is
 //! its own file (declared in `lib.rs`) plus one line in the `registry!`
 //! invocation below. The names live only in each type's
-//! [`Algorithm::NAMES`].
+//! [`Algorithm::NAMES`]. A line marked `[split]` is a
+//! [`Splittable`](crate::personal::Splittable) method: with `[algorithm] personal = ...` the registry builds it inside
+//! [`Personal`].
 
 use crate::contract::{Algorithm, Env, Info};
 use crate::params::{AlgoError, parse};
+use crate::personal::{self, Personal};
+
+/// The branch of `check_params`/`dispatch` for a table that asks for a
+/// personal part: the wrapped type for a `[split]` line, an error otherwise.
+macro_rules! with_personal {
+    (split; $t:ty, $name:expr, $body:ident) => {
+        $body!(Personal<$t>)
+    };
+    (; $t:ty, $name:expr, $body:ident) => {
+        return Err(not_splittable($name))
+    };
+}
 
 /// What the engine does with a concrete algorithm type: the registry hands
 /// it the built algorithm, so the engine runs monomorphised code with the
@@ -18,7 +32,7 @@ pub trait Visitor {
 }
 
 macro_rules! registry {
-    ($($m:ident :: $t:ident),* $(,)?) => {
+    ($($m:ident :: $t:ident $([$split:ident])?),* $(,)?) => {
         /// The module of every registered type, in list order.
         #[cfg(test)]
         const MODULES: &[&str] = &[$(stringify!($m)),*];
@@ -27,6 +41,17 @@ macro_rules! registry {
         pub fn catalogue() -> Vec<Info> {
             let mut all = Vec::new();
             $(all.extend_from_slice(<crate::$m::$t as Algorithm>::NAMES);)*
+            all
+        }
+
+        /// The names that take `[algorithm] personal` ([`Splittable`]
+        /// methods), in list order.
+        pub fn splittable() -> Vec<&'static str> {
+            let mut all = Vec::new();
+            $($(
+                let _ = stringify!($split);
+                all.extend(<crate::$m::$t as Algorithm>::NAMES.iter().map(|i| i.name));
+            )?)*
             all
         }
 
@@ -39,7 +64,15 @@ macro_rules! registry {
         ) -> Result<toml::Table, AlgoError> {
             $(
                 if <crate::$m::$t as Algorithm>::NAMES.iter().any(|i| i.name == name) {
-                    return parse::<<crate::$m::$t as Algorithm>::Params>(name, table, clients).map(|p| p.1);
+                    macro_rules! check {
+                        ($ty:ty) => {
+                            return parse::<<$ty as Algorithm>::Params>(name, table, clients).map(|p| p.1)
+                        };
+                    }
+                    if table.contains_key(personal::KEY) {
+                        with_personal!($($split)?; crate::$m::$t, name, check);
+                    }
+                    check!(crate::$m::$t);
                 }
             )*
             Err(unknown(name))
@@ -55,10 +88,18 @@ macro_rules! registry {
         ) -> Result<V::Output, AlgoError> {
             $(
                 if let Some(info) = <crate::$m::$t as Algorithm>::NAMES.iter().find(|i| i.name == name) {
-                    let (params, resolved) =
-                        parse::<<crate::$m::$t as Algorithm>::Params>(name, table, env.clients())?;
-                    let algorithm = <crate::$m::$t as Algorithm>::new(info.name, params, env)?;
-                    return Ok(visitor.visit(algorithm, resolved));
+                    macro_rules! build {
+                        ($ty:ty) => {{
+                            let (params, resolved) =
+                                parse::<<$ty as Algorithm>::Params>(name, table, env.clients())?;
+                            let algorithm = <$ty as Algorithm>::new(info.name, params, env)?;
+                            return Ok(visitor.visit(algorithm, resolved));
+                        }};
+                    }
+                    if table.contains_key(personal::KEY) {
+                        with_personal!($($split)?; crate::$m::$t, name, build);
+                    }
+                    build!(crate::$m::$t);
                 }
             )*
             Err(unknown(name))
@@ -68,13 +109,13 @@ macro_rules! registry {
 
 registry!(
     local::Local,
-    fedavg::FedAvg,
-    fedavgm::FedAvgM,
-    fedatt::FedAtt,
-    pfedgraph::PFedGraph,
-    feddwa::FedDwa,
-    fedaghn::FedAghn,
-    sfl::Sfl,
+    fedavg::FedAvg[split],
+    fedavgm::FedAvgM[split],
+    fedatt::FedAtt[split],
+    pfedgraph::PFedGraph[split],
+    feddwa::FedDwa[split],
+    fedaghn::FedAghn[split],
+    sfl::Sfl[split],
     dpfl::Dpfl,
     ditto::Ditto,
     apfl::Apfl,
@@ -94,8 +135,8 @@ registry!(
     feddyn::FedDyn,
     fednova::FedNova,
     moon::Moon,
-    fedamp::FedAmp,
-    fedamp::HeurFedAmp,
+    fedamp::FedAmp[split],
+    fedamp::HeurFedAmp[split],
     cfl::Cfl,
     ifca::Ifca,
     fedem::FedEm,
@@ -105,6 +146,17 @@ registry!(
     pfedhn::PFedHn,
     pfedla::PFedLa,
 );
+
+fn not_splittable(name: &str) -> AlgoError {
+    AlgoError::BadParameter {
+        algorithm: name.to_string(),
+        message: format!(
+            "algorithm.{} does not apply to `{name}` (it takes a personal part with: {})",
+            personal::KEY,
+            splittable().join(", ")
+        ),
+    }
+}
 
 fn unknown(name: &str) -> AlgoError {
     AlgoError::UnknownAlgorithm {

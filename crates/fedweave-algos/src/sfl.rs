@@ -204,6 +204,15 @@ impl Message for Propagated {
     }
 }
 
+impl crate::personal::ModelMessage for Propagated {
+    fn map_models(self, mut f: impl FnMut(Vec<f32>) -> Vec<f32>) -> Self {
+        Self {
+            model: f(self.model),
+            global: f(self.global),
+        }
+    }
+}
+
 impl Sfl {
     /// The base relation graph (no self-loops) for this federation.
     fn base_graph(&self, env: &Env) -> Result<RelationGraph, String> {
@@ -378,6 +387,9 @@ fn propagate(a: &RelationGraph, theta: &[Vec<f32>], hops: usize) -> Vec<Vec<f32>
 
 // Scored: u_i, as the authors' code scores each u_c on client c's test split.
 holds_model!(SflClient: model);
+
+/// Its messages are models: it takes a personal part ([`crate::personal`]).
+impl crate::personal::Splittable for Sfl {}
 
 impl Algorithm for Sfl {
     const NAMES: &'static [Info] = &[Info {
