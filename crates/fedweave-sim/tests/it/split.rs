@@ -82,3 +82,33 @@ fn fedbn_keeps_batch_norm_layers_local_on_the_bn_cnn() {
         assert_eq!(Some(i) == absent, rest[0][i] == 0.0);
     }
 }
+
+/// `[algorithm] personal` through the whole engine: FedAvg-FT with a
+/// personal head is FedPer (same training, same scoring point) to the last
+/// bit, and SFL with a personal head (SFL + FedPer, SFL's Table 4) moves
+/// only the body both ways — u_i and the read-out w, each cut to the body.
+#[test]
+fn a_personal_part_composes_with_server_mixing_methods() {
+    let (fedper, r_fedper) = run(&["algorithm.name=fedper", "rounds=3", "participation=0.7"]);
+    let (composed, r_composed) = run(&[
+        "algorithm.name=fedavg-ft",
+        "algorithm.personal=head",
+        "rounds=3",
+        "participation=0.7",
+    ]);
+    assert_eq!(fedper.per_client_test_acc, composed.per_client_test_acc);
+    assert_eq!(
+        (fedper.bytes_up, fedper.bytes_down),
+        (composed.bytes_up, composed.bytes_down)
+    );
+    for (a, b) in r_fedper.iter().zip(&r_composed) {
+        assert_eq!(a["mean_train_loss"], b["mean_train_loss"]);
+    }
+    let (s, rounds) = run(&["algorithm.name=sfl", "algorithm.personal=head", "rounds=2"]);
+    for r in &rounds {
+        assert_eq!(r["bytes_up"], 10 * 4 * MLP_BASE);
+        assert_eq!(r["bytes_down"], 10 * 4 * 2 * MLP_BASE);
+    }
+    let (plain, _) = run(&["algorithm.name=sfl", "rounds=2"]);
+    assert_ne!(s.per_client_test_acc, plain.per_client_test_acc);
+}
