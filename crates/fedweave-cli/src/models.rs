@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use fedweave_nn::LocalData;
-use fedweave_sim::export::{ExportOptions, export, run_clients};
+use fedweave_sim::export::{self, ExportOptions, export, run_clients};
 use fedweave_sim::models::{ModelCard, ModelsError, PixelScaling, Which, read_checked};
 use std::path::{Path, PathBuf};
 
@@ -11,8 +11,17 @@ use std::path::{Path, PathBuf};
 pub enum Format {
     /// One safetensors file per client, PyTorch `state_dict` names and shapes.
     Safetensors,
-    /// ONNX graphs (not built yet).
+    /// One ONNX graph per client: the forward pass with its weights, for serving.
     Onnx,
+}
+
+impl From<Format> for export::Format {
+    fn from(f: Format) -> Self {
+        match f {
+            Format::Safetensors => export::Format::Safetensors,
+            Format::Onnx => export::Format::Onnx,
+        }
+    }
 }
 
 /// Best or last models, on the command line.
@@ -78,16 +87,13 @@ pub struct PredictArgs {
 
 /// Runs `fedweave export`: prints the files written.
 pub fn run_export(args: ExportArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.format == Format::Safetensors,
-        "--format onnx is not built yet: export --format safetensors and convert in PyTorch (scripts/load_exported.py builds the module; torch.onnx.export writes the graph)"
-    );
     let files = export(&ExportOptions {
         dir: args.dir,
         clients: args.clients,
         which: args.which.into(),
         out: args.out,
         overwrite: args.overwrite,
+        format: args.format.into(),
     })?;
     for f in files {
         println!("{}", f.display());

@@ -303,6 +303,27 @@ pub fn layers(spec: &ModelSpec) -> Option<Vec<Value>> {
     Some(list)
 }
 
+/// The file format of an export.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Format {
+    /// One safetensors file per client: PyTorch `state_dict` names and shapes.
+    #[default]
+    Safetensors,
+    /// One ONNX graph per client: the forward pass with its weights
+    /// ([`crate::onnx`]), for serving.
+    Onnx,
+}
+
+impl Format {
+    /// The file extension.
+    fn extension(self) -> &'static str {
+        match self {
+            Format::Safetensors => "safetensors",
+            Format::Onnx => "onnx",
+        }
+    }
+}
+
 /// What `fedweave export` is asked for.
 #[derive(Clone, Debug)]
 pub struct ExportOptions {
@@ -317,6 +338,8 @@ pub struct ExportOptions {
     pub out: Option<PathBuf>,
     /// Replace files that exist.
     pub overwrite: bool,
+    /// The file format.
+    pub format: Format,
 }
 
 /// One exported client, as `model.json` lists it.
@@ -372,7 +395,7 @@ pub fn export(opts: &ExportOptions) -> Result<Vec<PathBuf>, ModelsError> {
         .out
         .clone()
         .unwrap_or_else(|| dir.join(format!("export-{}", opts.which.name())));
-    let file = |i: usize| format!("client-{i}.safetensors");
+    let file = |i: usize| format!("client-{i}.{}", opts.format.extension());
     let targets: Vec<PathBuf> = wanted
         .iter()
         .map(|&i| out.join(file(i)))
@@ -384,6 +407,14 @@ pub fn export(opts: &ExportOptions) -> Result<Vec<PathBuf>, ModelsError> {
         return Err(ModelsError::Exists(t.clone()));
     }
     let spec = card.spec()?;
+    let layer_list = layers(&spec);
+    if opts.format == Format::Onnx && layer_list.is_none() {
+        return Err(ModelsError::NoFormat {
+            kind: kind_name(card.kind),
+            format: "ONNX",
+            why: "its forward pass is not a layer list; export --format safetensors".into(),
+        });
+    }
     std::fs::create_dir_all(&out).map_err(|source| ModelsError::Io {
         path: out.clone(),
         source,
@@ -399,9 +430,22 @@ pub fn export(opts: &ExportOptions) -> Result<Vec<PathBuf>, ModelsError> {
         {
             return Err(bad("does not match the run's model card".into()));
         }
-        // PyTorch's convention; which client and round is in model.json.
-        let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-        let bytes = write_state_dict(&to_state_dict(&spec, &kept.model), meta).map_err(bad)?;
+        let dict = to_state_dict(&spec, &kept.model);
+        let bytes = match (opts.format, &layer_list) {
+            (Format::Onnx, Some(list)) => {
+                let doc = format!(
+                    "client {i}'s {} model (round {}) of a fedweave run of {}",
+                    opts.which.name(),
+                    kept.round,
+                    card.algorithm
+                );
+                crate::onnx::onnx_model(list, &dict, &card.input_shape, card.outputs, &doc)
+                    .map_err(bad)?
+            }
+            // PyTorch's convention; which client and round is in model.json.
+            _ => write_state_dict(&dict, HashMap::from([("format".into(), "pt".into())]))
+                .map_err(bad)?,
+        };
         crate::models::write_atomic(target, &bytes).map_err(|source| ModelsError::Io {
             path: target.clone(),
             source,
@@ -432,7 +476,8 @@ pub fn export(opts: &ExportOptions) -> Result<Vec<PathBuf>, ModelsError> {
         "algorithm": card.algorithm,
         "exact": card.exact,
         "which": opts.which.name(),
-        "layers": layers(&spec),
+        "file_format": opts.format.extension(),
+        "layers": layer_list,
         "state_dict": probe.iter().map(|t| json!({
             "name": t.name,
             "shape": t.shape,

@@ -20,6 +20,7 @@ mod engine;
 pub mod export;
 pub mod interrupt;
 pub mod models;
+pub mod onnx;
 pub mod packed;
 mod peer;
 pub mod progress;

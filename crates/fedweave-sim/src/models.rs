@@ -127,6 +127,16 @@ pub enum ModelsError {
         /// Why, probably.
         why: &'static str,
     },
+    /// The model has no form in the asked-for export format.
+    #[error("cannot export a `{kind}` model as {format}: {why}")]
+    NoFormat {
+        /// The architecture.
+        kind: String,
+        /// The format asked for.
+        format: &'static str,
+        /// Why, and what works instead.
+        why: String,
+    },
     /// An output file exists and may not be replaced.
     #[error("{} exists; pass --overwrite to replace it (or --out another folder)", .0.display())]
     Exists(PathBuf),

@@ -229,10 +229,6 @@ fn bad_input_is_a_clear_error() {
     refused(&fedweave(&["export", &run, "--clients", "0,x"]), "invalid");
     // The attacker is never scored: it has no model.
     refused(&fedweave(&["export", &run, "--clients", &bad]), &no_model);
-    refused(
-        &fedweave(&["export", &run, "--format", "onnx"]),
-        "not built yet",
-    );
 
     let predict = |client: &str, input: &str| {
         fedweave(&["predict", &run, "--client", client, "--input", input])
@@ -302,16 +298,7 @@ fn pytorch_loads_the_export_with_fedweave_s_logits() {
         env!("CARGO_MANIFEST_DIR"),
         "/../../scripts/load_exported.py"
     );
-    let mut cases = vec![("mlp", CONFIG.to_string())];
-    if Path::new("/usr/share/datasets/fashion-mnist").is_dir() {
-        for kind in ["cnn", "cnn-bn"] {
-            let cfg = CONFIG
-                .replace("\"digits\"", "\"fashion-mnist\"\nmax_train_samples = 600")
-                .replace("\"mlp\"", &format!("\"{kind}\""));
-            cases.push((kind, cfg));
-        }
-    }
-    for (kind, cfg) in cases {
+    for (kind, cfg) in export_cases() {
         let tmp = tempfile::tempdir().unwrap();
         let run = run(tmp.path(), &cfg, &[]);
         let (_, good) = roles(&run);
@@ -334,6 +321,145 @@ fn pytorch_loads_the_export_with_fedweave_s_logits() {
             .unwrap();
         assert!(o.status.success(), "{kind}: {}", text(&o));
         let theirs: Vec<Vec<f32>> = serde_json::from_slice(&o.stdout).unwrap();
+        for (a, b) in theirs.iter().flatten().zip(logits.iter().flatten()) {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "{kind}: {a} vs {b}"
+            );
+        }
+    }
+}
+
+/// The cases the export tests run: the MLP on digits, and where
+/// Fashion-MNIST is installed the two CNNs.
+fn export_cases() -> Vec<(&'static str, String)> {
+    let mut cases = vec![("mlp", CONFIG.to_string())];
+    if Path::new("/usr/share/datasets/fashion-mnist").is_dir() {
+        for kind in ["cnn", "cnn-bn"] {
+            let cfg = CONFIG
+                .replace("\"digits\"", "\"fashion-mnist\"\nmax_train_samples = 600")
+                .replace("\"mlp\"", &format!("\"{kind}\""));
+            cases.push((kind, cfg));
+        }
+    }
+    cases
+}
+
+/// `--format onnx` writes one graph per client whose weights are the
+/// `state_dict`'s, byte for byte, wired as the layer list says; where
+/// onnxruntime is installed (`pip install onnxruntime`), it gives
+/// fedweave's logits to 1e-5.
+#[test]
+fn onnx_export_holds_the_state_dict_and_runs_with_fedweave_s_logits() {
+    use fedweave_sim::export::read_state_dict;
+    use fedweave_sim::onnx::proto::ModelProto;
+    use prost::Message;
+    let runtime = std::process::Command::new("python3")
+        .args(["-c", "import onnxruntime, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !runtime {
+        eprintln!(
+            "onnxruntime is not installed (pip install onnxruntime numpy): checking the graph without running it"
+        );
+    }
+    for (kind, cfg) in export_cases() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = run(tmp.path(), &cfg, &[]);
+        let (_, good) = roles(&run);
+        let good_s = good.to_string();
+        for format in ["safetensors", "onnx"] {
+            let out = tmp.path().join(format);
+            let o = fedweave(&[
+                "export",
+                &run,
+                "--clients",
+                &good_s,
+                "--format",
+                format,
+                "--out",
+                out.to_str().unwrap(),
+            ]);
+            assert!(o.status.success(), "{}", text(&o));
+        }
+        let onnx = std::fs::read(tmp.path().join(format!("onnx/client-{good}.onnx"))).unwrap();
+        let model = ModelProto::decode(onnx.as_slice()).unwrap();
+        let graph = model.graph.unwrap();
+        let dict = read_state_dict(
+            &std::fs::read(
+                tmp.path()
+                    .join(format!("safetensors/client-{good}.safetensors")),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        // Every parameter and running statistic is an initializer with its
+        // values (num_batches_tracked is not part of the forward pass).
+        for t in dict
+            .iter()
+            .filter(|t| !t.name.ends_with("num_batches_tracked"))
+        {
+            let init = graph
+                .initializer
+                .iter()
+                .find(|i| i.name == t.name)
+                .unwrap_or_else(|| panic!("{kind}: no initializer {}", t.name));
+            let dims: Vec<usize> = init.dims.iter().map(|&d| d as usize).collect();
+            assert_eq!(dims, t.shape, "{kind}: {}", t.name);
+            let fedweave_sim::export::TorchData::F32(values) = &t.data else {
+                panic!("{}: not f32", t.name)
+            };
+            let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            assert!(init.raw_data == raw, "{kind}: {} values", t.name);
+        }
+        let ops: Vec<&str> = graph.node.iter().map(|n| n.op_type.as_str()).collect();
+        let want: &[&str] = match kind {
+            "mlp" => &["Flatten", "Gemm", "Relu", "Gemm", "Relu", "Gemm"],
+            "cnn" => &[
+                "Conv", "Relu", "MaxPool", "Conv", "Relu", "MaxPool", "Flatten", "Gemm", "Relu",
+                "Gemm", "Relu", "Gemm",
+            ],
+            _ => &[
+                "Conv",
+                "BatchNormalization",
+                "Relu",
+                "MaxPool",
+                "Conv",
+                "BatchNormalization",
+                "Relu",
+                "MaxPool",
+                "Flatten",
+                "Gemm",
+                "Relu",
+                "Gemm",
+            ],
+        };
+        assert_eq!(ops, want, "{kind}");
+        assert_eq!(graph.node.last().unwrap().output, ["logits"]);
+        if !runtime {
+            continue;
+        }
+        let (x, logits, _) = samples(&run, good, 8);
+        let input = tmp.path().join("x.f32");
+        std::fs::write(
+            &input,
+            x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+        )
+        .unwrap();
+        let script = "import json, sys, numpy, onnxruntime as ort\n\
+            s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n\
+            shape = [d if isinstance(d, int) else -1 for d in s.get_inputs()[0].shape]\n\
+            x = numpy.fromfile(sys.argv[2], dtype='<f4').reshape(shape)\n\
+            print(json.dumps(s.run(['logits'], {'input': x})[0].tolist()))";
+        let o = std::process::Command::new("python3")
+            .args(["-c", script])
+            .arg(tmp.path().join(format!("onnx/client-{good}.onnx")))
+            .arg(&input)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{kind}: {}", text(&o));
+        let theirs: Vec<Vec<f32>> = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(theirs.len(), 8);
         for (a, b) in theirs.iter().flatten().zip(logits.iter().flatten()) {
             assert!(
                 (a - b).abs() <= 1e-5 * (1.0 + b.abs()),

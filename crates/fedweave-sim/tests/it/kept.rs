@@ -7,7 +7,7 @@
 //! fedweave's logits.
 
 use fedweave_sim::export::{
-    ExportOptions, TorchData, TorchTensor, export, from_state_dict, read_state_dict,
+    ExportOptions, Format, TorchData, TorchTensor, export, from_state_dict, read_state_dict,
 };
 use fedweave_sim::models::{ModelCard, Which, model_path, read_model, rescore};
 use fedweave_sim::{ExperimentConfig, Summary, resume_experiment, run_experiment};
@@ -266,6 +266,7 @@ fn check_export(dir: &Path, clients: usize) {
         which: Which::Best,
         out: Some(out.clone()),
         overwrite: false,
+        format: Format::Safetensors,
     })
     .unwrap();
     assert_eq!(written.len(), clients + 1);
