@@ -388,55 +388,6 @@ fn stop_on_signals() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Files a run writes into its directory (`--overwrite` removes them).
-const RUN_FILES: [&str; 8] = [
-    "config.toml",
-    "rounds.jsonl",
-    "summary.json",
-    "report.html",
-    "partition.json",
-    "checkpoint",
-    "tensorboard",
-    "models",
-];
-
-/// Refuses to write a run into `out` when it already holds one, unless
-/// `overwrite`, which removes that run's files first.
-fn claim_out_dir(out: &std::path::Path, overwrite: bool) -> anyhow::Result<()> {
-    let present: Vec<&str> = RUN_FILES
-        .iter()
-        .copied()
-        .filter(|f| out.join(f).exists())
-        .collect();
-    if present.is_empty() {
-        return Ok(());
-    }
-    if !overwrite {
-        if present == ["config.toml"] {
-            anyhow::bail!(
-                "{} holds a config.toml that is not a run's; the run would replace it with its resolved config: choose another --out, or --overwrite",
-                out.display()
-            );
-        }
-        anyhow::bail!(
-            "{} already holds a run ({}): `fedweave resume {}` continues it, --overwrite replaces it, or choose another --out",
-            out.display(),
-            present.join(", "),
-            out.display()
-        );
-    }
-    for f in present {
-        let p = out.join(f);
-        let removed = if p.is_dir() {
-            std::fs::remove_dir_all(&p)
-        } else {
-            std::fs::remove_file(&p)
-        };
-        removed.with_context(|| format!("cannot remove {}", p.display()))?;
-    }
-    Ok(())
-}
-
 fn real_main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run {
@@ -446,8 +397,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             set,
         } => {
             let cfg = ExperimentConfig::from_file(&config, &set)?;
-            let out = out.unwrap_or_else(|| default_out_dir(&cfg));
-            claim_out_dir(&out, overwrite)?;
+            let out = out.unwrap_or_else(|| fedweave_sim::default_out_dir(&cfg));
+            fedweave_sim::claim_out_dir(&out, overwrite).map_err(anyhow::Error::msg)?;
             warn_config(&cfg);
             stop_on_signals()?;
             let summary = with_progress(cfg.rounds, |on_round| {
@@ -582,7 +533,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             set,
         } => {
             let cfg = ExperimentConfig::from_file(&config, &set)?;
-            let out = out.unwrap_or_else(|| default_out_dir(&cfg));
+            let out = out.unwrap_or_else(|| fedweave_sim::default_out_dir(&cfg));
             let rounds = cfg.rounds;
             let mut opts = fedweave_net::server::ServeOptions::new(cfg, listen, out.clone());
             opts.tls = tls_cert.zip(tls_key);
@@ -911,41 +862,6 @@ fn print_summary(summary: &Summary, out: &std::path::Path) {
         );
     }
     println!("outputs in {}", out.display());
-}
-
-/// `runs/ALGORITHM-DATASET-PARTITION-sSEED`, with `-2`, `-3`, … added when
-/// that directory exists.
-fn default_out_dir(cfg: &ExperimentConfig) -> PathBuf {
-    let base = format!(
-        "{}-{}-{}-s{}",
-        cfg.algorithm_name(),
-        cfg.data.dataset,
-        cfg.partition.kind,
-        cfg.seed
-    );
-    let clean: String = base
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    unique_dir(&PathBuf::from("runs"), &clean)
-}
-
-/// `parent/name`, or `parent/name-K` for the first K ≥ 2 not taken.
-fn unique_dir(parent: &std::path::Path, name: &str) -> PathBuf {
-    let first = parent.join(name);
-    if !first.exists() {
-        return first;
-    }
-    (2..)
-        .map(|k| parent.join(format!("{name}-{k}")))
-        .find(|p| !p.exists())
-        .unwrap_or(first)
 }
 
 /// `fedweave list --json`: `{"algorithms": [{"name", "summary",

@@ -719,6 +719,41 @@ fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<(), Confi
     Ok(())
 }
 
+/// `runs/ALGORITHM-DATASET-PARTITION-sSEED`, with `-2`, `-3`, … added when
+/// that directory exists.
+pub fn default_out_dir(cfg: &ExperimentConfig) -> std::path::PathBuf {
+    let base = format!(
+        "{}-{}-{}-s{}",
+        cfg.algorithm_name(),
+        cfg.data.dataset,
+        cfg.partition.kind,
+        cfg.seed
+    );
+    let clean: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    unique_dir(&std::path::PathBuf::from("runs"), &clean)
+}
+
+/// `parent/name`, or `parent/name-K` for the first K ≥ 2 not taken.
+fn unique_dir(parent: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let first = parent.join(name);
+    if !first.exists() {
+        return first;
+    }
+    (2..)
+        .map(|k| parent.join(format!("{name}-{k}")))
+        .find(|p| !p.exists())
+        .unwrap_or(first)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -512,3 +512,52 @@ fn read_records(dir: &Path, round: usize) -> Result<Vec<RoundRecord>, RunError> 
     }
     Ok(records)
 }
+
+/// Files a run writes into its directory (`--overwrite` removes them).
+const RUN_FILES: [&str; 8] = [
+    "config.toml",
+    "rounds.jsonl",
+    "summary.json",
+    "report.html",
+    "partition.json",
+    "checkpoint",
+    "tensorboard",
+    "models",
+];
+
+/// Refuses to write a run into `out` when it already holds one, unless
+/// `overwrite`, which removes that run's files first.
+pub fn claim_out_dir(out: &std::path::Path, overwrite: bool) -> Result<(), String> {
+    let present: Vec<&str> = RUN_FILES
+        .iter()
+        .copied()
+        .filter(|f| out.join(f).exists())
+        .collect();
+    if present.is_empty() {
+        return Ok(());
+    }
+    if !overwrite {
+        if present == ["config.toml"] {
+            return Err(format!(
+                "{} holds a config.toml that is not a run's; the run would replace it with its resolved config: choose another --out, or --overwrite",
+                out.display()
+            ));
+        }
+        return Err(format!(
+            "{} already holds a run ({}): `fedweave resume {}` continues it, --overwrite replaces it, or choose another --out",
+            out.display(),
+            present.join(", "),
+            out.display()
+        ));
+    }
+    for f in present {
+        let p = out.join(f);
+        let removed = if p.is_dir() {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
+        removed.map_err(|e| format!("cannot remove {}: {e}", p.display()))?;
+    }
+    Ok(())
+}

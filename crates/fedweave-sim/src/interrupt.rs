@@ -24,3 +24,9 @@ pub fn request_stop() {
 pub fn stop_requested() -> bool {
     STOP.load(Ordering::SeqCst)
 }
+
+/// Forgets a stop request, so the next run in this process runs to its end
+/// (a library caller that stopped one run and starts another).
+pub fn clear_stop() {
+    STOP.store(false, Ordering::SeqCst);
+}

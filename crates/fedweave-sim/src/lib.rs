@@ -30,7 +30,7 @@ pub mod runtime;
 mod setup;
 pub mod suggest;
 
-pub use config::{ConfigError, ExperimentConfig, ServerKernels};
-pub use engine::{RunError, is_run_dir, resume_experiment, run_experiment};
+pub use config::{ConfigError, ExperimentConfig, ServerKernels, default_out_dir};
+pub use engine::{RunError, claim_out_dir, is_run_dir, resume_experiment, run_experiment};
 pub use fedweave_records::{PROTOCOL, RoundRecord, SelectionStats, Summary};
-pub use interrupt::{request_stop, stop_flag, stop_requested};
+pub use interrupt::{clear_stop, request_stop, stop_flag, stop_requested};

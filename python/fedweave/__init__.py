@@ -1,0 +1,257 @@
+"""fedweave from Python: personalised federated learning with collaboration graphs.
+
+A thin layer over the Rust library the ``fedweave`` command runs: the same
+configs, the same run directories, the same messages. ::
+
+    import fedweave
+
+    run = fedweave.run("examples/quickstart.toml", rounds=5, **{"algorithm.name": "pfedgraph"})
+    print(run.summary["mean_test_acc"])
+    run.rounds[["round", "mean_val_acc"]]   # pandas, one row per round
+    run.graphs.shape                        # (rounds, clients, clients)
+    run.models("best")[0]["fc3.weight"]     # numpy, PyTorch state_dict names
+
+Runs release the GIL and print one line per round (``quiet=True``: none).
+Ctrl-C stops a run after its current round with its checkpoint written and
+raises ``KeyboardInterrupt``; ``fedweave.resume(dir)`` continues it. Errors
+are :class:`FedweaveError` carrying the command line's message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Union
+
+from . import _fedweave
+from ._fedweave import FedweaveError
+
+__all__ = [
+    "FedweaveError",
+    "Run",
+    "algorithms",
+    "load",
+    "resume",
+    "run",
+    "sweep",
+    "__version__",
+]
+
+__version__: str = _fedweave.__version__
+
+Config = Union[str, "os.PathLike[str]", Mapping[str, Any]]
+
+
+def _toml_value(value: Any, key: str) -> str:
+    """``value`` as a TOML literal (for ``--set``-style overrides)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise FedweaveError(f"{key}: {value} is not a finite number")
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v, key) for v in value) + "]"
+    if isinstance(value, Mapping):
+        items = (f"{json.dumps(str(k))} = {_toml_value(v, f'{key}.{k}')}" for k, v in value.items())
+        return "{" + ", ".join(items) + "}"
+    raise FedweaveError(f"{key}: cannot express a {type(value).__name__} in a config")
+
+
+def _overrides(table: Mapping[str, Any], prefix: str = "") -> list:
+    """A (nested) mapping as dotted ``key=value`` overrides."""
+    out = []
+    for k, v in table.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and not (isinstance(k, str) and "." in k):
+            out.extend(_overrides(v, key + "."))
+        else:
+            out.append(f"{key}={_toml_value(v, key)}")
+    return out
+
+
+def _config(config: Config) -> tuple:
+    """(TOML text, path or None, overrides) for a path, TOML text or mapping."""
+    if isinstance(config, Mapping):
+        return "", None, _overrides(config)
+    if isinstance(config, os.PathLike) or (
+        isinstance(config, str) and "\n" not in config and config.endswith(".toml")
+    ):
+        path = os.fspath(config)
+        if not os.path.isfile(path):
+            raise FedweaveError(f"cannot read {path}: no such file")
+        return "", path, []
+    if isinstance(config, str):
+        return config, None, []
+    raise TypeError("config must be a path, TOML text or a mapping")
+
+
+def run(
+    config: Config,
+    out: Optional[Union[str, "os.PathLike[str]"]] = None,
+    *,
+    overwrite: bool = False,
+    quiet: bool = False,
+    **overrides: Any,
+) -> "Run":
+    """Runs one experiment and returns it.
+
+    ``config`` is a path to a TOML file, TOML text, or a mapping shaped like
+    the file (``{"data": {"dataset": "digits"}, "rounds": 5}``).
+    ``overrides`` set keys by their dotted path, as ``--set`` does:
+    ``fedweave.run(cfg, rounds=5, **{"train.lr": 0.05})``. ``out`` defaults
+    to a fresh directory under ``runs/``; an existing run there is refused
+    unless ``overwrite``.
+    """
+    text, path, base = _config(config)
+    sets = base + _overrides(overrides)
+    where = _fedweave.run(
+        text,
+        path=path,
+        out=None if out is None else os.fspath(out),
+        overrides=sets,
+        overwrite=overwrite,
+        quiet=quiet,
+    )
+    return Run(where)
+
+
+def resume(dir: Union[str, "os.PathLike[str]"], rounds: Optional[int] = None, *, quiet: bool = False) -> "Run":
+    """Continues the run in ``dir`` from its last checkpoint (to ``rounds``
+    rounds if given); the result equals an uninterrupted run."""
+    return Run(_fedweave.resume(os.fspath(dir), rounds=rounds, quiet=quiet))
+
+
+def load(dir: Union[str, "os.PathLike[str]"]) -> "Run":
+    """The run in ``dir``, finished or not."""
+    return Run(dir)
+
+
+def sweep(
+    grid: Union[str, "os.PathLike[str]"],
+    out: Optional[Union[str, "os.PathLike[str]"]] = None,
+    *,
+    jobs: int = 1,
+    quiet: bool = False,
+) -> "pandas.DataFrame":  # noqa: F821
+    """Runs the grid file ``grid`` (finished runs are skipped) and returns
+    its ``results.csv`` as a DataFrame (one row per run)."""
+    import pandas
+
+    where = _fedweave.sweep(os.fspath(grid), out=None if out is None else os.fspath(out), jobs=jobs, quiet=quiet)
+    return pandas.read_csv(Path(where) / "results.csv")
+
+
+def algorithms() -> "pandas.DataFrame":  # noqa: F821
+    """Every algorithm: name, summary (graph rule and local objective), reference."""
+    import pandas
+
+    return pandas.DataFrame(_fedweave.algorithms(), columns=["name", "summary", "reference"])
+
+
+class Run:
+    """A run directory and what it holds (read when asked for)."""
+
+    def __init__(self, dir: Union[str, "os.PathLike[str]"]):
+        self.dir = Path(dir)
+        if not _fedweave.is_run_dir(os.fspath(self.dir)):
+            raise FedweaveError(f"{self.dir} is not a run directory (no config.toml with rounds.jsonl or a checkpoint)")
+
+    def __repr__(self) -> str:
+        return f"fedweave.Run({str(self.dir)!r})"
+
+    @property
+    def config(self) -> str:
+        """The resolved configuration that ran (TOML text)."""
+        return (self.dir / "config.toml").read_text()
+
+    @property
+    def summary(self) -> Dict[str, Any]:
+        """``summary.json``: the headline figures (``mean_test_acc``, ...)."""
+        path = self.dir / "summary.json"
+        if not path.is_file():
+            raise FedweaveError(f"{self.dir} has no summary.json yet: the run has not finished (fedweave.resume continues it)")
+        return json.loads(path.read_text())
+
+    def _records(self) -> list:
+        path = self.dir / "rounds.jsonl"
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    @property
+    def rounds(self) -> "pandas.DataFrame":  # noqa: F821
+        """One row per round (``rounds.jsonl`` without its graphs: see
+        :attr:`graphs`)."""
+        import pandas
+
+        rows = [{k: v for k, v in r.items() if k not in ("graph", "graph_layers")} for r in self._records()]
+        return pandas.DataFrame(rows)
+
+    @property
+    def graphs(self) -> "numpy.ndarray":  # noqa: F821
+        """The collaboration graphs, ``rounds × clients × clients`` (the mean
+        over layers for per-layer methods; see :meth:`layer_graphs`)."""
+        import numpy
+
+        return numpy.array([r["graph"] for r in self._records()], dtype=numpy.float64)
+
+    def layer_graphs(self) -> Dict[str, "numpy.ndarray"]:  # noqa: F821
+        """Per-layer methods: layer name → ``rounds × clients × clients``."""
+        import numpy
+
+        records = self._records()
+        names = records[0].get("graph_layers", {}).keys() if records else []
+        return {n: numpy.array([r["graph_layers"][n] for r in records], dtype=numpy.float64) for n in names}
+
+    @property
+    def clients(self) -> "pandas.DataFrame":  # noqa: F821
+        """One row per client: whether it is malicious, its data sizes,
+        training label counts, test accuracy of its best-validation model
+        and the round that model is from."""
+        import pandas
+
+        info = _fedweave.clients(os.fspath(self.dir))
+        rows = []
+        summary = self.summary if (self.dir / "summary.json").is_file() else {}
+        acc = summary.get("per_client_test_acc") or [None] * len(info)
+        best = summary.get("per_client_best_round") or [None] * len(info)
+        for i, (benign, train, val, test, labels) in enumerate(info):
+            rows.append(
+                {
+                    "client": i,
+                    "malicious": not benign,
+                    "train_size": train,
+                    "val_size": val,
+                    "test_size": test,
+                    "label_counts": list(labels),
+                    "test_acc": acc[i] if i < len(acc) else None,
+                    "best_round": best[i] if i < len(best) else None,
+                }
+            )
+        return pandas.DataFrame(rows).set_index("client")
+
+    def models(self, which: str = "best") -> Dict[int, Dict[str, "numpy.ndarray"]]:  # noqa: F821
+        """Each client's kept model (``"best"``: the best-validation one
+        behind ``mean_test_acc``; ``"last"``) as ``{name: array}`` with the
+        names and shapes of ``fedweave export`` (PyTorch's ``state_dict``)."""
+        import numpy
+
+        out = {}
+        for client, tensors in _fedweave.models(os.fspath(self.dir), which):
+            out[client] = {
+                name: numpy.frombuffer(data, dtype=numpy.dtype(dtype).newbyteorder("<")).reshape(shape).copy()
+                for name, shape, dtype, data in tensors
+            }
+        return out
+
+    @property
+    def report_path(self) -> Path:
+        """The run's HTML report."""
+        return self.dir / "report.html"

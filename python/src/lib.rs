@@ -1,0 +1,289 @@
+//! `fedweave._fedweave`: the Rust half of the `fedweave` Python package.
+//!
+//! It is deliberately thin (the polars / tokenizers shape): every function
+//! calls the library the `fedweave` binary calls, with the same messages,
+//! and returns plain Python values; `fedweave/__init__.py` turns them into
+//! `Run` objects, pandas frames and numpy arrays. Runs release the GIL and
+//! run on their own thread; the calling thread wakes every 100 ms to let
+//! Python deliver Ctrl-C, which stops the run at its next safe point with
+//! its checkpoint written (as SIGINT does to the binary) and then raises
+//! `KeyboardInterrupt` naming the directory to resume.
+
+use fedweave_sim::export::{TorchData, to_state_dict};
+use fedweave_sim::models::{ModelCard, Which, read_checked};
+use fedweave_sim::runtime::Derived;
+use fedweave_sim::{ExperimentConfig, RoundRecord, RunError};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::Duration;
+
+create_exception!(
+    _fedweave,
+    FedweaveError,
+    PyRuntimeError,
+    "A fedweave error: a bad config, missing data, a run that failed. The message is the command line's."
+);
+
+/// Any displayable error as a `FedweaveError` with its message.
+fn err(e: impl std::fmt::Display) -> PyErr {
+    FedweaveError::new_err(e.to_string())
+}
+
+/// Runs `job` on its own thread with the GIL released, polling Python's
+/// signal handlers meanwhile: Ctrl-C asks the run to stop after its round
+/// (`fedweave_sim::request_stop`) and the job is awaited, so its
+/// checkpoint is written before this returns.
+fn drive<T: Send + 'static>(
+    py: Python<'_>,
+    job: impl FnOnce() -> T + Send + 'static,
+) -> PyResult<T> {
+    fedweave_sim::clear_stop();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        // The receiver outlives the job unless Python itself is exiting.
+        let _ = tx.send(job());
+    });
+    let mut stopping = false;
+    let mut rx = Some(rx);
+    loop {
+        // The receiver is not `Sync`: it moves into the GIL-free closure and back.
+        let (got, back) = py.detach(move || {
+            let rx = rx.take().expect("the receiver is put back after each wait");
+            (rx.recv_timeout(Duration::from_millis(100)), rx)
+        });
+        rx = Some(back);
+        match got {
+            Ok(value) => return Ok(value),
+            Err(RecvTimeoutError::Timeout) => {
+                if !stopping && py.check_signals().is_err() {
+                    fedweave_sim::request_stop();
+                    stopping = true;
+                    eprintln!("stopping after the current round (its checkpoint is written)");
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(err("the run's thread ended without a result"));
+            }
+        }
+    }
+}
+
+/// A run's error as Python sees it: an interrupted run is a
+/// `KeyboardInterrupt` saying how to continue.
+fn run_err(e: RunError) -> PyErr {
+    match e {
+        RunError::Interrupted { round, dir } => PyKeyboardInterrupt::new_err(format!(
+            "run stopped after round {round} with its checkpoint written; fedweave.resume({:?}) continues it",
+            dir.display().to_string()
+        )),
+        other => err(other),
+    }
+}
+
+/// One line per round on stderr (what the binary prints when its output is
+/// not a terminal), or nothing when `quiet`.
+fn progress(total: usize, quiet: bool) -> impl FnMut(&RoundRecord) + Send + 'static {
+    move |r: &RoundRecord| {
+        if quiet {
+            return;
+        }
+        let acc = match (r.mean_val_acc, r.mean_val_mae) {
+            (Some(a), _) => format!("val acc {a:.4}"),
+            (None, Some(m)) => format!("val MAE {m:.4}"),
+            _ => String::new(),
+        };
+        eprintln!("round {}/{total} · {acc} · {:.1} s", r.round, r.seconds);
+    }
+}
+
+/// Runs an experiment; returns its directory. `text` is the config's TOML
+/// (`path` the file it came from, for messages and relative paths), with
+/// `overrides` (`dotted.key=value`) applied.
+#[pyfunction]
+#[pyo3(signature = (text, path=None, out=None, overrides=Vec::new(), overwrite=false, quiet=false))]
+fn run(
+    py: Python<'_>,
+    text: String,
+    path: Option<PathBuf>,
+    out: Option<PathBuf>,
+    overrides: Vec<String>,
+    overwrite: bool,
+    quiet: bool,
+) -> PyResult<String> {
+    let cfg = match &path {
+        Some(p) => ExperimentConfig::from_file(p, &overrides),
+        None => ExperimentConfig::from_toml_str(&text, &overrides),
+    }
+    .map_err(err)?;
+    let out = out.unwrap_or_else(|| fedweave_sim::default_out_dir(&cfg));
+    fedweave_sim::claim_out_dir(&out, overwrite).map_err(err)?;
+    let dir = out.clone();
+    let mut on_round = progress(cfg.rounds, quiet);
+    drive(py, move || {
+        fedweave_sim::run_experiment(&cfg, &dir, &mut on_round)
+    })?
+    .map_err(run_err)?;
+    Ok(out.display().to_string())
+}
+
+/// Continues the run in `dir` from its last checkpoint, to `rounds` rounds
+/// if given.
+#[pyfunction]
+#[pyo3(signature = (dir, rounds=None, quiet=false))]
+fn resume(py: Python<'_>, dir: PathBuf, rounds: Option<usize>, quiet: bool) -> PyResult<String> {
+    if !fedweave_sim::is_run_dir(&dir) {
+        return Err(run_err(RunError::NotARun { dir }));
+    }
+    let total = match rounds {
+        Some(r) => r,
+        None => {
+            ExperimentConfig::from_file(&dir.join("config.toml"), &[])
+                .map_err(err)?
+                .rounds
+        }
+    };
+    let at = dir.clone();
+    let mut on_round = progress(total, quiet);
+    drive(py, move || {
+        fedweave_sim::resume_experiment(&at, rounds, &mut on_round)
+    })?
+    .map_err(run_err)?;
+    Ok(dir.display().to_string())
+}
+
+/// Runs the sweep `grid` into `out` (`None`: next to the grid file) with
+/// `jobs` runs at once; returns the sweep's directory.
+#[pyfunction]
+#[pyo3(signature = (grid, out=None, jobs=1, quiet=false))]
+fn sweep(
+    py: Python<'_>,
+    grid: PathBuf,
+    out: Option<PathBuf>,
+    jobs: usize,
+    quiet: bool,
+) -> PyResult<String> {
+    if jobs == 0 {
+        return Err(err("jobs must be at least 1"));
+    }
+    let out = out.unwrap_or_else(|| fedweave_sweep::default_out(&grid));
+    let opts = fedweave_sweep::ExecOptions {
+        jobs,
+        quiet,
+        ..fedweave_sweep::ExecOptions::default()
+    };
+    let at = out.clone();
+    drive(py, move || {
+        fedweave_sweep::sweep(&grid, &at, &opts).map(|_| ())
+    })?
+    .map_err(err)?;
+    Ok(out.display().to_string())
+}
+
+/// One exported tensor: name, shape, dtype (`float32` / `int64`) and its
+/// little-endian bytes.
+type Tensor = (String, Vec<usize>, &'static str, Py<PyBytes>);
+
+/// The kept models of the run in `dir` (`which` = `best` or `last`): for
+/// every client that has one, its tensors under the names and shapes of
+/// `fedweave export` (PyTorch's `state_dict`).
+#[pyfunction]
+#[pyo3(signature = (dir, which="best"))]
+fn models(py: Python<'_>, dir: PathBuf, which: &str) -> PyResult<Vec<(usize, Vec<Tensor>)>> {
+    let which = match which {
+        "best" => Which::Best,
+        "last" => Which::Last,
+        other => {
+            return Err(err(format!(
+                "which must be \"best\" or \"last\", not {other:?}"
+            )));
+        }
+    };
+    let spec = ModelCard::read(&dir).map_err(err)?.spec().map_err(err)?;
+    let clients = fedweave_sim::export::run_clients(&dir).map_err(err)?;
+    let mut out = Vec::new();
+    for i in 0..clients {
+        if !fedweave_sim::models::model_path(&dir, which, i).is_file() {
+            continue;
+        }
+        let kept = read_checked(&dir, which, i).map_err(err)?;
+        let tensors = to_state_dict(&spec, &kept.model)
+            .into_iter()
+            .map(|t| {
+                let (dtype, bytes): (&'static str, Vec<u8>) = match &t.data {
+                    TorchData::F32(v) => {
+                        ("float32", v.iter().flat_map(|x| x.to_le_bytes()).collect())
+                    }
+                    TorchData::I64(v) => {
+                        ("int64", v.iter().flat_map(|x| x.to_le_bytes()).collect())
+                    }
+                };
+                (t.name, t.shape, dtype, PyBytes::new(py, &bytes).unbind())
+            })
+            .collect();
+        out.push((i, tensors));
+    }
+    Ok(out)
+}
+
+/// One client: benign, training, validation and test sizes, training
+/// label counts.
+type ClientRow = (bool, usize, usize, usize, Vec<usize>);
+
+/// Per client of the run in `dir`: whether it is benign, its training,
+/// validation and test sizes, and its training label counts (empty for
+/// forecasting). Derived from the run's config as the run derived it.
+#[pyfunction]
+fn clients(py: Python<'_>, dir: PathBuf) -> PyResult<Vec<ClientRow>> {
+    let cfg = ExperimentConfig::from_file(&dir.join("config.toml"), &[]).map_err(err)?;
+    let rows = drive(py, move || -> Result<_, RunError> {
+        let fed = Derived::load(&cfg)?;
+        let env = fed.env();
+        Ok((0..env.clients())
+            .map(|i| {
+                let data = fed.data(i);
+                (
+                    fed.is_benign(i),
+                    data.train.len(),
+                    data.val.len(),
+                    fed.test_data(i).len(),
+                    env.label_counts.get(i).cloned().unwrap_or_default(),
+                )
+            })
+            .collect())
+    })?;
+    rows.map_err(run_err)
+}
+
+/// The algorithms fedweave knows: (name, summary, reference).
+#[pyfunction]
+fn algorithms() -> Vec<(&'static str, &'static str, &'static str)> {
+    fedweave_algos::catalogue()
+        .iter()
+        .map(|i| (i.name, i.summary, i.reference))
+        .collect()
+}
+
+/// Whether `dir` holds a run.
+#[pyfunction]
+fn is_run_dir(dir: PathBuf) -> bool {
+    fedweave_sim::is_run_dir(Path::new(&dir))
+}
+
+/// The extension module.
+#[pymodule]
+fn _fedweave(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("FedweaveError", m.py().get_type::<FedweaveError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(run, m)?)?;
+    m.add_function(wrap_pyfunction!(resume, m)?)?;
+    m.add_function(wrap_pyfunction!(sweep, m)?)?;
+    m.add_function(wrap_pyfunction!(models, m)?)?;
+    m.add_function(wrap_pyfunction!(clients, m)?)?;
+    m.add_function(wrap_pyfunction!(algorithms, m)?)?;
+    m.add_function(wrap_pyfunction!(is_run_dir, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,232 @@
+"""The Python package against the files a run writes and against itself.
+
+Run from the repository root after `pip install ./python`:
+    python3 -m pytest python/tests
+"""
+
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy
+import pytest
+
+import fedweave
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "examples" / "quickstart.toml"
+# Small and fast: 6 digits clients, 2 classes each, a few steps a round.
+SMALL = {
+    "seed": 3,
+    "clients": 6,
+    "rounds": 3,
+    "threads": 2,
+    "data": {"dataset": "digits"},
+    "partition": {"kind": "pathological", "classes_per_client": 2},
+    "model": {"kind": "mlp"},
+    "train": {"local_iterations": 5, "batch_size": 16, "lr": 0.05},
+    "algorithm": {"name": "pfedgraph"},
+}
+
+
+def small(tmp_path, name="run", **overrides):
+    return fedweave.run(SMALL, tmp_path / name, quiet=True, **overrides)
+
+
+def records(run):
+    return [json.loads(l) for l in (run.dir / "rounds.jsonl").read_text().splitlines() if l.strip()]
+
+
+def test_run_attributes_match_the_files_on_disk(tmp_path):
+    run = small(tmp_path, **{"attack.kind": "sign_flip", "attack.ratio": 0.34})
+    summary = json.loads((run.dir / "summary.json").read_text())
+    assert run.summary == summary
+    assert summary["clients"] == 6 and summary["rounds"] == 3
+    assert summary["algorithm"] == "pfedgraph"
+
+    rows = records(run)
+    frame = run.rounds
+    assert list(frame["round"]) == [1, 2, 3]
+    for col in ("mean_val_acc", "mean_test_acc", "bytes_up", "bytes_down", "seconds"):
+        assert list(frame[col]) == [r[col] for r in rows], col
+    assert "graph" not in frame.columns
+
+    graphs = run.graphs
+    assert graphs.shape == (3, 6, 6)
+    assert numpy.array_equal(graphs, numpy.array([r["graph"] for r in rows]))
+    assert numpy.allclose(graphs.sum(axis=2), 1.0)
+    assert numpy.array_equal(graphs[-1], numpy.array(summary["final_graph"]))
+
+    clients = run.clients
+    assert list(clients.index) == list(range(6))
+    assert sorted(clients.index[clients["malicious"]]) == summary["malicious"]
+    benign = clients[~clients["malicious"]]
+    want = [a for a in summary["per_client_test_acc"] if a is not None]
+    assert list(benign["test_acc"]) == want
+    # Pathological with 2 classes: every client's training labels span 2 classes.
+    for counts, size in zip(clients["label_counts"], clients["train_size"]):
+        assert sum(counts) == size and sum(1 for c in counts if c > 0) == 2
+    assert run.report_path == run.dir / "report.html" and run.report_path.is_file()
+
+
+def read_safetensors(path):
+    """(name → array) of a safetensors file, read by hand (its format: an
+    8-byte header length, a JSON header, the data)."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        dtype = {"F32": "<f4", "I64": "<i8"}[info["dtype"]]
+        out[name] = numpy.frombuffer(raw[8 + n + start : 8 + n + end], dtype=dtype).reshape(info["shape"])
+    return out
+
+
+def fedweave_binary():
+    for profile in ("debug", "release"):
+        path = ROOT / "target" / profile / "fedweave"
+        if path.is_file():
+            return path
+    return shutil.which("fedweave")
+
+
+def test_models_are_the_exported_state_dicts(tmp_path):
+    run = small(tmp_path, **{"algorithm.name": "fedrep"})
+    best, last = run.models("best"), run.models("last")
+    assert sorted(best) == list(range(6)) and sorted(last) == list(range(6))
+    for i in range(6):
+        assert best[i]["fc1.weight"].shape == (200, 64)  # PyTorch's [out, in]
+        assert best[i]["fc3.bias"].shape == (10,)
+        same_round = run.clients.loc[i, "best_round"] == 3
+        equal = all(numpy.array_equal(best[i][k], last[i][k]) for k in best[i])
+        assert equal == same_round, i
+    binary = fedweave_binary()
+    if binary is None:
+        pytest.skip("no fedweave binary (cargo build) to export with")
+    out = tmp_path / "export"
+    subprocess.run([str(binary), "export", str(run.dir), "--out", str(out)], check=True, capture_output=True)
+    for i in range(6):
+        exported = read_safetensors(out / f"client-{i}.safetensors")
+        assert sorted(exported) == sorted(best[i])
+        for name, array in exported.items():
+            assert array.dtype == best[i][name].dtype and numpy.array_equal(array, best[i][name]), name
+    with pytest.raises(fedweave.FedweaveError, match="best.*last"):
+        run.models("middle")
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    whole = small(tmp_path, "whole", rounds=4)
+    part = small(tmp_path, "part", rounds=2)
+    resumed = fedweave.resume(part.dir, rounds=4, quiet=True)
+    assert resumed.dir == part.dir
+    a, b = whole.summary, resumed.summary
+    for key in ("per_client_test_acc", "mean_test_acc", "final_graph", "bytes_up", "bytes_down"):
+        assert a[key] == b[key], key
+    assert numpy.array_equal(whole.graphs, resumed.graphs)
+    assert fedweave.load(part.dir).summary == b
+
+
+def test_configs_as_path_text_and_mapping_run_the_same(tmp_path):
+    base = {**SMALL, "rounds": 2}
+    text = "\n".join(
+        [
+            "seed = 3",
+            "clients = 6",
+            "rounds = 2",
+            "threads = 2",
+            '[data]\ndataset = "digits"',
+            '[partition]\nkind = "pathological"\nclasses_per_client = 2',
+            '[model]\nkind = "mlp"',
+            "[train]\nlocal_iterations = 5\nbatch_size = 16\nlr = 0.05",
+            '[algorithm]\nname = "pfedgraph"',
+        ]
+    )
+    path = tmp_path / "cfg.toml"
+    path.write_text(text)
+    runs = [
+        fedweave.run(base, tmp_path / "a", quiet=True),
+        fedweave.run(text, tmp_path / "b", quiet=True),
+        fedweave.run(str(path), tmp_path / "c", quiet=True),
+        fedweave.run(path, tmp_path / "d", quiet=True),
+    ]
+    accs = [r.summary["per_client_test_acc"] for r in runs]
+    assert all(a == accs[0] for a in accs)
+    # An override changes the run as --set does.
+    other = fedweave.run(base, tmp_path / "e", quiet=True, **{"algorithm.name": "fedavg"})
+    assert other.summary["algorithm"] == "fedavg"
+    assert other.summary["per_client_test_acc"] != accs[0]
+
+
+def test_bad_input_is_a_clear_error(tmp_path):
+    with pytest.raises(fedweave.FedweaveError, match="train.lrr.*unknown key.*did you mean `train.lr`"):
+        fedweave.run(SMALL, tmp_path / "x", quiet=True, **{"train.lrr": 0.1})
+    with pytest.raises(fedweave.FedweaveError, match="unknown algorithm"):
+        fedweave.run(SMALL, tmp_path / "x", quiet=True, **{"algorithm.name": "fedfoo"})
+    with pytest.raises(fedweave.FedweaveError, match="finite"):
+        fedweave.run(SMALL, tmp_path / "x", quiet=True, **{"train.lr": float("nan")})
+    with pytest.raises(fedweave.FedweaveError, match="no such file"):
+        fedweave.run(tmp_path / "missing.toml")
+    with pytest.raises(fedweave.FedweaveError, match="not a run directory"):
+        fedweave.load(tmp_path)
+    with pytest.raises(fedweave.FedweaveError, match="not a run directory"):
+        fedweave.resume(tmp_path)
+    run = small(tmp_path, "taken", rounds=1)
+    with pytest.raises(fedweave.FedweaveError, match="already holds a run"):
+        small(tmp_path, "taken", rounds=1)
+    again = fedweave.run(SMALL, run.dir, quiet=True, overwrite=True, rounds=1)
+    assert again.summary["rounds"] == 1
+
+
+def test_ctrl_c_stops_at_a_safe_point_and_resume_finishes_the_run(tmp_path):
+    out = tmp_path / "stopped"
+    script = (
+        "import sys, fedweave\n"
+        f"cfg = {SMALL!r}\n"
+        "try:\n"
+        f"    fedweave.run(cfg, {str(out)!r}, rounds=40, **{{'train.local_iterations': 40}})\n"
+        "except KeyboardInterrupt as e:\n"
+        "    print('interrupted:', e)\n"
+        "    sys.exit(3)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Wait for the first round, then press Ctrl-C.
+    for line in proc.stderr:
+        if line.startswith("round 1/"):
+            break
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 3, stdout + stderr
+    assert "checkpoint" in stdout and "fedweave.resume" in stdout
+    done = len(records(fedweave.load(out)))
+    assert 1 <= done < 40
+    resumed = fedweave.resume(out, quiet=True)
+    whole = fedweave.run(SMALL, tmp_path / "whole", quiet=True, rounds=40, **{"train.local_iterations": 40})
+    assert resumed.summary["per_client_test_acc"] == whole.summary["per_client_test_acc"]
+    assert resumed.summary["final_graph"] == whole.summary["final_graph"]
+
+
+def test_sweep_returns_its_results_table(tmp_path):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        f'base = {json.dumps(str(QUICKSTART))}\nseeds = [1]\n[set]\nrounds = 1\nclients = 4\n'
+        '"train.local_iterations" = 2\n[grid]\n"algorithm.name" = ["fedavg", "local"]\n'
+    )
+    table = fedweave.sweep(grid, tmp_path / "sweep", quiet=True)
+    assert sorted(table["algorithm.name"]) == ["fedavg", "local"]
+    assert len(table) == 2 and table["mean_test_acc"].between(0, 1).all()
+    # Finished runs are skipped: the same table again.
+    again = fedweave.sweep(grid, tmp_path / "sweep", quiet=True)
+    assert again["mean_test_acc"].tolist() == table["mean_test_acc"].tolist()
+
+
+def test_algorithms_lists_the_registry():
+    names = set(fedweave.algorithms()["name"])
+    assert {"pfedgraph", "sfl", "feddwa", "fedaghn", "dpfl", "fedavg"} <= names
