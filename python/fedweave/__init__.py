@@ -23,7 +23,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 from . import _fedweave
 from ._fedweave import FedweaveError
@@ -92,9 +92,36 @@ def _config(config: Config) -> tuple:
     raise TypeError("config must be a path, TOML text or a mapping")
 
 
+GraphRule = Callable[["numpy.ndarray", "numpy.ndarray", int, Dict[str, Any]], Any]  # noqa: F821
+
+
+def _rule_adapter(rule: GraphRule) -> Callable[..., tuple]:
+    """The callable the Rust server calls each round: numpy in, W out.
+
+    ``rule(uploads, sizes, round, state)`` gets the participants' models as
+    a ``[participants, d]`` float32 array (read-only), their data sizes, the
+    round (from 1) and its state dict (persisted between rounds as JSON, so
+    it must hold JSON values; checkpoints carry it), and returns W
+    (participants × participants). ``rule.layers`` is not used: the array's
+    columns follow the model's layout (``Run.models`` names its tensors).
+    """
+    import numpy
+
+    def call(models, p, d, sizes, round, participants, layers, state):
+        uploads = numpy.frombuffer(models, dtype="<f4").reshape(p, d)
+        st = json.loads(state)
+        w = numpy.asarray(rule(uploads, numpy.asarray(sizes, dtype=numpy.int64), round, st), dtype=numpy.float64)
+        if w.shape != (p, p):
+            raise ValueError(f"graph_rule returned W of shape {w.shape}, expected ({p}, {p}) for the round's participants")
+        return w.tolist(), json.dumps(st)
+
+    return call
+
+
 def run(
     config: Config,
     out: Optional[Union[str, "os.PathLike[str]"]] = None,
+    graph_rule: Optional[GraphRule] = None,
     *,
     overwrite: bool = False,
     quiet: bool = False,
@@ -108,9 +135,18 @@ def run(
     ``fedweave.run(cfg, rounds=5, **{"train.lr": 0.05})``. ``out`` defaults
     to a fresh directory under ``runs/``; an existing run there is refused
     unless ``overwrite``.
+
+    ``graph_rule(uploads, sizes, round, state) -> W`` makes the server's
+    graph rule a Python function (the method ``graph-rule``): fedweave checks
+    W (finite, non-negative, rows summing to 1), mixes, and trains the
+    clients; a bad W stops the run with a :class:`FedweaveError` naming the
+    round. ``**{"algorithm.evaluate": "received"}`` scores the mixed models
+    instead of the trained ones.
     """
     text, path, base = _config(config)
     sets = base + _overrides(overrides)
+    if graph_rule is not None:
+        sets.append('algorithm.name="graph-rule"')
     where = _fedweave.run(
         text,
         path=path,
@@ -118,14 +154,23 @@ def run(
         overrides=sets,
         overwrite=overwrite,
         quiet=quiet,
+        rule=None if graph_rule is None else _rule_adapter(graph_rule),
     )
     return Run(where)
 
 
-def resume(dir: Union[str, "os.PathLike[str]"], rounds: Optional[int] = None, *, quiet: bool = False) -> "Run":
+def resume(
+    dir: Union[str, "os.PathLike[str]"],
+    rounds: Optional[int] = None,
+    graph_rule: Optional[GraphRule] = None,
+    *,
+    quiet: bool = False,
+) -> "Run":
     """Continues the run in ``dir`` from its last checkpoint (to ``rounds``
-    rounds if given); the result equals an uninterrupted run."""
-    return Run(_fedweave.resume(os.fspath(dir), rounds=rounds, quiet=quiet))
+    rounds if given); the result equals an uninterrupted run. A
+    ``graph-rule`` run needs its ``graph_rule`` again."""
+    rule = None if graph_rule is None else _rule_adapter(graph_rule)
+    return Run(_fedweave.resume(os.fspath(dir), rounds=rounds, quiet=quiet, rule=rule))
 
 
 def load(dir: Union[str, "os.PathLike[str]"]) -> "Run":

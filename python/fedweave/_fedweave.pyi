@@ -1,6 +1,6 @@
 """Type stubs of the extension module (the Rust half of `fedweave`)."""
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 __version__: str
 
@@ -14,10 +14,12 @@ def run(
     overrides: Sequence[str] = ...,
     overwrite: bool = False,
     quiet: bool = False,
+    rule: Optional[Callable[..., Any]] = None,
 ) -> str:
-    """Runs an experiment (TOML `text`, or the file `path`) with `overrides`; returns its directory."""
+    """Runs an experiment (TOML `text`, or the file `path`) with `overrides`; returns its directory.
+    `rule` (from `fedweave._rule_adapter`) is the server's graph rule of a `graph-rule` run."""
 
-def resume(dir: str, rounds: Optional[int] = None, quiet: bool = False) -> str:
+def resume(dir: str, rounds: Optional[int] = None, quiet: bool = False, rule: Optional[Callable[..., Any]] = None) -> str:
     """Continues the run in `dir`; returns its directory."""
 
 def sweep(grid: str, out: Optional[str] = None, jobs: int = 1, quiet: bool = False) -> str:

@@ -9,6 +9,7 @@
 //! its checkpoint written (as SIGINT does to the binary) and then raises
 //! `KeyboardInterrupt` naming the directory to resume.
 
+use fedweave_algos::graph_rule::{self, Rule, RuleInput};
 use fedweave_sim::export::{TorchData, to_state_dict};
 use fedweave_sim::models::{ModelCard, Which, read_checked};
 use fedweave_sim::runtime::Derived;
@@ -17,7 +18,9 @@ use pyo3::create_exception;
 use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
 
@@ -44,8 +47,11 @@ fn drive<T: Send + 'static>(
     fedweave_sim::clear_stop();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        // The receiver outlives the job unless Python itself is exiting.
-        let _ = tx.send(job());
+        // A graph rule that fails stops its run by panicking out of the
+        // round (the protocol has no error path there): its message
+        // becomes the Python exception. The receiver outlives the job
+        // unless Python itself is exiting.
+        let _ = tx.send(std::panic::catch_unwind(AssertUnwindSafe(job)));
     });
     let mut stopping = false;
     let mut rx = Some(rx);
@@ -57,7 +63,15 @@ fn drive<T: Send + 'static>(
         });
         rx = Some(back);
         match got {
-            Ok(value) => return Ok(value),
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(panic)) => {
+                let message = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "the run stopped on an internal error".into());
+                return Err(err(message));
+            }
             Err(RecvTimeoutError::Timeout) => {
                 if !stopping && py.check_signals().is_err() {
                     fedweave_sim::request_stop();
@@ -84,6 +98,53 @@ fn run_err(e: RunError) -> PyErr {
     }
 }
 
+/// A graph rule written in Python: `adapter(models, p, d, sizes, round,
+/// participants, layers, state)` (made by `fedweave._rule_adapter` from the
+/// user's `fn(uploads, sizes, round, state) -> W`) returns `(W, state)`.
+struct PyRule {
+    adapter: Py<PyAny>,
+}
+
+impl Rule for PyRule {
+    fn weights(&self, input: &RuleInput, state: &str) -> Result<(Vec<Vec<f64>>, String), String> {
+        Python::attach(|py| {
+            let d = input.models.first().map_or(0, |m| m.len());
+            let mut raw = Vec::with_capacity(4 * d * input.models.len());
+            for m in input.models {
+                raw.extend(m.iter().flat_map(|x| x.to_le_bytes()));
+            }
+            let layers: Vec<(String, usize, usize)> = input
+                .layers
+                .iter()
+                .map(|(n, r)| (n.clone(), r.start, r.end))
+                .collect();
+            let args = (
+                PyBytes::new(py, &raw),
+                input.models.len(),
+                d,
+                input.sizes.to_vec(),
+                input.round,
+                input.participants.to_vec(),
+                layers,
+                state,
+            );
+            self.adapter
+                .call1(py, args)?
+                .extract::<(Vec<Vec<f64>>, String)>(py)
+        })
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// Installs `rule` (a Python adapter) for the run `job` drives, removing it
+/// after.
+fn with_rule<T>(rule: Option<Py<PyAny>>, job: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    graph_rule::install(rule.map(|adapter| Arc::new(PyRule { adapter }) as Arc<dyn Rule>));
+    let out = job();
+    graph_rule::install(None);
+    out
+}
+
 /// One line per round on stderr (what the binary prints when its output is
 /// not a terminal), or nothing when `quiet`.
 fn progress(total: usize, quiet: bool) -> impl FnMut(&RoundRecord) + Send + 'static {
@@ -104,7 +165,8 @@ fn progress(total: usize, quiet: bool) -> impl FnMut(&RoundRecord) + Send + 'sta
 /// (`path` the file it came from, for messages and relative paths), with
 /// `overrides` (`dotted.key=value`) applied.
 #[pyfunction]
-#[pyo3(signature = (text, path=None, out=None, overrides=Vec::new(), overwrite=false, quiet=false))]
+#[pyo3(signature = (text, path=None, out=None, overrides=Vec::new(), overwrite=false, quiet=false, rule=None))]
+#[allow(clippy::too_many_arguments)]
 fn run(
     py: Python<'_>,
     text: String,
@@ -113,6 +175,7 @@ fn run(
     overrides: Vec<String>,
     overwrite: bool,
     quiet: bool,
+    rule: Option<Py<PyAny>>,
 ) -> PyResult<String> {
     let cfg = match &path {
         Some(p) => ExperimentConfig::from_file(p, &overrides),
@@ -123,18 +186,26 @@ fn run(
     fedweave_sim::claim_out_dir(&out, overwrite).map_err(err)?;
     let dir = out.clone();
     let mut on_round = progress(cfg.rounds, quiet);
-    drive(py, move || {
-        fedweave_sim::run_experiment(&cfg, &dir, &mut on_round)
-    })?
-    .map_err(run_err)?;
+    with_rule(rule, || {
+        drive(py, move || {
+            fedweave_sim::run_experiment(&cfg, &dir, &mut on_round)
+        })?
+        .map_err(run_err)
+    })?;
     Ok(out.display().to_string())
 }
 
 /// Continues the run in `dir` from its last checkpoint, to `rounds` rounds
 /// if given.
 #[pyfunction]
-#[pyo3(signature = (dir, rounds=None, quiet=false))]
-fn resume(py: Python<'_>, dir: PathBuf, rounds: Option<usize>, quiet: bool) -> PyResult<String> {
+#[pyo3(signature = (dir, rounds=None, quiet=false, rule=None))]
+fn resume(
+    py: Python<'_>,
+    dir: PathBuf,
+    rounds: Option<usize>,
+    quiet: bool,
+    rule: Option<Py<PyAny>>,
+) -> PyResult<String> {
     if !fedweave_sim::is_run_dir(&dir) {
         return Err(run_err(RunError::NotARun { dir }));
     }
@@ -148,10 +219,12 @@ fn resume(py: Python<'_>, dir: PathBuf, rounds: Option<usize>, quiet: bool) -> P
     };
     let at = dir.clone();
     let mut on_round = progress(total, quiet);
-    drive(py, move || {
-        fedweave_sim::resume_experiment(&at, rounds, &mut on_round)
-    })?
-    .map_err(run_err)?;
+    with_rule(rule, || {
+        drive(py, move || {
+            fedweave_sim::resume_experiment(&at, rounds, &mut on_round)
+        })?
+        .map_err(run_err)
+    })?;
     Ok(dir.display().to_string())
 }
 

@@ -230,3 +230,45 @@ def test_sweep_returns_its_results_table(tmp_path):
 def test_algorithms_lists_the_registry():
     names = set(fedweave.algorithms()["name"])
     assert {"pfedgraph", "sfl", "feddwa", "fedaghn", "dpfl", "fedavg"} <= names
+
+
+def fedavg_rule(uploads, sizes, round, state):
+    """FedAvg's W: every row the data-size weights p; counts its rounds in
+    its state, which must survive between rounds (and resumes)."""
+    assert state.get("rounds", 0) == round - 1, (state, round)
+    state["rounds"] = round
+    p = sizes / sizes.sum()
+    return numpy.tile(p, (len(sizes), 1))
+
+
+def test_a_python_rule_with_fedavg_weights_is_fedavg(tmp_path):
+    received = {"algorithm.evaluate": "received"}
+    ours = fedweave.run(SMALL, tmp_path / "rule", graph_rule=fedavg_rule, quiet=True, **received)
+    theirs = small(tmp_path, "fedavg", **{"algorithm.name": "fedavg"})
+    assert ours.summary["algorithm"] == "graph-rule"
+    assert ours.summary["per_client_test_acc"] == theirs.summary["per_client_test_acc"]
+    assert numpy.array_equal(ours.graphs, theirs.graphs)
+    assert ours.summary["bytes_up"] == theirs.summary["bytes_up"]
+    # Its state is checkpointed: stopped after 2 rounds and resumed, the
+    # rule sees its round count continue (it asserts so) and the result is
+    # the uninterrupted run's.
+    part = fedweave.run(SMALL, tmp_path / "part", graph_rule=fedavg_rule, quiet=True, rounds=2, **received)
+    resumed = fedweave.resume(part.dir, rounds=3, graph_rule=fedavg_rule, quiet=True)
+    assert resumed.summary["per_client_test_acc"] == ours.summary["per_client_test_acc"]
+    with pytest.raises(fedweave.FedweaveError, match="no graph rule is installed"):
+        fedweave.resume(part.dir, rounds=4, quiet=True)
+
+
+@pytest.mark.parametrize(
+    "rule, message",
+    [
+        (lambda u, s, r, st: numpy.ones((2, 2)) / 2, r"graph_rule, round 1: .*shape \(2, 2\), expected \(6, 6\)"),
+        (lambda u, s, r, st: numpy.full((6, 6), numpy.nan), r"graph_rule, round 1: W\[0\]\[0\] = NaN"),
+        (lambda u, s, r, st: numpy.eye(6) * 0.5, r"graph_rule, round 1: row 0 of W sums to 0.5"),
+        (lambda u, s, r, st: -numpy.eye(6) + 2 / 6, r"graph_rule, round 1: W\[0\]\[0\] = -0.6"),
+        (lambda u, s, r, st: 1 / 0, r"graph_rule, round 1: ZeroDivisionError"),
+    ],
+)
+def test_a_bad_rule_is_a_clear_error_naming_the_round(tmp_path, rule, message):
+    with pytest.raises(fedweave.FedweaveError, match=message):
+        fedweave.run(SMALL, tmp_path / "bad", graph_rule=rule, quiet=True)

@@ -12,6 +12,7 @@
 //!   [`moon`];
 //! - collaboration graphs: [`pfedgraph`], [`feddwa`], [`fedaghn`], [`sfl`],
 //!   [`dpfl`] (peer to peer, with [`ggc`]), [`fedamp`] (FedAMP, HeurFedAMP);
+//!   [`graph_rule`] (a rule supplied at run time, e.g. from Python);
 //! - personalised models: [`ditto`], [`apfl`], [`fedala`], [`perfedavg`],
 //!   [`pfedme`];
 //! - split models, sharing one part through [`split`]: [`fedrep`],
@@ -59,6 +60,7 @@ pub mod fedproto;
 pub mod fedrep;
 pub mod fedrod;
 pub mod ggc;
+pub mod graph_rule;
 pub mod hypernet;
 pub mod ifca;
 pub mod knnper;

@@ -117,6 +117,7 @@ registry!(
     fedaghn::FedAghn[split],
     sfl::Sfl[split],
     dpfl::Dpfl,
+    graph_rule::GraphRule,
     ditto::Ditto,
     apfl::Apfl,
     fedala::FedAla,

@@ -79,6 +79,13 @@ impl CollaborationGraph {
         }
     }
 
+    /// Replaces row `i` by `row` as given, for rows their maker has checked
+    /// to be stochastic (a rule's W, whose bits the graph should keep).
+    pub fn put_row(&mut self, i: usize, row: &[f64]) {
+        let n = self.n;
+        self.weights[i * n..(i + 1) * n].copy_from_slice(row);
+    }
+
     /// θ̃_i = Σ_j W_ij θ_j, written into `out`.
     pub fn mix_into(&self, i: usize, models: &[&[f32]], out: &mut [f32]) {
         weighted_sum(self.row(i), models, out);

@@ -1,0 +1,246 @@
+//! `graph-rule`: a server whose graph rule is supplied at run time — from
+//! Python, `fedweave.run(config, graph_rule=fn)` — while fedweave trains the
+//! clients, mixes, attacks, logs and checkpoints as for any method.
+//!
+//! Graph rule: the installed [`Rule`] receives the round's participants'
+//! uploaded models (`[participants, d]`), their data sizes, the round and
+//! its own state (JSON text, kept in the server state so checkpoints and
+//! resume carry it) and returns W over the participants. W is checked —
+//! participants × participants, finite, non-negative, rows summing to 1
+//! (within 1e-6) — and used as given, and each participant receives
+//! Σ_j W_ij θ_j (absent
+//! clients keep their models, identity rows). Local objective:
+//! cross-entropy from the received model. `evaluate = "trained"` (default)
+//! scores the model after local training, `"received"` the mixed model
+//! (FedAvg's point: with W's rows all p, this is `fedavg` bit for bit).
+//!
+//! The rule is process-wide ([`install`]), as the stop flag is: whoever
+//! drives a run (the Python package) installs it before and removes it
+//! after. A rule that fails or returns a bad W stops the run with its
+//! message and the round, before the round is committed.
+
+use crate::Checked;
+use crate::params::{Validate, params};
+use crate::{
+    AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, RoundOutcome, Trained, ids_of,
+    mix_rows, models_of,
+};
+use fedweave_core::CollaborationGraph;
+use serde::{Deserialize, Serialize};
+use std::sync::{Arc, Mutex};
+
+/// What a rule sees in one round.
+pub struct RuleInput<'a> {
+    /// The round, from 1.
+    pub round: usize,
+    /// The participants, ascending.
+    pub participants: &'a [usize],
+    /// Their uploaded models, in the same order.
+    pub models: &'a [&'a [f32]],
+    /// Their training-set sizes.
+    pub sizes: &'a [usize],
+    /// The model's layer groups (name, element range), for per-layer rules.
+    pub layers: Vec<(String, std::ops::Range<usize>)>,
+}
+
+/// A graph rule supplied at run time.
+pub trait Rule: Send + Sync {
+    /// W over the participants (row i: how participant i mixes them), and
+    /// the rule's new state; `state` is its state after the previous round
+    /// (`"{}"` before the first). `Err` stops the run with the message.
+    fn weights(&self, input: &RuleInput, state: &str) -> Result<(Vec<Vec<f64>>, String), String>;
+}
+
+static RULE: Mutex<Option<Arc<dyn Rule>>> = Mutex::new(None);
+
+/// Makes `rule` the graph rule of `graph-rule` runs in this process
+/// (`None` removes it).
+pub fn install(rule: Option<Arc<dyn Rule>>) {
+    *RULE.lock().unwrap_or_else(|e| e.into_inner()) = rule;
+}
+
+fn installed() -> Option<Arc<dyn Rule>> {
+    RULE.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Which model the protocol scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Evaluate {
+    /// After local training (personalised methods).
+    Trained,
+    /// The mixed model as received (FedAvg's point).
+    Received,
+}
+
+params! {
+    /// Parameters of `graph-rule`.
+    pub struct GraphRuleParams {
+        /// Which model is scored.
+        pub evaluate: Evaluate = Evaluate::Trained,
+    }
+}
+
+impl Validate for GraphRuleParams {}
+
+/// The rule's state between rounds (checkpointed with the server).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RuleState {
+    /// The rule's own state, JSON text.
+    pub json: String,
+}
+
+impl Default for RuleState {
+    fn default() -> Self {
+        Self { json: "{}".into() }
+    }
+}
+
+/// The `graph-rule` method.
+pub struct GraphRule {
+    rule: Arc<dyn Rule>,
+    evaluate: Evaluate,
+}
+
+/// `Err` unless `w` is an `n` × `n` row-stochastic matrix.
+pub fn check_weights(w: &[Vec<f64>], n: usize) -> Result<(), String> {
+    if w.len() != n {
+        return Err(format!("W has {} rows for {n} participants", w.len()));
+    }
+    for (i, row) in w.iter().enumerate() {
+        if row.len() != n {
+            return Err(format!(
+                "row {i} of W has {} entries for {n} participants",
+                row.len()
+            ));
+        }
+        if let Some(j) = row.iter().position(|x| !x.is_finite() || *x < 0.0) {
+            return Err(format!(
+                "W[{i}][{j}] = {} (entries must be finite and ≥ 0)",
+                row[j]
+            ));
+        }
+        let sum: f64 = row.iter().sum();
+        if (sum - 1.0).abs() > 1e-6 {
+            return Err(format!("row {i} of W sums to {sum}, not 1"));
+        }
+    }
+    Ok(())
+}
+
+impl Algorithm for GraphRule {
+    const NAMES: &'static [Info] = &[Info {
+        name: "graph-rule",
+        summary: "W from a rule supplied at run time (Python: fedweave.run(cfg, graph_rule=fn)), checked row-stochastic; participants receive Σ_j W_ij θ_j; cross-entropy from the received model",
+        reference: "—",
+    }];
+    type Params = GraphRuleParams;
+    type Client = Model;
+    type Server = RuleState;
+    type Down = Vec<f32>;
+    type Up = Vec<f32>;
+
+    fn new(
+        name: &'static str,
+        params: Checked<GraphRuleParams>,
+        _: &Env,
+    ) -> Result<Self, AlgoError> {
+        let rule = installed().ok_or_else(|| AlgoError::Unsupported {
+            algorithm: name.to_string(),
+            message: "no graph rule is installed: graph-rule runs from Python, \
+                      fedweave.run(config, graph_rule=fn)"
+                .into(),
+        })?;
+        Ok(Self {
+            rule,
+            evaluate: params.evaluate,
+        })
+    }
+
+    fn init_client(&self, env: &Env, _: usize) -> Model {
+        env.initial_model()
+    }
+
+    fn local_round(&self, env: &Env, cx: &mut ClientCx, model: &mut Model) -> Trained<Vec<f32>> {
+        let train_loss = cx.train_plain(env, model, &[]);
+        Trained {
+            up: model.params.clone(),
+            train_loss,
+        }
+    }
+
+    fn aggregate(
+        &self,
+        env: &Env,
+        state: &mut RuleState,
+        round: usize,
+        uploads: &[(usize, Vec<f32>)],
+    ) -> RoundOutcome<Vec<f32>> {
+        let participants = ids_of(uploads);
+        let models = models_of(uploads);
+        let input = RuleInput {
+            round,
+            participants: &participants,
+            models: &models,
+            sizes: &participants
+                .iter()
+                .map(|&i| env.sizes[i])
+                .collect::<Vec<_>>(),
+            layers: env
+                .spec
+                .layout()
+                .groups()
+                .iter()
+                .map(|g| (g.name.clone(), g.range.clone()))
+                .collect(),
+        };
+        let (w, json) = self
+            .rule
+            .weights(&input, &state.json)
+            .and_then(|(w, json)| check_weights(&w, participants.len()).map(|()| (w, json)))
+            // The protocol has no error path out of a round: the run stops
+            // here, before the round is committed, and the driver reports it.
+            .unwrap_or_else(|e| panic!("graph_rule, round {round}: {e}"));
+        state.json = json;
+        // W as the rule gave it (checked within 1e-6 of stochastic rows), not
+        // renormalised: FedAvg's p in numpy must give FedAvg's graph bits.
+        let mut graph = CollaborationGraph::identity(env.clients());
+        for (row, &i) in w.iter().zip(&participants) {
+            let mut full = vec![0.0; env.clients()];
+            for (x, &j) in row.iter().zip(&participants) {
+                full[j] = *x;
+            }
+            graph.put_row(i, &full);
+        }
+        let downloads = mix_rows(env.kernels, &graph, &participants, &models);
+        RoundOutcome::new(graph, downloads)
+    }
+
+    fn receive(&self, _: &Env, model: &mut Model, mixed: Vec<f32>) {
+        model.params = mixed;
+    }
+
+    fn eval_point(&self) -> EvalPoint {
+        match self.evaluate {
+            Evaluate::Trained => EvalPoint::AfterTraining,
+            Evaluate::Received => EvalPoint::AfterReceive,
+        }
+    }
+}
+
+/// `graph-rule` without a rule is refused; a rule's bad W names what is wrong.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weights_must_be_square_finite_non_negative_and_row_stochastic() {
+        assert_eq!(check_weights(&[vec![0.5, 0.5], vec![0.0, 1.0]], 2), Ok(()));
+        let e = |w: &[Vec<f64>]| check_weights(w, 2).unwrap_err();
+        assert!(e(&[vec![1.0, 0.0]]).contains("1 rows for 2"));
+        assert!(e(&[vec![1.0], vec![1.0]]).contains("row 0 of W has 1 entries"));
+        assert!(e(&[vec![1.0, 0.0], vec![f64::NAN, 1.0]]).contains("W[1][0] = NaN"));
+        assert!(e(&[vec![1.5, -0.5], vec![0.0, 1.0]]).contains("W[0][1] = -0.5"));
+        assert!(e(&[vec![0.5, 0.4], vec![0.0, 1.0]]).contains("row 0 of W sums to 0.9"));
+    }
+}
