@@ -32,6 +32,7 @@ __all__ = [
     "FedweaveError",
     "Run",
     "algorithms",
+    "initial_model",
     "load",
     "resume",
     "run",
@@ -191,6 +192,17 @@ def sweep(
 
     where = _fedweave.sweep(os.fspath(grid), out=None if out is None else os.fspath(out), jobs=jobs, quiet=quiet)
     return pandas.read_csv(Path(where) / "results.csv")
+
+
+def initial_model(config: Config, **overrides: Any) -> "numpy.ndarray":  # noqa: F821
+    """The model every client of ``config`` starts from, flat (float32, in
+    the order of the uploads a graph rule receives): θ_init for rules that,
+    like pFedGraph's, compare models by how far they moved."""
+    import numpy
+
+    text, path, base = _config(config)
+    raw = _fedweave.initial_model(text, path=path, overrides=base + _overrides(overrides))
+    return numpy.frombuffer(raw, dtype="<f4").copy()
 
 
 def algorithms() -> "pandas.DataFrame":  # noqa: F821

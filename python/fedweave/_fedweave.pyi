@@ -36,3 +36,6 @@ def algorithms() -> List[Tuple[str, str, str]]:
 
 def is_run_dir(dir: str) -> bool:
     """Whether `dir` holds a run."""
+
+def initial_model(text: str, path: Optional[str] = None, overrides: Sequence[str] = ...) -> bytes:
+    """The clients' common initial model (little-endian float32, layout order)."""

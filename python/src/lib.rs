@@ -331,6 +331,29 @@ fn clients(py: Python<'_>, dir: PathBuf) -> PyResult<Vec<ClientRow>> {
     rows.map_err(run_err)
 }
 
+/// The model every client of the config starts from (θ_init of pFedGraph's
+/// similarity), flat in the layout's order, as little-endian `f32` bytes.
+#[pyfunction]
+#[pyo3(signature = (text, path=None, overrides=Vec::new()))]
+fn initial_model(
+    py: Python<'_>,
+    text: String,
+    path: Option<PathBuf>,
+    overrides: Vec<String>,
+) -> PyResult<Py<PyBytes>> {
+    let cfg = match &path {
+        Some(p) => ExperimentConfig::from_file(p, &overrides),
+        None => ExperimentConfig::from_toml_str(&text, &overrides),
+    }
+    .map_err(err)?;
+    let init = drive(py, move || {
+        Derived::load(&cfg).map(|fed| fed.env().init.to_vec())
+    })?
+    .map_err(run_err)?;
+    let raw: Vec<u8> = init.iter().flat_map(|x| x.to_le_bytes()).collect();
+    Ok(PyBytes::new(py, &raw).unbind())
+}
+
 /// The algorithms fedweave knows: (name, summary, reference).
 #[pyfunction]
 fn algorithms() -> Vec<(&'static str, &'static str, &'static str)> {
@@ -357,6 +380,7 @@ fn _fedweave(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(models, m)?)?;
     m.add_function(wrap_pyfunction!(clients, m)?)?;
     m.add_function(wrap_pyfunction!(algorithms, m)?)?;
+    m.add_function(wrap_pyfunction!(initial_model, m)?)?;
     m.add_function(wrap_pyfunction!(is_run_dir, m)?)?;
     Ok(())
 }
