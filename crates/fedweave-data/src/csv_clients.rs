@@ -11,13 +11,11 @@
 //! samples of a client are the same either way, so a networked run equals
 //! the simulation bit for bit.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::dataset::{Dataset, InputKind, NaturalClient, Split, Task};
+use crate::files::{client_dir, id_template};
 use crate::{DataConfig, DataError};
-
-/// The path placeholder for the client id.
-const ID: &str = "{id}";
 
 /// Loads the `clients` clients' files, or only those in `hosted`.
 pub(crate) fn load(
@@ -25,24 +23,7 @@ pub(crate) fn load(
     clients: usize,
     hosted: Option<&[usize]>,
 ) -> Result<Dataset, DataError> {
-    let template = cfg.path.as_deref().ok_or_else(|| {
-        DataError::config(
-            "data.path",
-            "dataset csv needs data.path: a directory per client with {id} in it, e.g. \"clients/{id}\", each holding train.csv and test.csv",
-        )
-    })?;
-    let template = template
-        .to_str()
-        .filter(|t| t.contains(ID))
-        .ok_or_else(|| {
-            DataError::config(
-                "data.path",
-                format!(
-                    "dataset csv: {} has no {ID} placeholder for the client id",
-                    template.display()
-                ),
-            )
-        })?;
+    let template = id_template(cfg)?;
     if cfg.max_train_samples.is_some() {
         return Err(DataError::config(
             "data.max_train_samples",
@@ -67,7 +48,7 @@ pub(crate) fn load(
             });
             continue;
         }
-        let dir = PathBuf::from(template.replace(ID, &id.to_string()));
+        let dir = client_dir(template, id);
         let start = (train.labels.len(), test.labels.len());
         read_csv(&dir.join("train.csv"), classes, &mut width, &mut train)?;
         read_csv(&dir.join("test.csv"), classes, &mut width, &mut test)?;

@@ -4,6 +4,7 @@ mod cifar;
 mod config;
 mod emnist;
 mod idx;
+mod images;
 mod leaf;
 mod movielens;
 mod paper_partitions;
