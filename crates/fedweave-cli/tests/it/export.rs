@@ -394,13 +394,13 @@ fn an_image_folder_run_learns_and_predict_reads_its_images() {
         "seed = 3\nclients = 3\nrounds = 2\nthreads = 2\n[data]\ndataset = \"image-folder\"\npath = {:?}\nimage_size = 4\nmean = [0.5, 0.5, 0.5]\nstd = [0.25, 0.25, 0.25]\n[partition]\nkind = \"natural\"\n[model]\nkind = \"mlp\"\n[train]\nlocal_iterations = 10\nbatch_size = 8\nlr = 0.05\n[algorithm]\nname = \"fedavg\"\n",
         template.to_str().unwrap()
     );
-    let run = run(tmp.path(), &config, &[]);
-    let text = std::fs::read_to_string(Path::new(&run).join("summary.json")).unwrap();
-    let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let image_run = run(tmp.path(), &config, &[]);
+    let json = std::fs::read_to_string(Path::new(&image_run).join("summary.json")).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&json).unwrap();
     let acc = summary["mean_test_acc"].as_f64().unwrap();
     assert!(acc > 0.8, "mean test accuracy {acc} on separable images");
     // Client 0's six test images, by fedweave's own forward pass.
-    let (_, _, classes) = samples(&run, 0, 6);
+    let (_, _, classes) = samples(&image_run, 0, 6);
     let want: Vec<String> = classes.iter().map(usize::to_string).collect();
     // One image at a time, then a directory of copies named in that order.
     let each: Vec<String> = test_images
@@ -408,7 +408,7 @@ fn an_image_folder_run_learns_and_predict_reads_its_images() {
         .flat_map(|f| {
             predicted(&[
                 "predict",
-                &run,
+                &image_run,
                 "--client",
                 "0",
                 "--input",
@@ -425,7 +425,7 @@ fn an_image_folder_run_learns_and_predict_reads_its_images() {
     std::fs::write(dir.join("readme.txt"), "not an image").unwrap();
     let args = [
         "predict",
-        &run,
+        &image_run,
         "--client",
         "0",
         "--input",
