@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use crate::files::{need_path, not_found, sorted_entries};
 use crate::images::{ImagePrep, decode_all, is_image};
-use crate::{DataConfig, DataError, Dataset, InputKind, Split, Task};
+use crate::{DataConfig, DataError, Dataset, Split};
 
 /// The class folders, in label order.
 pub(crate) const CLASSES: [&str; 10] = [
@@ -52,18 +52,13 @@ pub(crate) fn load(cfg: &DataConfig) -> Result<Dataset, DataError> {
         }
         decode_all(&files, &prep, [SIDE, SIDE], "CINIC-10 images are 32×32")
     };
-    Ok(Dataset {
-        name: "cinic10".to_string(),
-        num_classes: CLASSES.len(),
-        feature_shape: vec![3, SIDE, SIDE],
-        train: read(&["train", "valid"])?,
-        test: read(&["test"])?,
-        natural_clients: None,
-        task: Task::Classification,
-        relation_graph: None,
-        target_scales: None,
-        input: InputKind::Dense,
-    })
+    Ok(Dataset::classification(
+        "cinic10",
+        CLASSES.len(),
+        vec![3, SIDE, SIDE],
+        (read(&["train", "valid"])?, read(&["test"])?),
+        None,
+    ))
 }
 
 /// RGB, CINIC-10's statistics with `data.normalize`.

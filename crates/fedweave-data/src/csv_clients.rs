@@ -13,8 +13,8 @@
 
 use std::path::Path;
 
-use crate::dataset::{Dataset, InputKind, NaturalClient, Split, Task};
-use crate::files::{client_dir, id_template};
+use crate::dataset::{Dataset, NaturalClient, Split};
+use crate::files::{client_dir, id_template, refuse_subsample};
 use crate::{DataConfig, DataError};
 
 /// Loads the `clients` clients' files, or only those in `hosted`.
@@ -24,12 +24,7 @@ pub(crate) fn load(
     hosted: Option<&[usize]>,
 ) -> Result<Dataset, DataError> {
     let template = id_template(cfg)?;
-    if cfg.max_train_samples.is_some() {
-        return Err(DataError::config(
-            "data.max_train_samples",
-            "dataset csv takes each client's files as they are; subsample them beforehand",
-        ));
-    }
+    refuse_subsample(cfg)?;
     let classes = cfg.classes.ok_or_else(|| {
         DataError::config(
             "data.classes",
@@ -76,18 +71,13 @@ pub(crate) fn load(
         Some(shape) => shape.clone(),
         None => vec![width],
     };
-    Ok(Dataset {
-        name: "csv".to_string(),
-        num_classes: classes,
+    Ok(Dataset::classification(
+        "csv",
+        classes,
         feature_shape,
-        train,
-        test,
-        natural_clients: Some(natural),
-        task: Task::Classification,
-        relation_graph: None,
-        target_scales: None,
-        input: InputKind::Dense,
-    })
+        (train, test),
+        Some(natural),
+    ))
 }
 
 /// Appends the rows of `path` to `split`; every row must have `width`

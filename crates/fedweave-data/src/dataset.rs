@@ -169,6 +169,29 @@ pub struct Dataset {
 }
 
 impl Dataset {
+    /// A classification dataset of dense features (no graph, no target
+    /// scales).
+    pub(crate) fn classification(
+        name: &str,
+        num_classes: usize,
+        feature_shape: Vec<usize>,
+        (train, test): (Split, Split),
+        natural_clients: Option<Vec<NaturalClient>>,
+    ) -> Self {
+        Dataset {
+            name: name.to_string(),
+            num_classes,
+            feature_shape,
+            train,
+            test,
+            natural_clients,
+            task: Task::Classification,
+            relation_graph: None,
+            target_scales: None,
+            input: InputKind::Dense,
+        }
+    }
+
     /// Number of values per sample (the product of `feature_shape`).
     pub fn feature_len(&self) -> usize {
         self.feature_shape.iter().product()

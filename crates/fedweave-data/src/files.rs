@@ -42,6 +42,21 @@ pub(crate) fn id_template(cfg: &DataConfig) -> Result<&str, DataError> {
     })
 }
 
+/// The per-client datasets take each client's files as they are:
+/// `data.max_train_samples` is refused.
+pub(crate) fn refuse_subsample(cfg: &DataConfig) -> Result<(), DataError> {
+    match cfg.max_train_samples {
+        Some(_) => Err(DataError::config(
+            "data.max_train_samples",
+            format!(
+                "dataset {} takes each client's files as they are; subsample them beforehand",
+                cfg.dataset
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Client `id`'s directory of a per-client `template`.
 pub(crate) fn client_dir(template: &str, id: usize) -> PathBuf {
     PathBuf::from(template.replace(ID, &id.to_string()))

@@ -31,8 +31,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::dataset::{Dataset, InputKind, NaturalClient, Task};
-use crate::files::{client_dir, id_template, not_found, sorted_entries};
+use crate::dataset::{Dataset, NaturalClient};
+use crate::files::{client_dir, id_template, not_found, refuse_subsample, sorted_entries};
 use crate::images::{ImagePrep, decode_all, is_image};
 use crate::{DataConfig, DataError};
 
@@ -49,12 +49,7 @@ pub(crate) fn load(
     _hosted: Option<&[usize]>,
 ) -> Result<Dataset, DataError> {
     let template = id_template(cfg)?;
-    if cfg.max_train_samples.is_some() {
-        return Err(DataError::config(
-            "data.max_train_samples",
-            "dataset image-folder takes each client's images as they are; subsample them beforehand",
-        ));
-    }
+    refuse_subsample(cfg)?;
     let prep = prep(cfg)?;
     let mut classes = BTreeSet::new();
     let mut files: Vec<ClientFiles> = Vec::with_capacity(clients);
@@ -102,18 +97,16 @@ pub(crate) fn load(
         });
     }
     let fix = "set data.image_size to resize every image to one size";
-    Ok(Dataset {
-        name: "image-folder".to_string(),
-        num_classes: classes.len(),
-        feature_shape: vec![prep.channels, hw[0], hw[1]],
-        train: decode_all(&labelled[0], &prep, hw, fix)?,
-        test: decode_all(&labelled[1], &prep, hw, fix)?,
-        natural_clients: Some(natural),
-        task: Task::Classification,
-        relation_graph: None,
-        target_scales: None,
-        input: InputKind::Dense,
-    })
+    Ok(Dataset::classification(
+        "image-folder",
+        classes.len(),
+        vec![prep.channels, hw[0], hw[1]],
+        (
+            decode_all(&labelled[0], &prep, hw, fix)?,
+            decode_all(&labelled[1], &prep, hw, fix)?,
+        ),
+        Some(natural),
+    ))
 }
 
 /// Appends the images of the class folders of `dir` to `out`, their class

@@ -39,8 +39,8 @@ use std::path::Path;
 
 use serde_pickle::{DeOptions, HashableValue, Value};
 
-use crate::dataset::{Dataset, InputKind, NaturalClient, Split, Task};
-use crate::files::{Npz, need_path, not_found, read};
+use crate::dataset::{Dataset, NaturalClient, Split};
+use crate::files::{Npz, need_path, not_found, read, refuse_subsample};
 use crate::{DataConfig, DataError};
 
 /// One client file's samples.
@@ -65,12 +65,7 @@ pub(crate) fn load(
         cfg,
         "PFLlib's dataset folder holding config.json, train/ and test/",
     )?;
-    if cfg.max_train_samples.is_some() {
-        return Err(DataError::config(
-            "data.max_train_samples",
-            "dataset pfllib keeps PFLlib's clients as they are; generate a smaller dataset instead",
-        ));
-    }
+    refuse_subsample(cfg)?;
     let config_path = root.join("config.json");
     let (num_clients, num_classes, stats) = read_config(&config_path)?;
     if clients != num_clients {
@@ -136,18 +131,13 @@ pub(crate) fn load(
             remote: false,
         });
     }
-    Ok(Dataset {
-        name: "pfllib".to_string(),
+    Ok(Dataset::classification(
+        "pfllib",
         num_classes,
-        feature_shape: shape.map(|(s, _)| s).unwrap_or_default(),
-        train,
-        test,
-        natural_clients: Some(natural),
-        task: Task::Classification,
-        relation_graph: None,
-        target_scales: None,
-        input: InputKind::Dense,
-    })
+        shape.map(|(s, _)| s).unwrap_or_default(),
+        (train, test),
+        Some(natural),
+    ))
 }
 
 /// Per client, `(label, count)` pairs.
@@ -369,7 +359,7 @@ fn raw_array<'a>(v: &'a Value, key: &str) -> Result<RawArray<'a>, String> {
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .ok_or_else(|| format!("'{key}' has shape {shape:?}, more than memory holds"))?;
-    let elem = if count == 0 { 0 } else { raw.len() / count };
+    let elem = raw.len().checked_div(count).unwrap_or(0);
     if count.checked_mul(elem) != Some(raw.len()) {
         return Err(format!(
             "'{key}' holds {} bytes, not a whole number of elements for shape {shape:?}",
@@ -593,7 +583,7 @@ mod tests {
         }
         p.out.extend(b"uatb.");
         let mut header = "{'descr': '|O', 'fortran_order': False, 'shape': (), }".to_string();
-        while (10 + header.len() + 1) % 64 != 0 {
+        while !(10 + header.len() + 1).is_multiple_of(64) {
             header.push(' ');
         }
         header.push('\n');

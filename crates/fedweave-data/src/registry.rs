@@ -35,15 +35,25 @@ impl DataPath {
     }
 }
 
+/// Loads a whole dataset from the configuration and the seed.
+type LoadWhole = fn(&DataConfig, u64) -> Result<Dataset, DataError>;
+
+/// Loads one set of files per client: the number of clients and the
+/// hosted ones.
+type LoadPerClient = fn(&DataConfig, usize, Option<&[usize]>) -> Result<Dataset, DataError>;
+
+/// The preprocessing of a dataset's image files.
+type Prep = fn(&DataConfig) -> Result<ImagePrep, DataError>;
+
 /// How a dataset is loaded.
 #[derive(Clone, Copy)]
 pub(crate) enum Loader {
     /// The whole dataset from the configuration and the seed.
-    Whole(fn(&DataConfig, u64) -> Result<Dataset, DataError>),
+    Whole(LoadWhole),
     /// One set of files per client (`data.path` with `{id}`): the number of
     /// clients, and the clients whose files this machine holds (`None`:
     /// all of them).
-    PerClient(fn(&DataConfig, usize, Option<&[usize]>) -> Result<Dataset, DataError>),
+    PerClient(LoadPerClient),
 }
 
 /// One dataset of the registry.
@@ -67,7 +77,7 @@ pub struct DatasetSpec {
     pub(crate) loader: Loader,
     /// How one image file becomes a sample, for datasets of image files
     /// ([`crate::image_prep`]).
-    pub(crate) image: Option<fn(&DataConfig) -> Result<ImagePrep, DataError>>,
+    pub(crate) image: Option<Prep>,
 }
 
 impl std::fmt::Debug for DatasetSpec {
@@ -85,7 +95,7 @@ const fn pooled(
     name: &'static str,
     help: &'static str,
     path: DataPath,
-    load: fn(&DataConfig, u64) -> Result<Dataset, DataError>,
+    load: LoadWhole,
 ) -> DatasetSpec {
     DatasetSpec {
         name,
@@ -104,8 +114,8 @@ const fn images(
     name: &'static str,
     help: &'static str,
     path: DataPath,
-    load: fn(&DataConfig, u64) -> Result<Dataset, DataError>,
-    prep: fn(&DataConfig) -> Result<ImagePrep, DataError>,
+    load: LoadWhole,
+    prep: Prep,
 ) -> DatasetSpec {
     DatasetSpec {
         image: Some(prep),
@@ -119,7 +129,7 @@ const fn natural(
     help: &'static str,
     path: DataPath,
     users: bool,
-    load: fn(&DataConfig, u64) -> Result<Dataset, DataError>,
+    load: LoadWhole,
 ) -> DatasetSpec {
     DatasetSpec {
         natural_clients: true,

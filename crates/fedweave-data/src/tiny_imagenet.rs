@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use crate::files::{locate, need_path, not_found, read, sorted_entries};
 use crate::images::{ImagePrep, decode_all};
-use crate::{DataConfig, DataError, Dataset, InputKind, Task};
+use crate::{DataConfig, DataError, Dataset};
 
 const SIDE: usize = 64;
 const MEAN: [f32; 3] = [0.485, 0.456, 0.406];
@@ -74,18 +74,16 @@ pub(crate) fn load(cfg: &DataConfig) -> Result<Dataset, DataError> {
 
     let prep = prep(cfg)?;
     let fix = "Tiny-ImageNet images are 64×64";
-    Ok(Dataset {
-        name: "tiny-imagenet".to_string(),
-        num_classes: wnids.len(),
-        feature_shape: vec![3, SIDE, SIDE],
-        train: decode_all(&train_files, &prep, [SIDE, SIDE], fix)?,
-        test: decode_all(&val_files, &prep, [SIDE, SIDE], fix)?,
-        natural_clients: None,
-        task: Task::Classification,
-        relation_graph: None,
-        target_scales: None,
-        input: InputKind::Dense,
-    })
+    Ok(Dataset::classification(
+        "tiny-imagenet",
+        wnids.len(),
+        vec![3, SIDE, SIDE],
+        (
+            decode_all(&train_files, &prep, [SIDE, SIDE], fix)?,
+            decode_all(&val_files, &prep, [SIDE, SIDE], fix)?,
+        ),
+        None,
+    ))
 }
 
 /// RGB, ImageNet's statistics with `data.normalize`.
