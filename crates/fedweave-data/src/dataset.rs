@@ -280,7 +280,8 @@ fn spec_of(cfg: &DataConfig) -> Result<&'static DatasetSpec, DataError> {
 }
 
 /// The checks every dataset shares: `data.path` set exactly where the
-/// registry needs it, `data.users` only for datasets with natural users.
+/// registry needs it, `data.users` only for datasets with natural users,
+/// the image keys only where they apply.
 fn check_path(cfg: &DataConfig) -> Result<(), DataError> {
     let spec = spec_of(cfg)?;
     if cfg.users.is_some() && !spec.users {
@@ -295,6 +296,27 @@ fn check_path(cfg: &DataConfig) -> Result<(), DataError> {
                 "only {} have natural users, not {:?} (synthetic: data.synthetic.clients)",
                 with.join(", "),
                 cfg.dataset
+            ),
+        ));
+    }
+    let image_keys = [
+        ("data.image_size", cfg.image_size.is_some()),
+        ("data.channels", cfg.channels.is_some()),
+        ("data.mean", cfg.mean.is_some()),
+        ("data.std", cfg.std.is_some()),
+    ];
+    if let Some((key, _)) = image_keys.iter().find(|(_, set)| *set && !spec.image_keys) {
+        let with: Vec<&str> = crate::datasets()
+            .iter()
+            .filter(|d| d.image_keys)
+            .map(|d| d.name)
+            .collect();
+        return Err(DataError::config(
+            *key,
+            format!(
+                "applies to {} only, not to dataset {:?}; remove it",
+                with.join(", "),
+                spec.name
             ),
         ));
     }

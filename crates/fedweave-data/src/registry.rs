@@ -74,6 +74,9 @@ pub struct DatasetSpec {
     /// (`data.path = "dir/{id}"`, read by [`crate::load_federation`] for the
     /// hosted clients only): a server or a peer cannot derive them.
     pub client_files: bool,
+    /// Whether `data.image_size`, `data.channels`, `data.mean` and
+    /// `data.std` apply (they are refused elsewhere).
+    pub image_keys: bool,
     pub(crate) loader: Loader,
     /// How one image file becomes a sample, for datasets of image files
     /// ([`crate::image_prep`]).
@@ -104,6 +107,7 @@ const fn pooled(
         natural_clients: false,
         users: false,
         client_files: false,
+        image_keys: false,
         loader: Loader::Whole(load),
         image: None,
     }
@@ -287,6 +291,7 @@ const DATASETS: &[DatasetSpec] = &[
         natural_clients: true,
         users: false,
         client_files: true,
+        image_keys: false,
         loader: Loader::PerClient(csv_clients::load),
         image: None,
     },
@@ -297,6 +302,7 @@ const DATASETS: &[DatasetSpec] = &[
         natural_clients: true,
         users: false,
         client_files: false,
+        image_keys: false,
         loader: Loader::PerClient(pfllib::load),
         image: None,
     },
@@ -309,6 +315,7 @@ const DATASETS: &[DatasetSpec] = &[
         natural_clients: true,
         users: false,
         client_files: false,
+        image_keys: true,
         loader: Loader::PerClient(image_folder::load),
         image: Some(image_folder::prep),
     },

@@ -232,3 +232,16 @@ fn cinic10_loads_train_and_valid_with_its_normalisation() {
     let e = load_dataset(&cfg, 0).unwrap_err().to_string();
     assert!(e.contains("frog"), "{e}");
 }
+
+#[test]
+fn image_keys_are_refused_for_other_datasets() {
+    let cfg = DataConfig {
+        image_size: Some(ImageSize::Square(16)),
+        ..DataConfig::default()
+    };
+    let e = load_dataset(&cfg, 0).unwrap_err().to_string();
+    assert!(
+        e.contains("data.image_size") && e.contains("image-folder") && e.contains("digits"),
+        "{e}"
+    );
+}

@@ -9,5 +9,6 @@ mod leaf;
 mod movielens;
 mod paper_partitions;
 mod partitions;
+mod pfllib;
 mod tiny_imagenet;
 mod yahoo;
