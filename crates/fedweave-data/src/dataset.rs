@@ -279,22 +279,27 @@ fn spec_of(cfg: &DataConfig) -> Result<&'static DatasetSpec, DataError> {
     })
 }
 
+/// The names of the datasets for which `keep` holds, comma-separated.
+fn names_where(keep: fn(&DatasetSpec) -> bool) -> String {
+    let names: Vec<&str> = crate::datasets()
+        .iter()
+        .filter(|d| keep(d))
+        .map(|d| d.name)
+        .collect();
+    names.join(", ")
+}
+
 /// The checks every dataset shares: `data.path` set exactly where the
 /// registry needs it, `data.users` only for datasets with natural users,
 /// the image keys only where they apply.
 fn check_path(cfg: &DataConfig) -> Result<(), DataError> {
     let spec = spec_of(cfg)?;
     if cfg.users.is_some() && !spec.users {
-        let with: Vec<&str> = crate::datasets()
-            .iter()
-            .filter(|d| d.users)
-            .map(|d| d.name)
-            .collect();
         return Err(DataError::config(
             "data.users",
             format!(
                 "only {} have natural users, not {:?} (synthetic: data.synthetic.clients)",
-                with.join(", "),
+                names_where(|d| d.users),
                 cfg.dataset
             ),
         ));
@@ -306,16 +311,11 @@ fn check_path(cfg: &DataConfig) -> Result<(), DataError> {
         ("data.std", cfg.std.is_some()),
     ];
     if let Some((key, _)) = image_keys.iter().find(|(_, set)| *set && !spec.image_keys) {
-        let with: Vec<&str> = crate::datasets()
-            .iter()
-            .filter(|d| d.image_keys)
-            .map(|d| d.name)
-            .collect();
         return Err(DataError::config(
             *key,
             format!(
                 "applies to {} only, not to dataset {:?}; remove it",
-                with.join(", "),
+                names_where(|d| d.image_keys),
                 spec.name
             ),
         ));
