@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes small valid seed inputs for every fuzz target into fuzz/corpus/<target>/
 (standard library only). Run from anywhere: `python3 fuzz/seeds.py`."""
-import gzip, io, json, pathlib, pickle, shutil, struct, zipfile
+import gzip, io, json, pathlib, pickle, shutil, struct, zipfile, zlib
 
 root = pathlib.Path(__file__).resolve().parent
 corpus = root / "corpus"
@@ -76,6 +76,27 @@ with zipfile.ZipFile(buf, "w") as z:
     z.writestr("adjacency_indices.npy", npy("<i4", (4,), struct.pack("<4i", 1, 0, 2, 1)))
     z.writestr("adjacency_data.npy", npy("<f8", (4,), struct.pack("<4d", 1.0, 1.0, 0.5, 0.5)))
 put("npz", "tiny.npz", buf.getvalue())
+
+# PFLlib client files: plain x.npy / y.npy members, and data.npy as a 0-d
+# object array (its pickle here holds bytes, not numpy arrays: the fuzzer
+# mutates from the structure).
+buf = io.BytesIO()
+with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+    z.writestr("x.npy", npy("<f4", (2, 1, 2, 2), struct.pack("<8f", *[i / 8 for i in range(8)])))
+    z.writestr("y.npy", npy("<i8", (2,), struct.pack("<2q", 0, 3)))
+put("pfllib_npz", "plain.npz", buf.getvalue())
+buf = io.BytesIO()
+with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+    z.writestr("data.npy", npy("|O", (), pickle.dumps({"x": bytes(16), "y": bytes(8)}, protocol=3)))
+put("pfllib_npz", "object.npz", buf.getvalue())
+
+# Images: a 2x2 RGB PNG (mode byte first: RGB, resized).
+def png_chunk(kind, body):
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+png = (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0))
+       + png_chunk(b"IDAT", zlib.compress(b"\x00" + bytes(range(6)) + b"\x00" + bytes(range(6, 12))))
+       + png_chunk(b"IEND", b""))
+put("image", "rgb.png", bytes([2]) + png)
 
 # Configs: the shipped examples.
 for f in sorted((root.parent / "examples").glob("*.toml")):

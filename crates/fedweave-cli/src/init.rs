@@ -59,7 +59,7 @@ fn preset(dataset: &str) -> Preset {
             data: "path = \"/path/to/femnist\"   # LEAF's train/ and test/ folders",
             ..IMAGES
         },
-        "cifar10" | "cifar100" | "tiny-imagenet" => Preset {
+        "cifar10" | "cifar100" | "cinic10" | "tiny-imagenet" => Preset {
             model: "resnet8",
             ..IMAGES
         },
@@ -89,6 +89,20 @@ fn preset(dataset: &str) -> Preset {
             partition: natural,
             train: "local_iterations = 20\nbatch_size = 32\nlr = 0.05",
             data: "path = \"/path/to/clients/{id}\"   # each client's train.csv and test.csv\nclasses = 10",
+            clients: 10,
+        },
+        "pfllib" => Preset {
+            model: "mlp",
+            partition: natural,
+            train: "local_iterations = 20\nbatch_size = 10\nlr = 0.005",
+            data: "path = \"/path/to/PFLlib/dataset/MNIST\"   # PFLlib's config.json, train/ and test/ (clients = its num_clients)",
+            clients: 20,
+        },
+        "image-folder" => Preset {
+            model: "mlp",
+            partition: natural,
+            train: "local_iterations = 20\nbatch_size = 32\nlr = 0.05",
+            data: "path = \"/path/to/clients/{id}\"   # each client's train/<class>/ and test/<class>/ images\nimage_size = 32          # resize every image to 32x32 (or [height, width])\n# channels = 1           # grayscale (default 3: RGB)",
             clients: 10,
         },
         _ => IMAGES,

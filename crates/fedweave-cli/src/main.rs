@@ -879,9 +879,20 @@ fn list_json() -> String {
             serde_json::json!({ "name": a.name, "summary": a.summary, "reference": a.reference })
         })
         .collect();
+    let datasets: Vec<serde_json::Value> = fedweave_data::datasets()
+        .iter()
+        .map(|d| {
+            serde_json::json!({
+                "name": d.name,
+                "description": d.help,
+                "path": d.path.holds(),
+                "natural_clients": d.natural_clients,
+            })
+        })
+        .collect();
     let v = serde_json::json!({
         "algorithms": algorithms,
-        "datasets": named(fedweave_data::dataset_names()),
+        "datasets": datasets,
         "partitions": named(fedweave_data::partition_kinds()),
         "models": named(fedweave_nn::ModelKind::catalogue()),
         "attacks": named(fedweave_algos::attack::AttackKind::catalogue()),
@@ -896,8 +907,8 @@ fn list() {
         println!("  {:<12} {}  [{}]", a.name, a.summary, a.reference);
     }
     println!("datasets:");
-    for (name, what) in fedweave_data::dataset_names() {
-        println!("  {name:<12} {what}");
+    for d in fedweave_data::datasets() {
+        println!("  {:<12} {}", d.name, d.help);
     }
     println!("partitions:");
     for (name, what) in fedweave_data::partition_kinds() {

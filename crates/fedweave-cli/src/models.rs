@@ -73,8 +73,11 @@ pub struct PredictArgs {
     #[arg(long)]
     client: usize,
     /// Samples: `.npy` (float32 features as the dataset feeds them, or
-    /// uint8 raw pixels; shape [n, ...input shape] or [n, features]) or
-    /// `.csv` (one sample per row, the features, no label column).
+    /// uint8 raw pixels; shape [n, ...input shape] or [n, features]),
+    /// `.csv` (one sample per row, the features, no label column), or for
+    /// runs on image files (`image-folder`, `cinic10`, `tiny-imagenet`) a
+    /// `.png` / `.jpg` image or a directory of them (one line per image, in
+    /// file-name order), preprocessed as the run's dataset was.
     #[arg(long)]
     input: PathBuf,
     /// Which model.
@@ -120,7 +123,11 @@ pub fn run_predict(args: PredictArgs) -> anyhow::Result<()> {
         );
     }
     let spec = card.spec()?;
-    let features = read_input(&args.input, &card)?;
+    let features = if is_images(&args.input) {
+        read_images(&args.dir, &args.input, &card)?
+    } else {
+        read_input(&args.input, &card)?
+    };
     let n = features.len() / spec.input_len();
     let labels = vec![0u32; n];
     let rows: Vec<usize> = (0..n).collect();
@@ -163,6 +170,65 @@ fn expected(card: &ModelCard) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     )
+}
+
+/// Whether `path` is an image file or a directory (of images).
+fn is_images(path: &Path) -> bool {
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
+    path.is_dir() || ["png", "jpg", "jpeg"].contains(&ext.as_str())
+}
+
+/// The image `path`, or the images of the directory `path` sorted by file
+/// name, preprocessed as the run in `run_dir` preprocessed its dataset
+/// (channels, size, normalisation: its `config.toml`).
+fn read_images(run_dir: &Path, path: &Path, card: &ModelCard) -> anyhow::Result<Vec<f32>> {
+    let cfg = fedweave_sim::ExperimentConfig::from_file(&run_dir.join("config.toml"), &[])?;
+    let prep = fedweave_data::image_prep(&cfg.data).with_context(|| {
+        format!(
+            "{}: image input needs a run on image files (image-folder, cinic10, tiny-imagenet)",
+            path.display()
+        )
+    })?;
+    let files: Vec<PathBuf> = if path.is_dir() {
+        let mut files = Vec::new();
+        for entry in
+            std::fs::read_dir(path).with_context(|| format!("cannot read {}", path.display()))?
+        {
+            let p = entry
+                .with_context(|| format!("cannot read {}", path.display()))?
+                .path();
+            if !p.is_dir() && is_images(&p) {
+                files.push(p);
+            }
+        }
+        files.sort();
+        anyhow::ensure!(
+            !files.is_empty(),
+            "{}: no .png or .jpg image",
+            path.display()
+        );
+        files
+    } else {
+        vec![path.to_path_buf()]
+    };
+    let mut out = Vec::new();
+    for f in &files {
+        let bytes = std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))?;
+        let [h, w] = prep.features(&bytes, f, &mut out)?;
+        let shape = [prep.channels, h, w];
+        anyhow::ensure!(
+            shape[..] == card.input_shape[..],
+            "{}: the image gives samples of shape {shape:?} but the model takes {:?} (the run's images were {}×{})",
+            f.display(),
+            card.input_shape,
+            card.input_shape.get(2).copied().unwrap_or_default(),
+            card.input_shape.get(1).copied().unwrap_or_default(),
+        );
+    }
+    Ok(out)
 }
 
 /// The samples of `path` as the model's flat inputs.

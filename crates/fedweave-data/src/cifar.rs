@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use serde_pickle::{DeOptions, HashableValue, Value};
 
 use crate::files::{locate, need_path, not_found, read};
-use crate::{DataConfig, DataError, Dataset, InputKind, Split, Task};
+use crate::{DataConfig, DataError, Dataset, Split};
 
 const PIXELS: usize = 3 * 32 * 32;
 const CIFAR10_MEAN: [f32; 3] = [0.4914, 0.4822, 0.4465];
@@ -154,18 +154,13 @@ pub(crate) fn load(name: &str, cfg: &DataConfig) -> Result<Dataset, DataError> {
     } else {
         ([0.0; 3], [1.0; 3])
     };
-    Ok(Dataset {
-        name: name.to_string(),
-        num_classes: labels.classes(),
-        feature_shape: vec![3, 32, 32],
-        train: to_split(train, mean, std),
-        test: to_split(test, mean, std),
-        natural_clients: None,
-        task: Task::Classification,
-        relation_graph: None,
-        target_scales: None,
-        input: InputKind::Dense,
-    })
+    Ok(Dataset::classification(
+        name,
+        labels.classes(),
+        vec![3, 32, 32],
+        (to_split(train, mean, std), to_split(test, mean, std)),
+        None,
+    ))
 }
 
 /// Raw pixel bytes (`N × 3072`) and labels.

@@ -11,7 +11,7 @@ use crate::DataError;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DataConfig {
-    /// Dataset name, one of [`crate::dataset_names`]. Default `"digits"`.
+    /// Dataset name, one of [`crate::datasets`]. Default `"digits"`.
     pub dataset: String,
     /// Where a dataset read from disk lives: the directory holding the IDX
     /// files for `fashion-mnist` / `mnist`, or a CSV(.gz) file replacing the
@@ -57,6 +57,39 @@ pub struct DataConfig {
     /// `csv`: the shape of one sample, e.g. `[1, 28, 28]` for a CNN
     /// (default: flat, `[d]`).
     pub shape: Option<Vec<usize>>,
+    /// `image-folder`: the size every image is resized to (bilinear), an
+    /// int for a square (`32`) or `[height, width]`. Default: no resizing,
+    /// every image must then have the size of the first one read.
+    pub image_size: Option<ImageSize>,
+    /// `image-folder`: 3 (RGB, the default) or 1 (grayscale).
+    pub channels: Option<usize>,
+    /// `image-folder`: per-channel means subtracted from the pixels in
+    /// [0, 1] (one value per channel; needs `data.std`). Default: none,
+    /// values stay in [0, 1].
+    pub mean: Option<Vec<f32>>,
+    /// `image-folder`: per-channel standard deviations divided by (with
+    /// `data.mean`).
+    pub std: Option<Vec<f32>>,
+}
+
+/// `data.image_size`: `32` (a square) or `[height, width]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ImageSize {
+    /// A square of this side.
+    Square(usize),
+    /// `[height, width]`.
+    HeightWidth([usize; 2]),
+}
+
+impl ImageSize {
+    /// `[height, width]`.
+    pub fn height_width(self) -> [usize; 2] {
+        match self {
+            ImageSize::Square(s) => [s, s],
+            ImageSize::HeightWidth(hw) => hw,
+        }
+    }
 }
 
 impl Default for DataConfig {
@@ -76,6 +109,10 @@ impl Default for DataConfig {
             seq_len: 256,
             classes: None,
             shape: None,
+            image_size: None,
+            channels: None,
+            mean: None,
+            std: None,
         }
     }
 }

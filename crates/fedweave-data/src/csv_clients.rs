@@ -11,13 +11,11 @@
 //! samples of a client are the same either way, so a networked run equals
 //! the simulation bit for bit.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use crate::dataset::{Dataset, InputKind, NaturalClient, Split, Task};
+use crate::dataset::{Dataset, NaturalClient, Split};
+use crate::files::{client_dir, id_template, refuse_subsample};
 use crate::{DataConfig, DataError};
-
-/// The path placeholder for the client id.
-const ID: &str = "{id}";
 
 /// Loads the `clients` clients' files, or only those in `hosted`.
 pub(crate) fn load(
@@ -25,30 +23,8 @@ pub(crate) fn load(
     clients: usize,
     hosted: Option<&[usize]>,
 ) -> Result<Dataset, DataError> {
-    let template = cfg.path.as_deref().ok_or_else(|| {
-        DataError::config(
-            "data.path",
-            "dataset csv needs data.path: a directory per client with {id} in it, e.g. \"clients/{id}\", each holding train.csv and test.csv",
-        )
-    })?;
-    let template = template
-        .to_str()
-        .filter(|t| t.contains(ID))
-        .ok_or_else(|| {
-            DataError::config(
-                "data.path",
-                format!(
-                    "dataset csv: {} has no {ID} placeholder for the client id",
-                    template.display()
-                ),
-            )
-        })?;
-    if cfg.max_train_samples.is_some() {
-        return Err(DataError::config(
-            "data.max_train_samples",
-            "dataset csv takes each client's files as they are; subsample them beforehand",
-        ));
-    }
+    let template = id_template(cfg)?;
+    refuse_subsample(cfg)?;
     let classes = cfg.classes.ok_or_else(|| {
         DataError::config(
             "data.classes",
@@ -67,7 +43,7 @@ pub(crate) fn load(
             });
             continue;
         }
-        let dir = PathBuf::from(template.replace(ID, &id.to_string()));
+        let dir = client_dir(template, id);
         let start = (train.labels.len(), test.labels.len());
         read_csv(&dir.join("train.csv"), classes, &mut width, &mut train)?;
         read_csv(&dir.join("test.csv"), classes, &mut width, &mut test)?;
@@ -95,18 +71,13 @@ pub(crate) fn load(
         Some(shape) => shape.clone(),
         None => vec![width],
     };
-    Ok(Dataset {
-        name: "csv".to_string(),
-        num_classes: classes,
+    Ok(Dataset::classification(
+        "csv",
+        classes,
         feature_shape,
-        train,
-        test,
-        natural_clients: Some(natural),
-        task: Task::Classification,
-        relation_graph: None,
-        target_scales: None,
-        input: InputKind::Dense,
-    })
+        (train, test),
+        Some(natural),
+    ))
 }
 
 /// Appends the rows of `path` to `split`; every row must have `width`

@@ -1,14 +1,10 @@
 //! In-memory datasets and the dispatcher that loads them by name.
 
-use std::path::Path;
-
 use fedweave_core::{Purpose, rng_stream};
 use rand::seq::SliceRandom;
 
-use crate::{
-    DataConfig, DataError, cifar, digits, emnist, forecast, idx, leaf, movielens, synthetic,
-    tiny_imagenet, yahoo,
-};
+use crate::registry::{DataPath, DatasetSpec, Loader};
+use crate::{DataConfig, DataError};
 
 /// Samples of one split: features row-major, and one label (classification)
 /// or `target_len` targets (forecasting) per sample.
@@ -173,6 +169,29 @@ pub struct Dataset {
 }
 
 impl Dataset {
+    /// A classification dataset of dense features (no graph, no target
+    /// scales).
+    pub(crate) fn classification(
+        name: &str,
+        num_classes: usize,
+        feature_shape: Vec<usize>,
+        (train, test): (Split, Split),
+        natural_clients: Option<Vec<NaturalClient>>,
+    ) -> Self {
+        Dataset {
+            name: name.to_string(),
+            num_classes,
+            feature_shape,
+            train,
+            test,
+            natural_clients,
+            task: Task::Classification,
+            relation_graph: None,
+            target_scales: None,
+            input: InputKind::Dense,
+        }
+    }
+
     /// Number of values per sample (the product of `feature_shape`).
     pub fn feature_len(&self) -> usize {
         self.feature_shape.iter().product()
@@ -180,104 +199,29 @@ impl Dataset {
 }
 
 /// Loads the data of a federation of `clients` clients: [`load_dataset`],
-/// except for `csv` (a directory per client), of which only the `hosted`
-/// clients are read when given (a networked client process), the others
-/// being marked remote.
+/// except for the datasets of one set of files per client (`csv`,
+/// `image-folder`), of which only the `hosted` clients are read when given
+/// (a networked client process), the others being marked remote.
 pub fn load_federation(
     cfg: &DataConfig,
     seed: u64,
     clients: usize,
     hosted: Option<&[usize]>,
 ) -> Result<Dataset, DataError> {
-    if cfg.dataset == "csv" {
-        crate::csv_clients::load(cfg, clients, hosted)
-    } else {
-        load_dataset(cfg, seed)
+    match spec_of(cfg)?.loader {
+        Loader::PerClient(load) => {
+            check_path(cfg)?;
+            load(cfg, clients, hosted)
+        }
+        Loader::Whole(_) => load_dataset(cfg, seed),
     }
-}
-
-/// The datasets [`load_dataset`] knows, with a one-line description each.
-pub fn dataset_names() -> &'static [(&'static str, &'static str)] {
-    &[
-        (
-            "digits",
-            "bundled UCI 8x8 handwritten digits (1,797 samples, 10 classes, CC BY 4.0); fixed stratified 75/25 split",
-        ),
-        (
-            "fashion-mnist",
-            "Fashion-MNIST 28x28 (60k/10k, 10 classes) from IDX files; default path /usr/share/datasets/fashion-mnist",
-        ),
-        (
-            "mnist",
-            "MNIST 28x28 (60k/10k, 10 classes) from IDX files in data.path",
-        ),
-        (
-            "synthetic",
-            "FedProx Synthetic(alpha, beta): per-client softmax-regression data, natural clients, 75/25 split per client",
-        ),
-        (
-            "us-weather",
-            "bundled NOAA GHCN-Daily 2025: 144 US stations x 365 days of temperature (forecasting), 6-NN station graph; one client per station",
-        ),
-        (
-            "pems04",
-            "PeMS04 traffic flow (forecasting) from PEMS04.npz + PEMS04.csv in data.path; one client per sensor",
-        ),
-        (
-            "pems08",
-            "PeMS08 traffic flow (forecasting) from PEMS08.npz + PEMS08.csv in data.path",
-        ),
-        (
-            "metr-la",
-            "METR-LA traffic speed (forecasting, 207 sensors) from metr-la.npz in data.path (scripts/traffic_npz.py converts DCRNN's metr-la.h5 + adj_mx.pkl); DCRNN's sensor graph",
-        ),
-        (
-            "pems-bay",
-            "PEMS-BAY traffic speed (forecasting, 325 sensors) from pems-bay.npz in data.path (converted from pems-bay.h5 + adj_mx_bay.pkl); DCRNN's sensor graph",
-        ),
-        (
-            "cifar10",
-            "CIFAR-10 3x32x32 (50k/10k, 10 classes), binary or python version, in data.path",
-        ),
-        (
-            "cifar100",
-            "CIFAR-100 3x32x32 (50k/10k, 100 fine classes; data.coarse_labels for the 20 superclasses), binary or python version",
-        ),
-        (
-            "emnist",
-            "EMNIST 28x28 from IDX files (data.emnist_split: byclass, bymerge, balanced, letters, digits, mnist)",
-        ),
-        (
-            "femnist",
-            "LEAF FEMNIST 28x28 (62 classes) from train/*.json + test/*.json; one natural client per writer",
-        ),
-        (
-            "shakespeare",
-            "LEAF Shakespeare next-character (80 classes, 80-character token sequences); one natural client per speaking role",
-        ),
-        (
-            "movielens-100k",
-            "MovieLens-100K ratings (regression on user id, item id) from u.data; one client per user, 70/10/20 by time",
-        ),
-        (
-            "yahoo-answers",
-            "Yahoo! Answers topics (10 classes) from train.csv/test.csv; token ids (data.seq_len, data.vocab_size)",
-        ),
-        (
-            "tiny-imagenet",
-            "Tiny-ImageNet 3x64x64 (100k train / 10k val as test, 200 classes) from JPEG folders",
-        ),
-        (
-            "csv",
-            "each client's own train.csv and test.csv (rows label,x1,...,xd) in data.path = \"dir/{id}\"; natural clients, data.classes classes",
-        ),
-    ]
 }
 
 /// Where the Debian package `dataset-fashion-mnist` installs its files.
 pub const FASHION_MNIST_DEFAULT_DIR: &str = "/usr/share/datasets/fashion-mnist";
 
-/// Loads the dataset `cfg.dataset`.
+/// Loads the dataset `cfg.dataset`, one of [`crate::datasets`] (the
+/// registry holds each one's loader).
 ///
 /// - `digits`: the bundled file (or `cfg.path`), pixels / 16, a fixed
 ///   stratified split independent of `seed`; `normalize` standardises with
@@ -289,130 +233,27 @@ pub const FASHION_MNIST_DEFAULT_DIR: &str = "/usr/share/datasets/fashion-mnist";
 /// - `synthetic`: generated from `seed` (streams `Purpose::Dataset`, client =
 ///   the synthetic client's index; `u64::MAX` for the shared IID model);
 ///   `normalize` has no effect.
-/// - `cifar10`, `cifar100`, `emnist`, `femnist`, `shakespeare`,
-///   `movielens-100k`, `yahoo-answers`, `tiny-imagenet`: the files their
-///   authors distribute, in `cfg.path` (the extracted folder or its parent);
-///   each module documents its layout, normalisation and split (`cifar`,
-///   `emnist`, `leaf`, `movielens`, `yahoo`, `tiny_imagenet`).
+/// - `cifar10`, `cifar100`, `cinic10`, `emnist`, `femnist`, `shakespeare`,
+///   `movielens-100k`, `yahoo-answers`, `tiny-imagenet`, `pfllib`: the files
+///   their authors distribute (or PFLlib writes), in `cfg.path`; each module
+///   documents its layout, normalisation and split.
 ///
 /// `max_train_samples` then keeps a class-stratified subsample of the
 /// training split drawn from `rng_stream(seed, 1, u64::MAX, Purpose::Dataset)`,
 /// in the original order; natural clients are re-indexed accordingly.
 pub fn load_dataset(cfg: &DataConfig, seed: u64) -> Result<Dataset, DataError> {
-    if cfg.dataset == "csv" {
+    let spec = spec_of(cfg)?;
+    let Loader::Whole(load) = spec.loader else {
         return Err(DataError::config(
             "data.dataset",
-            "dataset csv is one set of files per client: load it with load_federation",
-        ));
-    }
-    if cfg.users.is_some()
-        && !matches!(
-            cfg.dataset.as_str(),
-            "femnist" | "shakespeare" | "movielens-100k"
-        )
-    {
-        return Err(DataError::config(
-            "data.users",
             format!(
-                "only femnist, shakespeare and movielens-100k have natural users, not {:?} \
-                 (synthetic: data.synthetic.clients)",
-                cfg.dataset
+                "dataset {} is one set of files per client: load it with load_federation",
+                spec.name
             ),
         ));
-    }
-    let ds = match cfg.dataset.as_str() {
-        "digits" => digits::load(cfg.path.as_deref(), cfg.normalize)?,
-        "fashion-mnist" => {
-            let dir = cfg
-                .path
-                .as_deref()
-                .unwrap_or(Path::new(FASHION_MNIST_DEFAULT_DIR));
-            if cfg.path.is_none() && !dir.is_dir() {
-                return Err(DataError::config(
-                    "data.path",
-                    format!(
-                        "Fashion-MNIST not found at {FASHION_MNIST_DEFAULT_DIR}; install the Debian \
-                         package dataset-fashion-mnist or set data.path to a directory holding \
-                         train-images-idx3-ubyte(.gz) and the three other IDX files"
-                    ),
-                ));
-            }
-            let (mean, std) = if cfg.normalize {
-                (0.2860, 0.3530)
-            } else {
-                (0.0, 1.0)
-            };
-            idx::load_idx_dataset("fashion-mnist", dir, mean, std)?
-        }
-        "mnist" => {
-            let Some(dir) = cfg.path.as_deref() else {
-                return Err(DataError::config(
-                    "data.path",
-                    "dataset mnist needs data.path: a directory holding train-images-idx3-ubyte, \
-                     train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte \
-                     (each raw or .gz)",
-                ));
-            };
-            let (mean, std) = if cfg.normalize {
-                (0.1307, 0.3081)
-            } else {
-                (0.0, 1.0)
-            };
-            idx::load_idx_dataset("mnist", dir, mean, std)?
-        }
-        "synthetic" => {
-            if let Some(p) = &cfg.path {
-                return Err(DataError::config(
-                    "data.path",
-                    format!(
-                        "dataset synthetic is generated, not read; remove data.path ({})",
-                        p.display()
-                    ),
-                ));
-            }
-            synthetic::generate(&cfg.synthetic, seed)?
-        }
-        "us-weather" => forecast::load_us_weather(cfg.path.as_deref(), cfg)?,
-        "pems04" | "pems08" => {
-            let Some(dir) = cfg.path.as_deref() else {
-                return Err(DataError::config(
-                    "data.path",
-                    format!(
-                        "dataset {} needs data.path: the directory holding {}.npz and {}.csv",
-                        cfg.dataset,
-                        cfg.dataset.to_uppercase(),
-                        cfg.dataset.to_uppercase()
-                    ),
-                ));
-            };
-            forecast::load_pems(&cfg.dataset, dir, cfg)?
-        }
-        "metr-la" | "pems-bay" => {
-            let Some(dir) = cfg.path.as_deref() else {
-                return Err(DataError::config(
-                    "data.path",
-                    format!(
-                        "dataset {} needs data.path: the directory holding {}.npz (made by scripts/traffic_npz.py)",
-                        cfg.dataset, cfg.dataset
-                    ),
-                ));
-            };
-            forecast::load_dcrnn(&cfg.dataset, dir, cfg)?
-        }
-        "cifar10" | "cifar100" => cifar::load(&cfg.dataset, cfg)?,
-        "emnist" => emnist::load(cfg)?,
-        "femnist" | "shakespeare" => leaf::load(&cfg.dataset, cfg)?,
-        "movielens-100k" => movielens::load(cfg)?,
-        "yahoo-answers" => yahoo::load(cfg)?,
-        "tiny-imagenet" => tiny_imagenet::load(cfg)?,
-        other => {
-            let known: Vec<&str> = dataset_names().iter().map(|(n, _)| *n).collect();
-            return Err(DataError::config(
-                "data.dataset",
-                format!("unknown dataset {other:?}; known: {}", known.join(", ")),
-            ));
-        }
     };
+    check_path(cfg)?;
+    let ds = load(cfg, seed)?;
     match cfg.max_train_samples {
         None => Ok(ds),
         Some(0) => Err(DataError::config(
@@ -420,6 +261,79 @@ pub fn load_dataset(cfg: &DataConfig, seed: u64) -> Result<Dataset, DataError> {
             "must be at least 1 (omit it to keep the whole training split)",
         )),
         Some(m) => Ok(subsample_train(ds, m, seed)),
+    }
+}
+
+/// The registry entry of `cfg.dataset`, or an error listing every name.
+fn spec_of(cfg: &DataConfig) -> Result<&'static DatasetSpec, DataError> {
+    crate::dataset(&cfg.dataset).ok_or_else(|| {
+        let known: Vec<&str> = crate::datasets().iter().map(|d| d.name).collect();
+        DataError::config(
+            "data.dataset",
+            format!(
+                "unknown dataset {:?}; known: {}",
+                cfg.dataset,
+                known.join(", ")
+            ),
+        )
+    })
+}
+
+/// The names of the datasets for which `keep` holds, comma-separated.
+fn names_where(keep: fn(&DatasetSpec) -> bool) -> String {
+    let names: Vec<&str> = crate::datasets()
+        .iter()
+        .filter(|d| keep(d))
+        .map(|d| d.name)
+        .collect();
+    names.join(", ")
+}
+
+/// The checks every dataset shares: `data.path` set exactly where the
+/// registry needs it, `data.users` only for datasets with natural users,
+/// the image keys only where they apply.
+fn check_path(cfg: &DataConfig) -> Result<(), DataError> {
+    let spec = spec_of(cfg)?;
+    if cfg.users.is_some() && !spec.users {
+        return Err(DataError::config(
+            "data.users",
+            format!(
+                "only {} have natural users, not {:?} (synthetic: data.synthetic.clients)",
+                names_where(|d| d.users),
+                cfg.dataset
+            ),
+        ));
+    }
+    let image_keys = [
+        ("data.image_size", cfg.image_size.is_some()),
+        ("data.channels", cfg.channels.is_some()),
+        ("data.mean", cfg.mean.is_some()),
+        ("data.std", cfg.std.is_some()),
+    ];
+    if let Some((key, _)) = image_keys.iter().find(|(_, set)| *set && !spec.image_keys) {
+        return Err(DataError::config(
+            *key,
+            format!(
+                "applies to {} only, not to dataset {:?}; remove it",
+                names_where(|d| d.image_keys),
+                spec.name
+            ),
+        ));
+    }
+    match (spec.path, &cfg.path) {
+        (DataPath::Unused, Some(p)) => Err(DataError::config(
+            "data.path",
+            format!(
+                "dataset {} is generated, not read; remove data.path ({})",
+                spec.name,
+                p.display()
+            ),
+        )),
+        (DataPath::Required(what), None) => Err(DataError::config(
+            "data.path",
+            format!("dataset {} needs data.path: {what}", spec.name),
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -33,6 +33,7 @@ use std::path::Path;
 use fedweave_core::RelationGraph;
 
 use crate::dataset::{Dataset, NaturalClient, Split, TargetScale, Task};
+use crate::files::Npz;
 use crate::{DataConfig, DataError};
 
 static US_WEATHER_NPZ: &[u8] = include_bytes!("../../../data/us_weather_2025.npz");
@@ -50,45 +51,6 @@ struct Series {
     nodes: usize,
     values: Vec<f32>,
     observed: Vec<bool>,
-}
-
-/// Reads arrays from an `.npz` (a zip of `.npy` members).
-struct Npz<R: Read + Seek> {
-    zip: zip::ZipArchive<R>,
-    path: String,
-}
-
-impl<R: Read + Seek> Npz<R> {
-    fn new(reader: R, path: &str) -> Result<Self, DataError> {
-        let zip = zip::ZipArchive::new(reader).map_err(|e| {
-            DataError::format(path, format!("not a readable .npz (zip) archive: {e}"))
-        })?;
-        Ok(Self {
-            zip,
-            path: path.to_string(),
-        })
-    }
-
-    /// The member `name` (without `.npy`) as a flat vector and its shape.
-    fn array<T: npyz::Deserialize>(
-        &mut self,
-        name: &str,
-    ) -> Result<(Vec<T>, Vec<usize>), DataError> {
-        let bad =
-            |m: String| DataError::format(self.path.as_str(), format!("member {name}.npy: {m}"));
-        let mut file = match self.zip.by_name(&format!("{name}.npy")) {
-            Ok(f) => f,
-            Err(zip::result::ZipError::FileNotFound) => return Err(bad("missing".into())),
-            Err(e) => return Err(bad(e.to_string())),
-        };
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)
-            .map_err(|e| bad(e.to_string()))?;
-        let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| bad(e.to_string()))?;
-        let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
-        let data = npy.into_vec::<T>().map_err(|e| bad(e.to_string()))?;
-        Ok((data, shape))
-    }
 }
 
 fn expect_shape(path: &str, name: &str, shape: &[usize], want: &[usize]) -> Result<(), DataError> {

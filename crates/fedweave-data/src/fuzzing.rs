@@ -38,3 +38,22 @@ pub fn leaf(bytes: &[u8], femnist: bool) -> Result<Split, DataError> {
 pub fn npz(bytes: &[u8]) -> Result<Dataset, DataError> {
     crate::forecast::check_npz(bytes)
 }
+
+/// A PFLlib client file (`.npz` holding the pickled dict `{'x', 'y'}` in
+/// an object array, or plain `x.npy` and `y.npy` members).
+pub fn pfllib(bytes: &[u8]) -> Result<usize, DataError> {
+    crate::pfllib::parse_npz(bytes, Path::new(INPUT)).map(|s| s.y.len())
+}
+
+/// An image file (PNG, JPEG) preprocessed as `image-folder` does: RGB or
+/// grayscale (`gray`), resized to 8×8 (`resize`) or at its own size.
+pub fn image(bytes: &[u8], gray: bool, resize: bool) -> Result<[usize; 2], DataError> {
+    let channels = if gray { 1 } else { 3 };
+    let prep = crate::ImagePrep {
+        channels,
+        resize: resize.then_some([8, 8]),
+        mean: vec![0.5; channels],
+        std: vec![0.25; channels],
+    };
+    prep.features(bytes, Path::new(INPUT), &mut Vec::new())
+}

@@ -9,7 +9,7 @@
 //! - **Classes**: the ids of `wnids.txt` sorted by name (the order of
 //!   PyTorch's `ImageFolder`, which the reference code uses); 200 in the
 //!   distributed file.
-//! - **Images**: decoded with the `image` crate (JPEG only), converted to RGB
+//! - **Images**: decoded with the `image` crate, converted to RGB
 //!   (a few images are grayscale), each must be 64×64; features `[3, 64,
 //!   64]` channel first, `p / 255` in [0, 1]. With `data.normalize` (default)
 //!   each channel is standardised with the ImageNet statistics mean (0.485,
@@ -20,10 +20,10 @@
 use std::path::{Path, PathBuf};
 
 use crate::files::{locate, need_path, not_found, read, sorted_entries};
-use crate::{DataConfig, DataError, Dataset, InputKind, Split, Task};
+use crate::images::{ImagePrep, decode_all};
+use crate::{DataConfig, DataError, Dataset};
 
 const SIDE: usize = 64;
-const PIXELS: usize = 3 * SIDE * SIDE;
 const MEAN: [f32; 3] = [0.485, 0.456, 0.406];
 const STD: [f32; 3] = [0.229, 0.224, 0.225];
 
@@ -72,26 +72,23 @@ pub(crate) fn load(cfg: &DataConfig) -> Result<Dataset, DataError> {
     }
     let val_files = read_val_annotations(&dir, &wnids)?;
 
-    let (mean, std) = if cfg.normalize {
-        (MEAN, STD)
-    } else {
-        ([0.0; 3], [1.0; 3])
-    };
-    let luts: Vec<[f32; 256]> = (0..3)
-        .map(|c| crate::files::pixel_lut(mean[c], std[c]))
-        .collect();
-    Ok(Dataset {
-        name: "tiny-imagenet".to_string(),
-        num_classes: wnids.len(),
-        feature_shape: vec![3, SIDE, SIDE],
-        train: decode_all(&train_files, &luts)?,
-        test: decode_all(&val_files, &luts)?,
-        natural_clients: None,
-        task: Task::Classification,
-        relation_graph: None,
-        target_scales: None,
-        input: InputKind::Dense,
-    })
+    let prep = prep(cfg)?;
+    let fix = "Tiny-ImageNet images are 64×64";
+    Ok(Dataset::classification(
+        "tiny-imagenet",
+        wnids.len(),
+        vec![3, SIDE, SIDE],
+        (
+            decode_all(&train_files, &prep, [SIDE, SIDE], fix)?,
+            decode_all(&val_files, &prep, [SIDE, SIDE], fix)?,
+        ),
+        None,
+    ))
+}
+
+/// RGB, ImageNet's statistics with `data.normalize`.
+pub(crate) fn prep(cfg: &DataConfig) -> Result<ImagePrep, DataError> {
+    Ok(ImagePrep::rgb(cfg.normalize, MEAN, STD))
 }
 
 fn is_jpeg(p: &Path) -> bool {
@@ -161,63 +158,4 @@ fn read_val_annotations(dir: &Path, wnids: &[String]) -> Result<Vec<(PathBuf, u3
         return Err(DataError::format(&path, "lists no image"));
     }
     Ok(out)
-}
-
-/// Decodes every image (on all cores) into a split.
-fn decode_all(files: &[(PathBuf, u32)], luts: &[[f32; 256]]) -> Result<Split, DataError> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let chunk = files.len().div_ceil(threads).max(1);
-    let parts: Vec<Result<Vec<f32>, DataError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = files
-            .chunks(chunk)
-            .map(|part| {
-                s.spawn(move || {
-                    let mut out = Vec::with_capacity(part.len() * PIXELS);
-                    for (p, _) in part {
-                        decode(p, luts, &mut out)?;
-                    }
-                    Ok(out)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("JPEG decoding thread panicked"))
-            .collect()
-    });
-    let mut features = Vec::with_capacity(files.len() * PIXELS);
-    for part in parts {
-        features.extend(part?);
-    }
-    Ok(Split {
-        features,
-        labels: files.iter().map(|(_, y)| *y).collect(),
-        ..Split::default()
-    })
-}
-
-/// Appends the `[3, 64, 64]` features of one JPEG to `out`.
-fn decode(path: &Path, luts: &[[f32; 256]], out: &mut Vec<f32>) -> Result<(), DataError> {
-    if !path.is_file() {
-        return Err(not_found(path, "image listed but missing"));
-    }
-    let bytes = read(path)?;
-    let img = image::load_from_memory_with_format(&bytes, image::ImageFormat::Jpeg)
-        .map_err(|e| DataError::format(path, format!("not a readable JPEG: {e}")))?
-        .to_rgb8();
-    if (img.width() as usize, img.height() as usize) != (SIDE, SIDE) {
-        return Err(DataError::format(
-            path,
-            format!(
-                "image is {}×{}, Tiny-ImageNet images are {SIDE}×{SIDE}",
-                img.width(),
-                img.height()
-            ),
-        ));
-    }
-    let raw = img.as_raw();
-    for (c, lut) in luts.iter().enumerate() {
-        out.extend(raw.iter().skip(c).step_by(3).map(|&p| lut[p as usize]));
-    }
-    Ok(())
 }

@@ -441,7 +441,7 @@ pub fn run_peer(
 ) -> Result<PeerReport, NetError> {
     opts.cfg.validate().map_err(fedweave_sim::RunError::from)?;
     crate::server::refuse_simulation_settings(&opts.cfg)?;
-    if opts.cfg.data.dataset == "csv" {
+    if fedweave_data::dataset(&opts.cfg.data.dataset).is_some_and(|d| d.client_files) {
         return Err(NetError::Unsupported(
             "peers weigh each other by data size, which per-client files (data.dataset = \"csv\") do not let a peer know: derive the data from the config".into(),
         ));

@@ -542,10 +542,7 @@ impl ExperimentConfig {
                 format!("{e}; remove the key"),
             ));
         }
-        let datasets: Vec<&str> = fedweave_data::dataset_names()
-            .iter()
-            .map(|(n, _)| *n)
-            .collect();
+        let datasets: Vec<&str> = fedweave_data::datasets().iter().map(|d| d.name).collect();
         if !datasets.contains(&self.data.dataset.as_str()) {
             return Err(key_err(
                 "data.dataset",

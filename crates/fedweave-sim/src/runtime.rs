@@ -183,7 +183,9 @@ impl Blueprint {
     /// the clients' machines (their sizes come from the hellos). `threads`
     /// in the books default to 1 (the server trains nothing).
     pub fn derive(cfg: &ExperimentConfig) -> Result<Self, RunError> {
-        if cfg.data.dataset == "csv" && cfg.data.shape.is_none() {
+        let client_files =
+            fedweave_data::dataset(&cfg.data.dataset).is_some_and(|d| d.client_files);
+        if client_files && cfg.data.shape.is_none() {
             return Err(RunError::Config(crate::config::key_err(
                 "data.shape",
                 "a server of per-client files (data.dataset = \"csv\") needs data.shape: it checks every client's samples against it",

@@ -468,3 +468,115 @@ fn onnx_export_holds_the_state_dict_and_runs_with_fedweave_s_logits() {
         }
     }
 }
+
+/// A 6×6 RGB PNG of class `dark` (values below 80) or `light` (above
+/// 170), its noise drawn from `seed`.
+fn noisy_png(light: bool, seed: u32) -> Vec<u8> {
+    use image::ImageEncoder;
+    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(12_345);
+    let pixels: Vec<u8> = (0..6 * 6 * 3)
+        .map(|_| {
+            s = s.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            let noise = ((s >> 16) % 80) as u8;
+            if light { 175 + noise } else { noise }
+        })
+        .collect();
+    let mut out = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut out)
+        .write_image(&pixels, 6, 6, image::ExtendedColorType::Rgb8)
+        .unwrap();
+    out
+}
+
+/// Three clients' folders of separable `dark` / `light` images; returns
+/// client 0's test images in the loader's order (class, then file name).
+fn image_clients(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut order = Vec::new();
+    for c in 0..3u32 {
+        for (split, n) in [("train", 8), ("test", 3)] {
+            for (class, light) in [("dark", false), ("light", true)] {
+                let dir = root.join(format!("client{c}/{split}/{class}"));
+                std::fs::create_dir_all(&dir).unwrap();
+                for k in 0..n {
+                    let f = dir.join(format!("{k}.png"));
+                    std::fs::write(&f, noisy_png(light, c * 100 + k + u32::from(light) * 50))
+                        .unwrap();
+                    if c == 0 && split == "test" {
+                        order.push(f);
+                    }
+                }
+            }
+        }
+    }
+    order
+}
+
+#[test]
+fn an_image_folder_run_learns_and_predict_reads_its_images() {
+    let tmp = tempfile::tempdir().unwrap();
+    let test_images = image_clients(&tmp.path().join("data"));
+    let template = tmp.path().join("data/client{id}");
+    let config = format!(
+        "seed = 3\nclients = 3\nrounds = 2\nthreads = 2\n[data]\ndataset = \"image-folder\"\npath = {:?}\nimage_size = 4\nmean = [0.5, 0.5, 0.5]\nstd = [0.25, 0.25, 0.25]\n[partition]\nkind = \"natural\"\n[model]\nkind = \"mlp\"\n[train]\nlocal_iterations = 10\nbatch_size = 8\nlr = 0.05\n[algorithm]\nname = \"fedavg\"\n",
+        template.to_str().unwrap()
+    );
+    let image_run = run(tmp.path(), &config, &[]);
+    let json = std::fs::read_to_string(Path::new(&image_run).join("summary.json")).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let acc = summary["mean_test_acc"].as_f64().unwrap();
+    assert!(acc > 0.8, "mean test accuracy {acc} on separable images");
+    // Client 0's six test images, by fedweave's own forward pass.
+    let (_, _, classes) = samples(&image_run, 0, 6);
+    let want: Vec<String> = classes.iter().map(usize::to_string).collect();
+    // One image at a time, then a directory of copies named in that order.
+    let each: Vec<String> = test_images
+        .iter()
+        .flat_map(|f| {
+            predicted(&[
+                "predict",
+                &image_run,
+                "--client",
+                "0",
+                "--input",
+                f.to_str().unwrap(),
+            ])
+        })
+        .collect();
+    assert_eq!(each, want);
+    let dir = tmp.path().join("to-classify");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (k, f) in test_images.iter().enumerate() {
+        std::fs::copy(f, dir.join(format!("{k:02}.png"))).unwrap();
+    }
+    std::fs::write(dir.join("readme.txt"), "not an image").unwrap();
+    let args = [
+        "predict",
+        &image_run,
+        "--client",
+        "0",
+        "--input",
+        dir.to_str().unwrap(),
+    ];
+    assert_eq!(predicted(&args), want);
+    // The labels are the classes: dark 0, light 1 (three of each).
+    let right = ["0", "0", "0", "1", "1", "1"]
+        .iter()
+        .zip(&want)
+        .filter(|(a, b)| *a == b)
+        .count();
+    assert!(right >= 5, "{want:?}");
+    // An image of a run on other data is refused with a reason.
+    let digits = tmp.path().join("digits");
+    std::fs::create_dir_all(&digits).unwrap();
+    let drun = run(&digits, CONFIG, &["rounds=1"]);
+    let o = fedweave(&[
+        "predict",
+        &drun,
+        "--client",
+        "0",
+        "--input",
+        test_images[0].to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("image files"), "{}", text(&o));
+}

@@ -139,6 +139,37 @@ fn list_json_names_everything() {
     for n in names("algorithms") {
         assert!(text.contains(&format!("  {n} ")), "{n}");
     }
+    // Datasets: the registry's, in its order, with what data.path holds.
+    let registry: Vec<String> = fedweave_data::datasets()
+        .iter()
+        .map(|d| d.name.to_string())
+        .collect();
+    assert_eq!(names("datasets"), registry);
+    for (d, spec) in v["datasets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(fedweave_data::datasets())
+    {
+        assert_eq!(d["natural_clients"].as_bool(), Some(spec.natural_clients));
+        assert_eq!(d["path"].as_str(), spec.path.holds(), "{d}");
+        assert!(text.contains(&format!("  {:<12} {}", spec.name, spec.help)));
+    }
+    let pfllib = &v["datasets"][registry.iter().position(|n| n == "pfllib").unwrap()];
+    assert!(pfllib["path"].as_str().unwrap().contains("config.json"));
+}
+
+#[test]
+fn init_writes_a_valid_config_for_every_dataset() {
+    for d in fedweave_data::datasets() {
+        let o = fedweave(&["init", "--dataset", d.name]);
+        assert!(o.status.success(), "{}: {}", d.name, stderr(&o));
+        let text = stdout(&o);
+        assert!(text.contains(&format!("dataset = \"{}\"", d.name)));
+        if d.natural_clients {
+            assert!(text.contains("kind = \"natural\""), "{}: {text}", d.name);
+        }
+    }
 }
 
 #[test]

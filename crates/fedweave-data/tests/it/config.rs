@@ -1,7 +1,7 @@
 //! Configuration sections: defaults, names and strictness.
 
 use fedweave_data::{
-    DataConfig, PartitionConfig, PartitionKind, SyntheticConfig, dataset_names, load_dataset,
+    DataConfig, PartitionConfig, PartitionKind, SyntheticConfig, datasets, load_dataset,
     partition_kinds,
 };
 
@@ -51,7 +51,7 @@ fn kinds_parse_lowercase_and_unknown_keys_fail() {
 
 #[test]
 fn listed_datasets_are_loadable_names() {
-    let names: Vec<&str> = dataset_names().iter().map(|(n, _)| *n).collect();
+    let names: Vec<&str> = datasets().iter().map(|d| d.name).collect();
     assert_eq!(
         names,
         [
@@ -66,13 +66,16 @@ fn listed_datasets_are_loadable_names() {
             "pems-bay",
             "cifar10",
             "cifar100",
+            "cinic10",
             "emnist",
             "femnist",
             "shakespeare",
             "movielens-100k",
             "yahoo-answers",
             "tiny-imagenet",
-            "csv"
+            "csv",
+            "pfllib",
+            "image-folder"
         ]
     );
     assert_eq!(partition_kinds().len(), 11);
@@ -92,8 +95,8 @@ fn unknown_dataset_lists_every_name_and_new_keys_parse() {
         ..DataConfig::default()
     };
     let e = load_dataset(&cfg, 0).unwrap_err().to_string();
-    for (name, _) in dataset_names() {
-        assert!(e.contains(name), "{name} missing: {e}");
+    for d in datasets() {
+        assert!(e.contains(d.name), "{} missing: {e}", d.name);
     }
     let d: DataConfig = serde_json::from_str(
         r#"{"dataset": "emnist", "emnist_split": "letters", "users": 5, "coarse_labels": true,
