@@ -284,16 +284,74 @@ impl Builder<'_> {
         name
     }
 
+    /// An `f32` constant tensor of `dims` as an initializer.
+    fn constants(&mut self, values: &[f32], dims: &[usize]) -> String {
+        let name = format!("const_{}", self.initializers.len());
+        self.initializers.push(TensorProto {
+            dims: dims.iter().map(|&d| d as i64).collect(),
+            data_type: FLOAT,
+            name: name.clone(),
+            raw_data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        });
+        name
+    }
+
+    /// The `[C]` tensor `name` of the state_dict as a `[C, 1, 1]` constant
+    /// that broadcasts over an image (group norm's affine).
+    fn channelwise(&mut self, name: &str, c: usize) -> Result<String, String> {
+        let t = self
+            .dict
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| format!("the state_dict has no `{name}`"))?;
+        match &t.data {
+            TorchData::F32(v) if t.shape == [c] => Ok(self.constants(v, &[c, 1, 1])),
+            _ => Err(format!(
+                "`{name}` has shape {:?} where the layer needs [{c}]",
+                t.shape
+            )),
+        }
+    }
+
     /// The running value as `[C, H, W]`, or `Err` naming the layer.
     fn image(&self, what: &str) -> Result<[usize; 3], String> {
         <[usize; 3]>::try_from(self.shape.as_slice())
             .map_err(|_| format!("{what} needs a C×H×W input, gets {:?}", self.shape))
     }
 
-    /// Appends layer `layer` (an entry of `model.json`'s `layers`).
-    fn layer(&mut self, layer: &Value) -> Result<(), String> {
+    /// An `int64` vector constant as an initializer (Reshape's shapes).
+    fn int64s(&mut self, values: &[i64]) -> String {
+        let name = format!("const_{}", self.initializers.len());
+        self.initializers.push(TensorProto {
+            dims: vec![values.len() as i64],
+            data_type: INT64,
+            name: name.clone(),
+            raw_data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        });
+        name
+    }
+
+    /// The running value through `op` with one more input.
+    fn then(&mut self, op: &str, operand: String) {
+        let v = self.value.clone();
+        self.node(op, vec![v, operand], vec![]);
+    }
+
+    /// Appends the layers of `layers` (entries of `model.json`'s `layers`),
+    /// their weights named under `prefix` (a residual block's `name.`).
+    fn layers(&mut self, layers: &[Value], prefix: &str) -> Result<(), String> {
+        for (i, layer) in layers.iter().enumerate() {
+            self.layer(layer, prefix)
+                .map_err(|e| format!("{prefix}layers[{i}]: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Appends layer `layer`, its weights named under `prefix`.
+    fn layer(&mut self, layer: &Value, prefix: &str) -> Result<(), String> {
         let kind = layer["type"].as_str().unwrap_or_default();
-        let name = layer["name"].as_str().unwrap_or_default();
+        let full = format!("{prefix}{}", layer["name"].as_str().unwrap_or_default());
+        let name = full.as_str();
         let int = |key: &str| -> Result<usize, String> {
             layer[key]
                 .as_u64()
@@ -395,25 +453,110 @@ impl Builder<'_> {
             "max_pool2d" | "avg_pool2d" => {
                 let [c, h, w] = self.image(kind)?;
                 let k = int("kernel_size")?;
-                let s = int_or("stride", k);
-                if k == 0 || s == 0 || h < k || w < k {
-                    return Err(format!("{kind} (kernel {k}) does not fit {:?}", self.shape));
+                let (st, p) = (int_or("stride", k), int_or("padding", 0));
+                if k == 0 || st == 0 || h + 2 * p < k || w + 2 * p < k || 2 * p > k {
+                    return Err(format!(
+                        "{kind} (kernel {k}, padding {p}) does not fit {:?}",
+                        self.shape
+                    ));
                 }
+                let (ki, si, pi) = (k as i64, st as i64, p as i64);
+                let mut attrs = vec![
+                    ("kernel_shape", Attr::Ints(vec![ki, ki])),
+                    ("strides", Attr::Ints(vec![si, si])),
+                    ("pads", Attr::Ints(vec![pi, pi, pi, pi])),
+                ];
                 let op = if kind == "max_pool2d" {
                     "MaxPool"
                 } else {
+                    // PyTorch's AvgPool2d counts the padding.
+                    attrs.push(("count_include_pad", Attr::Int(1)));
                     "AveragePool"
                 };
-                let (ki, si) = (k as i64, s as i64);
+                self.node(op, vec![x], attrs);
+                let out = |n: usize| (n + 2 * p - k) / st + 1;
+                self.shape = vec![c, out(h), out(w)];
+            }
+            "adaptive_avg_pool2d" | "adaptive_max_pool2d" => {
+                let [c, h, w] = self.image(kind)?;
+                let o = int("output_size")?;
+                let max = kind == "adaptive_max_pool2d";
+                if o == 1 {
+                    let op = if max {
+                        "GlobalMaxPool"
+                    } else {
+                        "GlobalAveragePool"
+                    };
+                    self.node(op, vec![x], vec![]);
+                } else if o > 0 && h % o == 0 && w % o == 0 {
+                    // Equal windows: an ordinary pool of kernel = stride = side / o.
+                    let (kh, kw) = ((h / o) as i64, (w / o) as i64);
+                    let op = if max { "MaxPool" } else { "AveragePool" };
+                    let window = vec![
+                        ("kernel_shape", Attr::Ints(vec![kh, kw])),
+                        ("strides", Attr::Ints(vec![kh, kw])),
+                    ];
+                    self.node(op, vec![x], window);
+                } else {
+                    return Err(format!(
+                        "{kind} to {o}×{o} from {h}×{w}: ONNX has no adaptive pool of unequal windows"
+                    ));
+                }
+                self.shape = vec![c, o, o];
+            }
+            "group_norm" => {
+                let [c, h, w] = self.image(kind)?;
+                let g = int("num_groups")?;
+                if g == 0 || c % g != 0 {
+                    return Err(format!("group_norm `{name}`: {g} groups of {c} channels"));
+                }
+                let eps = layer["eps"].as_f64().unwrap_or(1e-5) as f32;
+                // Opset 17 has no GroupNormalization: normalise [N, G, C/G·H·W]
+                // per group with InstanceNormalization (unit scale, zero shift),
+                // reshape back, then the per-channel affine.
+                let grouped = self.int64s(&[0, g as i64, -1]);
+                self.then("Reshape", grouped);
+                let ones = self.constants(&vec![1.0; g], &[g]);
+                let zeros = self.constants(&vec![0.0; g], &[g]);
+                let v = self.value.clone();
                 self.node(
-                    op,
-                    vec![x],
-                    vec![
-                        ("kernel_shape", Attr::Ints(vec![ki, ki])),
-                        ("strides", Attr::Ints(vec![si, si])),
-                    ],
+                    "InstanceNormalization",
+                    vec![v, ones, zeros],
+                    vec![("epsilon", Attr::Float(eps))],
                 );
-                self.shape = vec![c, (h - k) / s + 1, (w - k) / s + 1];
+                let back = self.int64s(&[0, c as i64, h as i64, w as i64]);
+                self.then("Reshape", back);
+                let scale = self.channelwise(&format!("{name}.weight"), c)?;
+                self.then("Mul", scale);
+                let shift = self.channelwise(&format!("{name}.bias"), c)?;
+                self.then("Add", shift);
+            }
+            "residual" => {
+                let empty = Vec::new();
+                let body = layer["layers"].as_array().unwrap_or(&empty);
+                let shortcut = layer["shortcut"].as_array().unwrap_or(&empty);
+                let (input, shape) = (x, self.shape.clone());
+                let inner = format!("{name}.");
+                self.layers(body, &format!("{inner}layers."))?;
+                let (main, main_shape) = (self.value.clone(), self.shape.clone());
+                self.value = input;
+                self.shape = shape;
+                self.layers(shortcut, &format!("{inner}shortcut."))?;
+                if self.shape != main_shape {
+                    return Err(format!(
+                        "residual `{name}`: its branch gives {main_shape:?}, its shortcut {:?}",
+                        self.shape
+                    ));
+                }
+                let short = self.value.clone();
+                self.node("Add", vec![main, short], vec![]);
+            }
+            "scale" => {
+                let factor = layer["factor"]
+                    .as_f64()
+                    .ok_or_else(|| "scale lacks a number `factor`".to_string())?;
+                let k = self.constant(factor as f32);
+                self.node("Mul", vec![x, k], vec![]);
             }
             "dropout" => {}
             other => return Err(format!("layer type `{other}` has no ONNX form yet")),
@@ -466,9 +609,7 @@ pub fn onnx_model(
         value: "input".into(),
         shape: input_shape.to_vec(),
     };
-    for (i, layer) in layers.iter().enumerate() {
-        b.layer(layer).map_err(|e| format!("layers[{i}]: {e}"))?;
-    }
+    b.layers(layers, "")?;
     if b.shape != [outputs] {
         return Err(format!(
             "the layers end in {:?}, the model has {outputs} outputs",
