@@ -441,7 +441,7 @@ mod tests {
     use fedweave_nn::{ModelKind, ModelSpec, TrainConfig};
 
     fn env_parts() -> (ModelSpec, Vec<f32>, TrainConfig) {
-        let spec = ModelSpec::new(ModelKind::Mlp, &[3], 2).unwrap();
+        let spec = ModelSpec::new(ModelKind::MLP, &[3], 2).unwrap();
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         let train = TrainConfig {
             lr: 0.05,

@@ -228,7 +228,7 @@ mod tests {
     /// every other element is the size-weighted mean.
     #[test]
     fn batch_norm_layers_are_untouched_by_aggregation() {
-        let spec = ModelSpec::new(ModelKind::CnnBn, &[1, 28, 28], 10).unwrap();
+        let spec = ModelSpec::new(ModelKind::CNN_BN, &[1, 28, 28], 10).unwrap();
         let d = spec.layout().len();
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         let train = TrainConfig {

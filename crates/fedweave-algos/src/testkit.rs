@@ -20,7 +20,7 @@ pub(crate) struct Tiny {
 
 impl Tiny {
     pub(crate) fn new() -> Self {
-        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 3).unwrap();
+        let spec = ModelSpec::new(ModelKind::MLP, &[4], 3).unwrap();
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         let n = 48;
         // Separable: the class sets which feature is large.
