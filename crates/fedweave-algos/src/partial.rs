@@ -181,6 +181,67 @@ mod tests {
         assert_eq!(algo.check_upload(&env, &up), Ok(()));
     }
 
+    /// FedPer on a `sequential` model (linear 16, ReLU, linear 16, ReLU,
+    /// linear head): after a round every client holds the same body (the
+    /// average) and a head of its own.
+    #[test]
+    fn fedper_on_a_sequential_model_shares_the_body_and_keeps_heads_local() {
+        use fedweave_nn::{LayerConfig, ModelInput, SequentialConfig, Width};
+        let linear = |o: Option<usize>| LayerConfig::Linear {
+            in_features: None,
+            out_features: o.map(Width::Count),
+            bias: true,
+        };
+        let layers = vec![
+            linear(Some(16)),
+            LayerConfig::Relu,
+            linear(Some(16)),
+            LayerConfig::Relu,
+            linear(None),
+        ];
+        let input = ModelInput {
+            sequential: Some(SequentialConfig { layers, head: None }),
+            ..Default::default()
+        };
+        let spec = ModelSpec::with_input(ModelKind::SEQUENTIAL, &[4], 3, &input).unwrap();
+        let t = Tiny::with_spec(spec);
+        let env = t.env();
+        let split = t.spec.split();
+        assert_eq!(
+            split.head,
+            4 * 16 + 16 + 16 * 16 + 16..t.spec.layout().len()
+        );
+        assert_eq!(t.spec.feature_len(), 16);
+        let algo = PartialAvg::new(
+            "fedper",
+            PartialAvgParams {}.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
+        let mut models: Vec<_> = (0..3).map(|_| env.initial_model()).collect();
+        let uploads: Vec<_> = models
+            .iter_mut()
+            .enumerate()
+            .map(|(i, m)| (i, algo.local_round(&env, &mut t.cx(i, 1), m).up))
+            .collect();
+        let out = algo.aggregate(&env, &mut (), 1, &uploads);
+        for (i, down) in out.downloads {
+            algo.receive(&env, &mut models[i], down);
+        }
+        let part = |m: &crate::Model, r: std::ops::Range<usize>| m.params[r].to_vec();
+        for m in &models[1..] {
+            assert_eq!(
+                part(m, split.base.clone()),
+                part(&models[0], split.base.clone())
+            );
+            assert_ne!(
+                part(m, split.head.clone()),
+                part(&models[0], split.head.clone())
+            );
+        }
+        assert!(changed(&t.init, &models[0].params, split.base.clone()) > 0);
+    }
+
     /// Only the head travels: the upload is the trained head (with the
     /// attack's start cut to the head), the average is the size-weighted
     /// mean of the heads, and receiving it leaves the body alone.

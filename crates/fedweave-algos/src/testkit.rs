@@ -20,7 +20,11 @@ pub(crate) struct Tiny {
 
 impl Tiny {
     pub(crate) fn new() -> Self {
-        let spec = ModelSpec::new(ModelKind::MLP, &[4], 3).unwrap();
+        Self::with_spec(ModelSpec::new(ModelKind::MLP, &[4], 3).unwrap())
+    }
+
+    /// The federation with another model of 4 inputs and 3 classes.
+    pub(crate) fn with_spec(spec: ModelSpec) -> Self {
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         let n = 48;
         // Separable: the class sets which feature is large.

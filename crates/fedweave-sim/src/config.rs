@@ -889,6 +889,95 @@ mod tests {
     }
 
     #[test]
+    fn a_sequential_model_is_read_from_the_layer_list_and_written_back() {
+        let text = r#"
+[model]
+kind = "sequential"
+head = 4
+layers = [
+  { type = "conv2d", out_channels = 6, kernel = 5, padding = 2 },
+  { type = "relu" },
+  { type = "max_pool2d", kernel = 2 },
+  { type = "flatten" },
+  { type = "linear", out_features = 32 },
+  { type = "relu" },
+  { type = "linear", out_features = "classes", bias = false },
+]
+"#;
+        let cfg = ExperimentConfig::from_toml_str(text, &[]).unwrap();
+        let seq = cfg.model.sequential().unwrap();
+        assert_eq!(seq.head, Some(4));
+        assert_eq!(seq.layers.len(), 7);
+        assert_eq!(
+            seq.layers[6],
+            LayerConfig::Linear {
+                in_features: None,
+                out_features: Some(fedweave_nn::Width::Classes),
+                bias: false,
+            }
+        );
+        let again = ExperimentConfig::from_toml_str(&cfg.to_toml(), &[]).unwrap();
+        assert_eq!(again.model.sequential(), Some(seq));
+    }
+
+    #[test]
+    fn layer_list_mistakes_name_the_layer_and_the_key() {
+        let err = |model: &str| {
+            ExperimentConfig::from_toml_str(
+                &format!(
+                    "[model]
+{model}
+"
+                ),
+                &[],
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        let e = err(r#"kind = "sequential"
+layers = [{ type = "relu" }, { type = "convolution", out_channels = 3 }]"#);
+        assert!(
+            e.contains("model.layers[1]") && e.contains("convolution"),
+            "{e}"
+        );
+        assert!(e.contains("conv2d"), "did you mean: {e}");
+        let e = err(r#"kind = "sequential"
+layers = [{ type = "linear", out_feature = 3 }]"#);
+        assert!(
+            e.contains("model.layers[0]") && e.contains("out_features"),
+            "{e}"
+        );
+        let e = err(r#"kind = "sequential"
+layers = [{ type = "conv2d", out_channels = "six", kernel = 3 }]"#);
+        assert!(e.contains("model.layers[0]"), "{e}");
+        let e = err(r#"kind = "sequential"
+layers = [{ type = "relu", p = 0.5 }]"#);
+        assert!(e.contains("model.layers[0]") && e.contains("p"), "{e}");
+        let e = err(r#"kind = "sequential""#);
+        assert!(e.contains("model.layers") && e.contains("missing"), "{e}");
+        let e = err(r#"kind = "sequential"
+layers = []"#);
+        assert!(e.contains("model.layers") && e.contains("empty"), "{e}");
+        let e = err(r#"kind = "cnn"
+layers = [{ type = "relu" }]"#);
+        assert!(
+            e.contains("model.layers") && e.contains("sequential"),
+            "{e}"
+        );
+        let e = err(r#"kind = "sequentail""#);
+        assert!(
+            e.contains("model.kind") && e.contains("did you mean `sequential`"),
+            "{e}"
+        );
+        let e = err(r#"kind = "cnn"
+embed_dim = 8"#);
+        assert!(
+            e.contains("model.embed_dim") && e.contains("textcnn and mf"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn batch_clients_needs_a_batched_model_and_is_written_out() {
         let cfg = ExperimentConfig::from_toml_str(
             "[model]\nkind = \"cnn\"\n[device]\nbatch_clients = 8\n",

@@ -60,6 +60,9 @@ pub struct SequentialConfig {
 pub enum LayerConfig {
     /// 2-D convolution with a square kernel.
     Conv2d {
+        /// Input channels, if stated (checked against the input).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        in_channels: Option<usize>,
         /// Output channels.
         out_channels: usize,
         /// Kernel side.
@@ -127,6 +130,9 @@ pub enum LayerConfig {
     },
     /// Fully connected layer on a flat vector.
     Linear {
+        /// Input width, if stated (checked against the input).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        in_features: Option<usize>,
         /// Output width, or `"classes"`; the last linear layer defaults to
         /// the class count.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -512,6 +518,7 @@ impl Builder<'_> {
         };
         Ok(match *layer {
             LayerConfig::Conv2d {
+                in_channels,
                 out_channels,
                 kernel,
                 stride,
@@ -520,6 +527,14 @@ impl Builder<'_> {
                 bias,
             } => {
                 let m = map()?;
+                if let Some(c) = in_channels
+                    && c != m[0]
+                {
+                    return Err(err(format!(
+                        "expects {c} input channels, gets {} from {from} {shape}",
+                        m[0]
+                    )));
+                }
                 positive("out_channels", out_channels)?;
                 positive("groups", groups)?;
                 if m[0] % groups != 0 || out_channels % groups != 0 {
@@ -636,12 +651,23 @@ impl Builder<'_> {
                     .get_or_insert_with(|| format!("{path} (dropout) has no batched form"));
                 (Op::Dropout(p), self.activation(shape, &err)?)
             }
-            LayerConfig::Linear { out_features, bias } => {
+            LayerConfig::Linear {
+                in_features,
+                out_features,
+                bias,
+            } => {
                 let Shape::Flat(n) = shape else {
                     return Err(err(format!(
                         "expects a flat input, gets {shape} from {from}; add {{ type = \"flatten\" }} before it"
                     )));
                 };
+                if let Some(want) = in_features
+                    && want != n
+                {
+                    return Err(err(format!(
+                        "expects {want} input features, gets {n} from {from} {shape}"
+                    )));
+                }
                 let out = match out_features {
                     Some(Width::Count(0)) => {
                         return Err(err("out_features must be at least 1".into()));
@@ -760,13 +786,17 @@ fn layer_type(layer: &LayerConfig) -> &'static str {
     }
 }
 
-/// An activation in the one-client forward pass.
-enum Act {
+/// An activation between layers: a map `[B, C, H, W]` (the batched path:
+/// `[B, K·C, H, W]`) or flat, `Tensor<F>` (`[B, n]`; batched `[K, B, n]`).
+enum Act<const F: usize> {
     Map(Tensor<4>),
-    Flat(Tensor<2>),
+    Flat(Tensor<F>),
 }
 
-impl Act {
+/// K clients' activations in the batched path.
+type Stacked = Act<3>;
+
+impl<const F: usize> Act<F> {
     fn map(self) -> Tensor<4> {
         match self {
             Act::Map(t) => t,
@@ -774,18 +804,37 @@ impl Act {
         }
     }
 
+    /// An element-wise function on either form.
+    fn each(self, f: fn(Tensor<4>) -> Tensor<4>, g: fn(Tensor<F>) -> Tensor<F>) -> Self {
+        match self {
+            Act::Map(t) => Act::Map(f(t)),
+            Act::Flat(t) => Act::Flat(g(t)),
+        }
+    }
+
+    /// Two handles on the activation (a residual block's two branches).
+    fn fork(self) -> (Self, Self) {
+        match self {
+            Act::Map(t) => (Act::Map(t.clone()), Act::Map(t)),
+            Act::Flat(t) => (Act::Flat(t.clone()), Act::Flat(t)),
+        }
+    }
+}
+
+impl Act<2> {
     fn flat(self) -> Tensor<2> {
         match self {
             Act::Flat(t) => t,
             Act::Map(t) => flatten(t),
         }
     }
+}
 
-    /// An element-wise function on either form.
-    fn each(self, f: fn(Tensor<4>) -> Tensor<4>, g: fn(Tensor<2>) -> Tensor<2>) -> Self {
+impl Act<3> {
+    fn flat(self, cx: &BatchedCx) -> Tensor<3> {
         match self {
-            Act::Map(t) => Act::Map(f(t)),
-            Act::Flat(t) => Act::Flat(g(t)),
+            Act::Flat(t) => t,
+            Act::Map(t) => cx.flatten(t),
         }
     }
 }
@@ -840,7 +889,7 @@ fn dropout<const D: usize>(x: Tensor<D>, p: f64, rng: &mut impl Rng) -> Tensor<D
 
 impl Sequential {
     /// Runs `ops` from `x` (the one-client path).
-    fn run(&self, ops: &[Op], mut x: Act, p: &[ParamTensor], norm: &mut Norm) -> Act {
+    fn run(&self, ops: &[Op], mut x: Act<2>, p: &[ParamTensor], norm: &mut Norm) -> Act<2> {
         for op in ops {
             x = match op {
                 Op::Linear { at, bias, .. } => {
@@ -899,10 +948,7 @@ impl Sequential {
                     Act::Map(e.reshape([b, 1, len, dim]))
                 }
                 Op::Residual { body, shortcut } => {
-                    let (y, s) = match x {
-                        Act::Map(t) => (Act::Map(t.clone()), Act::Map(t)),
-                        Act::Flat(t) => (Act::Flat(t.clone()), Act::Flat(t)),
-                    };
+                    let (y, s) = x.fork();
                     let y = self.run(body, y, p, norm);
                     let s = self.run(shortcut, s, p, norm);
                     match (y, s) {
@@ -958,10 +1004,7 @@ impl Sequential {
                 Op::AdaptiveAvg(o) => Stacked::Map(adaptive_avg_pool2d(x.map(), [*o, *o])),
                 Op::Flatten => Stacked::Flat(x.flat(cx)),
                 Op::Residual { body, shortcut } => {
-                    let (y, s) = match x {
-                        Stacked::Map(t) => (Stacked::Map(t.clone()), Stacked::Map(t)),
-                        Stacked::Flat(t) => (Stacked::Flat(t.clone()), Stacked::Flat(t)),
-                    };
+                    let (y, s) = x.fork();
                     let y = self.run_batched(body, y, cx);
                     let s = self.run_batched(shortcut, s, cx);
                     match (y, s) {
@@ -1045,35 +1088,6 @@ impl Sequential {
                 }
             })
             .collect()
-    }
-}
-
-/// K clients' activations: maps `[B, K·C, H, W]` or flat `[K, B, F]`.
-enum Stacked {
-    Map(Tensor<4>),
-    Flat(Tensor<3>),
-}
-
-impl Stacked {
-    fn map(self) -> Tensor<4> {
-        match self {
-            Stacked::Map(t) => t,
-            Stacked::Flat(_) => unreachable!("checked when the model is built"),
-        }
-    }
-
-    fn flat(self, cx: &BatchedCx) -> Tensor<3> {
-        match self {
-            Stacked::Flat(t) => t,
-            Stacked::Map(t) => cx.flatten(t),
-        }
-    }
-
-    fn each(self, f: fn(Tensor<4>) -> Tensor<4>, g: fn(Tensor<3>) -> Tensor<3>) -> Self {
-        match self {
-            Stacked::Map(t) => Stacked::Map(f(t)),
-            Stacked::Flat(t) => Stacked::Flat(g(t)),
-        }
     }
 }
 

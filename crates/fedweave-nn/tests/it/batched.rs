@@ -54,10 +54,19 @@ pub(crate) fn compare_on(
     sizes: &[usize],
     cfg: &TrainConfig,
 ) -> (f64, f64, f64) {
-    let classes = 4;
-    let spec = ModelSpec::new(kind, shape, classes)
-        .unwrap()
-        .on(device.clone());
+    let spec = ModelSpec::new(kind, shape, 4).unwrap();
+    compare_spec_on(device, &spec, sizes, cfg)
+}
+
+/// [`compare_on`] for a built `spec` (4 classes).
+pub(crate) fn compare_spec_on(
+    device: &Device,
+    spec: &ModelSpec,
+    sizes: &[usize],
+    cfg: &TrainConfig,
+) -> (f64, f64, f64) {
+    let classes = spec.num_classes();
+    let spec = spec.clone().on(device.clone());
     let data: Vec<Data> = sizes
         .iter()
         .enumerate()
