@@ -194,9 +194,9 @@ mod tests {
         };
         let layers = vec![
             linear(Some(16)),
-            LayerConfig::Relu,
+            LayerConfig::Relu {},
             linear(Some(16)),
-            LayerConfig::Relu,
+            LayerConfig::Relu {},
             linear(None),
         ];
         let input = ModelInput {

@@ -923,16 +923,9 @@ layers = [
     #[test]
     fn layer_list_mistakes_name_the_layer_and_the_key() {
         let err = |model: &str| {
-            ExperimentConfig::from_toml_str(
-                &format!(
-                    "[model]
-{model}
-"
-                ),
-                &[],
-            )
-            .unwrap_err()
-            .to_string()
+            ExperimentConfig::from_toml_str(&format!("[model]\n{model}\n"), &[])
+                .unwrap_err()
+                .to_string()
         };
         let e = err(r#"kind = "sequential"
 layers = [{ type = "relu" }, { type = "convolution", out_channels = 3 }]"#);
@@ -952,7 +945,10 @@ layers = [{ type = "conv2d", out_channels = "six", kernel = 3 }]"#);
         assert!(e.contains("model.layers[0]"), "{e}");
         let e = err(r#"kind = "sequential"
 layers = [{ type = "relu", p = 0.5 }]"#);
-        assert!(e.contains("model.layers[0]") && e.contains("p"), "{e}");
+        assert!(
+            e.contains("model.layers[0]") && e.contains("unknown key; this table takes no keys"),
+            "{e}"
+        );
         let e = err(r#"kind = "sequential""#);
         assert!(e.contains("model.layers") && e.contains("missing"), "{e}");
         let e = err(r#"kind = "sequential"

@@ -543,7 +543,8 @@ mod tests {
             (ModelKind::CNN_BN, &dense),
             (ModelKind::SEQUENTIAL, &seq),
         ] {
-            let spec = ModelSpec::with_input(kind, &[3, 8, 8], 5, input).unwrap();
+            let side = if kind == ModelKind::CNN_BN { 28 } else { 8 };
+            let spec = ModelSpec::with_input(kind, &[3, side, side], 5, input).unwrap();
             let desc = spec.describe().unwrap();
             let listed: Vec<String> = named_layers(&desc).into_iter().map(|(n, _)| n).collect();
             let groups: Vec<String> = spec

@@ -82,18 +82,18 @@ pub enum LayerConfig {
     },
     /// Batch norm over the channels of a map; its running statistics are
     /// the client's local buffers, as `cnn-bn`'s.
-    BatchNorm,
+    BatchNorm {},
     /// Group norm over the channels of a map.
     GroupNorm {
         /// Groups (dividing the channels).
         groups: usize,
     },
     /// ReLU.
-    Relu,
+    Relu {},
     /// GELU.
-    Gelu,
+    Gelu {},
     /// tanh.
-    Tanh,
+    Tanh {},
     /// Max pooling.
     MaxPool2d {
         /// Window side.
@@ -122,7 +122,7 @@ pub enum LayerConfig {
         output: usize,
     },
     /// A map `[C, H, W]` to a flat vector of C·H·W.
-    Flatten,
+    Flatten {},
     /// Dropout with probability `p` (training only).
     Dropout {
         /// Drop probability, in [0, 1).
@@ -562,7 +562,7 @@ impl Builder<'_> {
                     Shape::Map([out_channels, oh, ow]),
                 )
             }
-            LayerConfig::BatchNorm => {
+            LayerConfig::BatchNorm {} => {
                 let m = map()?;
                 let c = m[0];
                 let at = self.group(name, &[("weight", vec![c]), ("bias", vec![c])]);
@@ -599,9 +599,9 @@ impl Builder<'_> {
                     shape,
                 )
             }
-            LayerConfig::Relu => (Op::Relu, self.activation(shape, &err)?),
-            LayerConfig::Gelu => (Op::Gelu, self.activation(shape, &err)?),
-            LayerConfig::Tanh => (Op::Tanh, self.activation(shape, &err)?),
+            LayerConfig::Relu {} => (Op::Relu, self.activation(shape, &err)?),
+            LayerConfig::Gelu {} => (Op::Gelu, self.activation(shape, &err)?),
+            LayerConfig::Tanh {} => (Op::Tanh, self.activation(shape, &err)?),
             LayerConfig::MaxPool2d {
                 kernel,
                 stride,
@@ -638,7 +638,7 @@ impl Builder<'_> {
                 }
                 (Op::AdaptiveAvg(output), Shape::Map([c, output, output]))
             }
-            LayerConfig::Flatten => match shape {
+            LayerConfig::Flatten {} => match shape {
                 Shape::Map([c, h, w]) => (Op::Flatten, Shape::Flat(c * h * w)),
                 Shape::Flat(_) => (Op::Flatten, shape),
                 Shape::Tokens(_) => return Err(err(format!("gets {shape}; embed them first"))),
@@ -770,15 +770,15 @@ impl Builder<'_> {
 fn layer_type(layer: &LayerConfig) -> &'static str {
     match layer {
         LayerConfig::Conv2d { .. } => "conv2d",
-        LayerConfig::BatchNorm => "batch_norm",
+        LayerConfig::BatchNorm {} => "batch_norm",
         LayerConfig::GroupNorm { .. } => "group_norm",
-        LayerConfig::Relu => "relu",
-        LayerConfig::Gelu => "gelu",
-        LayerConfig::Tanh => "tanh",
+        LayerConfig::Relu {} => "relu",
+        LayerConfig::Gelu {} => "gelu",
+        LayerConfig::Tanh {} => "tanh",
         LayerConfig::MaxPool2d { .. } => "max_pool2d",
         LayerConfig::AvgPool2d { .. } => "avg_pool2d",
         LayerConfig::AdaptiveAvgPool2d { .. } => "adaptive_avg_pool2d",
-        LayerConfig::Flatten => "flatten",
+        LayerConfig::Flatten {} => "flatten",
         LayerConfig::Dropout { .. } => "dropout",
         LayerConfig::Linear { .. } => "linear",
         LayerConfig::Embedding { .. } => "embedding",

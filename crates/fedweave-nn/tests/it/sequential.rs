@@ -55,16 +55,16 @@ fn cnn_layers() -> Vec<LayerConfig> {
     use LayerConfig::{Flatten, Relu};
     vec![
         conv(6, 5),
-        Relu,
+        Relu {},
         pool(2),
         conv(16, 5),
-        Relu,
+        Relu {},
         pool(2),
-        Flatten,
+        Flatten {},
         linear(Some(120)),
-        Relu,
+        Relu {},
         linear(Some(84)),
-        Relu,
+        Relu {},
         linear(None),
     ]
 }
@@ -74,16 +74,16 @@ fn cnn_bn_layers() -> Vec<LayerConfig> {
     use LayerConfig::{BatchNorm, Flatten, Relu};
     vec![
         conv(32, 5),
-        BatchNorm,
-        Relu,
+        BatchNorm {},
+        Relu {},
         pool(2),
         conv(64, 5),
-        BatchNorm,
-        Relu,
+        BatchNorm {},
+        Relu {},
         pool(2),
-        Flatten,
+        Flatten {},
         linear(Some(512)),
-        Relu,
+        Relu {},
         LayerConfig::Linear {
             in_features: None,
             out_features: Some(Width::Classes),
@@ -177,8 +177,8 @@ fn a_sequential_model_trains_batched_to_tolerance() {
             groups: 1,
             bias: true,
         },
-        BatchNorm,
-        Relu,
+        BatchNorm {},
+        Relu {},
         LayerConfig::Residual {
             layers: vec![
                 LayerConfig::Conv2d {
@@ -191,7 +191,7 @@ fn a_sequential_model_trains_batched_to_tolerance() {
                     bias: false,
                 },
                 LayerConfig::GroupNorm { groups: 2 },
-                Gelu,
+                Gelu {},
             ],
             shortcut: vec![LayerConfig::Conv2d {
                 in_channels: None,
@@ -209,13 +209,13 @@ fn a_sequential_model_trains_batched_to_tolerance() {
             padding: 0,
         },
         LayerConfig::AdaptiveAvgPool2d { output: 2 },
-        Flatten,
+        Flatten {},
         LayerConfig::Linear {
             in_features: None,
             out_features: Some(Width::Count(12)),
             bias: false,
         },
-        Tanh,
+        Tanh {},
         linear(None),
     ];
     let spec = sequential(&[3, 12, 12], 4, layers);
@@ -224,7 +224,7 @@ fn a_sequential_model_trains_batched_to_tolerance() {
     assert!(dp < 1e-5, "parameters differ by {dp:e} (relative)");
     assert!(db < 1e-5, "buffers differ by {db:e} (relative)");
     // A flat input: linear layers only, as the mlp.
-    let mlp = sequential(&[12], 4, vec![linear(Some(16)), Relu, linear(None)]);
+    let mlp = sequential(&[12], 4, vec![linear(Some(16)), Relu {}, linear(None)]);
     let (dp, _, moved) = compare_spec_on(&Device::flex(), &mlp, &[20, 13, 8, 0], &epochs_cfg());
     assert!(moved > 1e-3 && dp < 1e-5, "mlp-like: {dp:e}, moved {moved}");
 }
@@ -254,7 +254,7 @@ fn layer_lists_that_do_not_fit_name_the_layer_and_the_shapes() {
         "model.layers[7] (linear): expects 400 input features, gets 256 from layers[6] output [256]"
     );
     // No linear layer to start the head, and no head given.
-    let e = error(&[1, 16, 16], vec![conv(16, 5), pool(2), Flatten], None);
+    let e = error(&[1, 16, 16], vec![conv(16, 5), pool(2), Flatten {}], None);
     assert!(
         e.starts_with("model.head") && e.contains("no linear layer"),
         "{e}"
@@ -262,7 +262,7 @@ fn layer_lists_that_do_not_fit_name_the_layer_and_the_shapes() {
     // The output width does not match the classes.
     let e = error(
         &[1, 16, 16],
-        vec![Flatten, linear(Some(7)), Relu, linear(Some(3))],
+        vec![Flatten {}, linear(Some(7)), Relu {}, linear(Some(3))],
         None,
     );
     assert!(
@@ -272,7 +272,7 @@ fn layer_lists_that_do_not_fit_name_the_layer_and_the_shapes() {
     // Kernel larger than the map, with the map and where it came from.
     let e = error(
         &[1, 8, 8],
-        vec![conv(4, 5), conv(4, 5), Flatten, linear(None)],
+        vec![conv(4, 5), conv(4, 5), Flatten {}, linear(None)],
         None,
     );
     assert!(
@@ -282,7 +282,7 @@ fn layer_lists_that_do_not_fit_name_the_layer_and_the_shapes() {
         "{e}"
     );
     // Conv on a flat input.
-    let e = error(&[64], vec![conv(4, 3), Flatten, linear(None)], None);
+    let e = error(&[64], vec![conv(4, 3), Flatten {}, linear(None)], None);
     assert!(
         e.contains("model.layers[0] (conv2d)") && e.contains("gets [64] from the input"),
         "{e}"
@@ -296,7 +296,7 @@ fn layer_lists_that_do_not_fit_name_the_layer_and_the_shapes() {
     // Empty list, head out of range, a missing width.
     assert!(error(&[4], vec![], None).contains("empty"));
     assert!(error(&[4], vec![linear(None)], Some(5)).contains("model.head"));
-    let e = error(&[4], vec![linear(None), Relu, linear(None)], None);
+    let e = error(&[4], vec![linear(None), Relu {}, linear(None)], None);
     assert!(
         e.contains("model.layers[0] (linear)") && e.contains("out_features"),
         "{e}"
@@ -308,7 +308,7 @@ fn layer_lists_that_do_not_fit_name_the_layer_and_the_shapes() {
     };
     let e = error(
         &[1, 8, 8],
-        vec![res, Flatten, linear(Some(4)), linear(None)],
+        vec![res, Flatten {}, linear(Some(4)), linear(None)],
         None,
     );
     assert!(
@@ -318,14 +318,19 @@ fn layer_lists_that_do_not_fit_name_the_layer_and_the_shapes() {
     // A batch norm in the head.
     let e = error(
         &[1, 8, 8],
-        vec![conv(2, 3), LayerConfig::BatchNorm, Flatten, linear(None)],
+        vec![
+            conv(2, 3),
+            LayerConfig::BatchNorm {},
+            Flatten {},
+            linear(None),
+        ],
         Some(1),
     );
     assert!(e.contains("model.head") && e.contains("batch_norm"), "{e}");
     // An embedding needs token ids.
     let e = error(
         &[6],
-        vec![LayerConfig::Embedding { dim: 4 }, Flatten, linear(None)],
+        vec![LayerConfig::Embedding { dim: 4 }, Flatten {}, linear(None)],
         None,
     );
     assert!(e.contains("model.layers[0] (embedding)"), "{e}");
@@ -341,9 +346,9 @@ fn an_embedding_reads_token_ids() {
             vec![
                 LayerConfig::Embedding { dim: 4 },
                 conv(3, 2),
-                Relu,
+                Relu {},
                 LayerConfig::AdaptiveAvgPool2d { output: 1 },
-                Flatten,
+                Flatten {},
                 linear(None),
             ],
             None,
@@ -394,9 +399,9 @@ fn dropout_is_reproducible_in_training_and_the_identity_in_evaluation() {
             &[1, 6, 6],
             3,
             vec![
-                Flatten,
+                Flatten {},
                 linear(Some(16)),
-                Relu,
+                Relu {},
                 LayerConfig::Dropout { p },
                 linear(None),
             ],
@@ -447,10 +452,10 @@ fn any_layer() -> impl Strategy<Value = LayerConfig> {
                 bias: true,
             }
         }),
-        Just(LayerConfig::BatchNorm),
+        Just(LayerConfig::BatchNorm {}),
         (1usize..3).prop_map(|groups| LayerConfig::GroupNorm { groups }),
-        Just(LayerConfig::Relu),
-        Just(LayerConfig::Tanh),
+        Just(LayerConfig::Relu {}),
+        Just(LayerConfig::Tanh {}),
         (1usize..4, 0usize..2).prop_map(|(kernel, padding)| LayerConfig::MaxPool2d {
             kernel,
             stride: None,
@@ -462,7 +467,7 @@ fn any_layer() -> impl Strategy<Value = LayerConfig> {
             padding: 0,
         }),
         (1usize..3).prop_map(|output| LayerConfig::AdaptiveAvgPool2d { output }),
-        Just(LayerConfig::Flatten),
+        Just(LayerConfig::Flatten {}),
         (0usize..8).prop_map(|o| LayerConfig::Linear {
             in_features: None,
             out_features: (o > 0).then_some(Width::Count(o)),
@@ -471,7 +476,7 @@ fn any_layer() -> impl Strategy<Value = LayerConfig> {
         (1usize..4).prop_map(|dim| LayerConfig::Embedding { dim }),
         prop::collection::vec(
             prop_oneof![
-                Just(LayerConfig::Relu),
+                Just(LayerConfig::Relu {}),
                 (1usize..4).prop_map(|o| conv(o, 1)),
             ],
             1..3
