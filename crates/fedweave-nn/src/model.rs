@@ -372,14 +372,14 @@ pub(crate) enum Norm<'a> {
     /// Training: the batch's own statistics, which are also recorded
     /// (mean, biased variance, elements per channel) per batch-norm layer,
     /// and the stream dropout masks are drawn from (`None`: no dropout).
-    Batch(Vec<(Vec<f32>, Vec<f32>, usize)>, Option<RngStream>),
+    Batch(Vec<(Vec<f32>, Vec<f32>, usize)>, Option<Box<RngStream>>),
 }
 
 impl Norm<'_> {
     /// The stream of training-mode dropout masks (`None` in evaluation).
     pub(crate) fn dropout(&mut self) -> Option<&mut RngStream> {
         match self {
-            Norm::Batch(_, rng) => rng.as_mut(),
+            Norm::Batch(_, rng) => rng.as_deref_mut(),
             Norm::Running(_) => None,
         }
     }

@@ -386,7 +386,12 @@ impl<'a> LocalTrainer<'a> {
         // Dropout masks: stream (key, b) on a client slot of their own.
         let masks = spec.draws_in_training().then(|| {
             self.dropped += 1;
-            rng_stream(self.augment_key, self.dropped - 1, 1, Purpose::Augment)
+            Box::new(rng_stream(
+                self.augment_key,
+                self.dropped - 1,
+                1,
+                Purpose::Augment,
+            ))
         });
         let mut norm = Norm::Batch(Vec::new(), masks);
         let mut aux_leaf = None;
