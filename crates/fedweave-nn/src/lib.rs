@@ -11,6 +11,9 @@
 //! them on a GPU. [`train_local`] is the whole round in one call;
 //! algorithms that need step-level control drive a [`LocalTrainer`] and a
 //! [`BatchSampler`] themselves.
+//! The architectures are a registry ([`arch`]): one file per model behind
+//! one trait, named by a [`ModelKind`] handle; `sequential` builds a model
+//! from a configured layer list ([`SequentialConfig`]).
 //! Objectives with trainable parameters beyond the model ([`AuxObjective`],
 //! e.g. FedCP's policy network in [`conditional`]) go through
 //! [`LocalTrainer::loss_and_grad_aux`].

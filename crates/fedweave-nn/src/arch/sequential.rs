@@ -355,6 +355,9 @@ fn build(cx: &BuildCx) -> Result<Built, NnError> {
             ));
         }
     };
+    if cx.input_shape.iter().product::<usize>() == 0 {
+        return Err(cx.bad("empty input"));
+    }
     let input = match (&cx.input.values, cx.input_shape) {
         (InputValues::Tokens { .. }, [len]) => Shape::Tokens(*len),
         (InputValues::Tokens { .. }, _) => {

@@ -293,6 +293,8 @@ fn layer_lists_that_do_not_fit_name_the_layer_and_the_shapes() {
         e.contains("model.layers[1] (linear)") && e.contains("[2, 6, 6]") && e.contains("flatten"),
         "{e}"
     );
+    // An empty input.
+    assert!(error(&[0], vec![Flatten {}, linear(None)], None).contains("empty input"));
     // Empty list, head out of range, a missing width.
     assert!(error(&[4], vec![], None).contains("empty"));
     assert!(error(&[4], vec![linear(None)], Some(5)).contains("model.head"));
