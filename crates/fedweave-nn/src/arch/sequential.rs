@@ -476,6 +476,14 @@ impl Builder<'_> {
         at
     }
 
+    /// Pushes a conv or linear layer: its weight, and a bias of `bias`
+    /// elements if it has one.
+    fn weight_and_bias(&mut self, name: &str, weight: Vec<usize>, bias: Option<usize>) -> usize {
+        let mut t = vec![("weight", weight)];
+        t.extend(bias.map(|b| ("bias", vec![b])));
+        self.group(name, &t)
+    }
+
     /// Builds one layer named `name` (its tensors' prefix) reading `shape`
     /// (described as `from` in errors); `last` marks the last linear layer,
     /// whose width defaults to the class count.
@@ -548,11 +556,7 @@ impl Builder<'_> {
                 }
                 let [_, oh, ow] = window(kernel, stride, padding, m)?;
                 let weight = [out_channels, m[0] / groups, kernel, kernel];
-                let mut t = vec![("weight", weight.to_vec())];
-                if bias {
-                    t.push(("bias", vec![out_channels]));
-                }
-                let at = self.group(name, &t);
+                let at = self.weight_and_bias(name, weight.to_vec(), bias.then_some(out_channels));
                 (
                     Op::Conv {
                         at,
@@ -684,11 +688,7 @@ impl Builder<'_> {
                         ));
                     }
                 };
-                let mut t = vec![("weight", vec![n, out])];
-                if bias {
-                    t.push(("bias", vec![out]));
-                }
-                let at = self.group(name, &t);
+                let at = self.weight_and_bias(name, vec![n, out], bias.then_some(out));
                 (
                     Op::Linear {
                         at,
