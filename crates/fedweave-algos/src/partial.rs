@@ -181,30 +181,12 @@ mod tests {
         assert_eq!(algo.check_upload(&env, &up), Ok(()));
     }
 
-    /// FedPer on a `sequential` model (linear 16, ReLU, linear 16, ReLU,
-    /// linear head): after a round every client holds the same body (the
-    /// average) and a head of its own.
+    /// FedPer on a `sequential` model (linear 16, ReLU, dropout, linear
+    /// 16, ReLU, linear head): after a round every client holds the same
+    /// body (the average) and a head of its own.
     #[test]
     fn fedper_on_a_sequential_model_shares_the_body_and_keeps_heads_local() {
-        use fedweave_nn::{LayerConfig, ModelInput, SequentialConfig, Width};
-        let linear = |o: Option<usize>| LayerConfig::Linear {
-            in_features: None,
-            out_features: o.map(Width::Count),
-            bias: true,
-        };
-        let layers = vec![
-            linear(Some(16)),
-            LayerConfig::Relu {},
-            linear(Some(16)),
-            LayerConfig::Relu {},
-            linear(None),
-        ];
-        let input = ModelInput {
-            sequential: Some(SequentialConfig { layers, head: None }),
-            ..Default::default()
-        };
-        let spec = ModelSpec::with_input(ModelKind::SEQUENTIAL, &[4], 3, &input).unwrap();
-        let t = Tiny::with_spec(spec);
+        let t = Tiny::sequential();
         let env = t.env();
         let split = t.spec.split();
         assert_eq!(
