@@ -288,6 +288,23 @@ enum Op {
     },
 }
 
+impl Op {
+    /// Whether the layer holds no parameters and acts alike on one
+    /// client's and on K clients' stacked activations (element-wise and
+    /// pooling layers).
+    fn is_stateless(&self) -> bool {
+        matches!(
+            self,
+            Op::Relu
+                | Op::Gelu
+                | Op::Tanh
+                | Op::MaxPool { .. }
+                | Op::AvgPool { .. }
+                | Op::AdaptiveAvg(_)
+        )
+    }
+}
+
 /// A built `sequential` model.
 #[derive(Debug)]
 struct Sequential {
@@ -816,10 +833,9 @@ impl<const F: usize> Act<F> {
     }
 
     /// Runs `op` if it acts alike on one client's and K clients'
-    /// activations (element-wise and pooling layers); hands the
-    /// activation back for the others.
-    fn stateless(self, op: &Op) -> Result<Self, Self> {
-        Ok(match op {
+    /// activations ([`Op::is_stateless`]); the identity for the others.
+    fn stateless(self, op: &Op) -> Self {
+        match op {
             Op::Relu => self.each(relu, relu),
             Op::Gelu => self.each(gelu, gelu),
             Op::Tanh => self.each(tanh, tanh),
@@ -830,8 +846,8 @@ impl<const F: usize> Act<F> {
                 Act::Map(avg_pool2d(self.map(), avg_options(*k, *stride, *pad)))
             }
             Op::AdaptiveAvg(o) => Act::Map(adaptive_avg_pool2d(self.map(), [*o, *o])),
-            _ => return Err(self),
-        })
+            _ => self,
+        }
     }
 
     /// Two handles on the activation (a residual block's two branches).
@@ -913,66 +929,64 @@ impl Sequential {
     /// Runs `ops` from `x` (the one-client path).
     fn run(&self, ops: &[Op], mut x: Act<2>, p: &[ParamTensor], norm: &mut Norm) -> Act<2> {
         for op in ops {
-            x = match x.stateless(op) {
-                Ok(y) => y,
-                Err(x) => match op {
-                    Op::Linear { at, bias, .. } => {
-                        let b = bias.then(|| p[at + 1].t1());
-                        Act::Flat(linear(x.flat(), p[*at].t2(), b))
-                    }
-                    Op::Conv {
-                        at,
-                        bias,
-                        stride,
-                        pad,
-                        groups,
-                        ..
-                    } => {
-                        let b = bias.then(|| p[at + 1].t1());
-                        let options = conv_options(*stride, *pad, *groups);
-                        Act::Map(conv2d(x.map(), p[*at].t4(), b, options))
-                    }
-                    Op::BatchNorm { at, which, norm: n } => {
-                        Act::Map(norm.apply(*which, *n, x.map(), &p[*at], &p[at + 1]))
-                    }
-                    Op::GroupNorm {
-                        at,
-                        groups,
-                        channels,
-                    } => {
-                        let scale = p[*at].t1().reshape([1, *channels, 1, 1]);
-                        let shift = p[at + 1].t1().reshape([1, *channels, 1, 1]);
-                        Act::Map(group_norm(x.map(), *groups, scale, shift))
-                    }
-                    Op::Flatten => Act::Flat(x.flat()),
-                    Op::Dropout(rate) => match norm.dropout() {
-                        None => x,
-                        Some(rng) => match x {
-                            Act::Map(t) => Act::Map(dropout(t, *rate, rng)),
-                            Act::Flat(t) => Act::Flat(dropout(t, *rate, rng)),
-                        },
+            x = match op {
+                _ if op.is_stateless() => x.stateless(op),
+                Op::Linear { at, bias, .. } => {
+                    let b = bias.then(|| p[at + 1].t1());
+                    Act::Flat(linear(x.flat(), p[*at].t2(), b))
+                }
+                Op::Conv {
+                    at,
+                    bias,
+                    stride,
+                    pad,
+                    groups,
+                    ..
+                } => {
+                    let b = bias.then(|| p[at + 1].t1());
+                    let options = conv_options(*stride, *pad, *groups);
+                    Act::Map(conv2d(x.map(), p[*at].t4(), b, options))
+                }
+                Op::BatchNorm { at, which, norm: n } => {
+                    Act::Map(norm.apply(*which, *n, x.map(), &p[*at], &p[at + 1]))
+                }
+                Op::GroupNorm {
+                    at,
+                    groups,
+                    channels,
+                } => {
+                    let scale = p[*at].t1().reshape([1, *channels, 1, 1]);
+                    let shift = p[at + 1].t1().reshape([1, *channels, 1, 1]);
+                    Act::Map(group_norm(x.map(), *groups, scale, shift))
+                }
+                Op::Flatten => Act::Flat(x.flat()),
+                Op::Dropout(rate) => match norm.dropout() {
+                    None => x,
+                    Some(rng) => match x {
+                        Act::Map(t) => Act::Map(dropout(t, *rate, rng)),
+                        Act::Flat(t) => Act::Flat(dropout(t, *rate, rng)),
                     },
-                    Op::Embedding { at, .. } => {
-                        let Act::Flat(ids) = x else {
-                            unreachable!("checked when the model is built")
-                        };
-                        let [b, len] = ids.dims();
-                        let e = embedding(p[*at].t2(), super::textcnn::ids(ids));
-                        let [_, _, dim] = e.dims();
-                        Act::Map(e.reshape([b, 1, len, dim]))
-                    }
-                    Op::Residual { body, shortcut } => {
-                        let (y, s) = x.fork();
-                        let y = self.run(body, y, p, norm);
-                        let s = self.run(shortcut, s, p, norm);
-                        match (y, s) {
-                            (Act::Map(a), Act::Map(b)) => Act::Map(a + b),
-                            (a, b) => Act::Flat(a.flat() + b.flat()),
-                        }
-                    }
-                    // Element-wise and pooling layers: `stateless` ran them.
-                    _ => x,
                 },
+                Op::Embedding { at, .. } => {
+                    let Act::Flat(ids) = x else {
+                        unreachable!("checked when the model is built")
+                    };
+                    let [b, len] = ids.dims();
+                    let e = embedding(p[*at].t2(), super::textcnn::ids(ids));
+                    let [_, _, dim] = e.dims();
+                    Act::Map(e.reshape([b, 1, len, dim]))
+                }
+                Op::Residual { body, shortcut } => {
+                    let (y, s) = x.fork();
+                    let y = self.run(body, y, p, norm);
+                    let s = self.run(shortcut, s, p, norm);
+                    match (y, s) {
+                        (Act::Map(a), Act::Map(b)) => Act::Map(a + b),
+                        (a, b) => Act::Flat(a.flat() + b.flat()),
+                    }
+                }
+                // Element-wise and pooling layers: the first arm ran them.
+                _ => x,
             };
         }
         x
@@ -981,52 +995,50 @@ impl Sequential {
     /// Runs `ops` on the stacked activations of K clients.
     fn run_batched(&self, ops: &[Op], mut x: Stacked, cx: &mut BatchedCx) -> Stacked {
         for op in ops {
-            x = match x.stateless(op) {
-                Ok(y) => y,
-                Err(x) => match op {
-                    Op::Linear { at, bias, .. } => {
-                        let x = x.flat(cx);
-                        Stacked::Flat(if *bias {
-                            cx.stack.linear(x, *at)
-                        } else {
-                            x.matmul(cx.stack.lin_w(*at))
-                        })
+            x = match op {
+                _ if op.is_stateless() => x.stateless(op),
+                Op::Linear { at, bias, .. } => {
+                    let x = x.flat(cx);
+                    Stacked::Flat(if *bias {
+                        cx.stack.linear(x, *at)
+                    } else {
+                        x.matmul(cx.stack.lin_w(*at))
+                    })
+                }
+                Op::Conv {
+                    at,
+                    bias,
+                    stride,
+                    pad,
+                    groups,
+                    ..
+                } => {
+                    let b = bias.then(|| cx.stack.conv_bias(at + 1));
+                    Stacked::Map(
+                        cx.stack
+                            .grouped_conv(x.map(), *at, b, *stride, *pad, *groups),
+                    )
+                }
+                Op::BatchNorm { at, .. } => Stacked::Map(cx.batch_norm(x.map(), *at)),
+                Op::GroupNorm { at, groups, .. } => {
+                    let (scale, shift) = (cx.stack.channel(*at), cx.stack.channel(at + 1));
+                    Stacked::Map(group_norm(x.map(), cx.k * groups, scale, shift))
+                }
+                Op::Flatten => Stacked::Flat(x.flat(cx)),
+                Op::Residual { body, shortcut } => {
+                    let (y, s) = x.fork();
+                    let y = self.run_batched(body, y, cx);
+                    let s = self.run_batched(shortcut, s, cx);
+                    match (y, s) {
+                        (Stacked::Map(a), Stacked::Map(b)) => Stacked::Map(a + b),
+                        (a, b) => Stacked::Flat(a.flat(cx) + b.flat(cx)),
                     }
-                    Op::Conv {
-                        at,
-                        bias,
-                        stride,
-                        pad,
-                        groups,
-                        ..
-                    } => {
-                        let b = bias.then(|| cx.stack.conv_bias(at + 1));
-                        Stacked::Map(
-                            cx.stack
-                                .grouped_conv(x.map(), *at, b, *stride, *pad, *groups),
-                        )
-                    }
-                    Op::BatchNorm { at, .. } => Stacked::Map(cx.batch_norm(x.map(), *at)),
-                    Op::GroupNorm { at, groups, .. } => {
-                        let (scale, shift) = (cx.stack.channel(*at), cx.stack.channel(at + 1));
-                        Stacked::Map(group_norm(x.map(), cx.k * groups, scale, shift))
-                    }
-                    Op::Flatten => Stacked::Flat(x.flat(cx)),
-                    Op::Residual { body, shortcut } => {
-                        let (y, s) = x.fork();
-                        let y = self.run_batched(body, y, cx);
-                        let s = self.run_batched(shortcut, s, cx);
-                        match (y, s) {
-                            (Stacked::Map(a), Stacked::Map(b)) => Stacked::Map(a + b),
-                            (a, b) => Stacked::Flat(a.flat(cx) + b.flat(cx)),
-                        }
-                    }
-                    Op::Dropout(_) | Op::Embedding { .. } => {
-                        unreachable!("models with these layers have no batched form")
-                    }
-                    // Element-wise and pooling layers: `stateless` ran them.
-                    _ => x,
-                },
+                }
+                Op::Dropout(_) | Op::Embedding { .. } => {
+                    unreachable!("models with these layers have no batched form")
+                }
+                // Element-wise and pooling layers: the first arm ran them.
+                _ => x,
             };
         }
         x
