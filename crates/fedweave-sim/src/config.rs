@@ -918,6 +918,9 @@ layers = [
         );
         let again = ExperimentConfig::from_toml_str(&cfg.to_toml(), &[]).unwrap();
         assert_eq!(again.model.sequential(), Some(seq));
+        let example = include_str!("../../../examples/sequential_digits.toml");
+        let cfg = ExperimentConfig::from_toml_str(example, &[]).unwrap();
+        assert_eq!(cfg.model.sequential().unwrap().layers.len(), 10);
     }
 
     #[test]
