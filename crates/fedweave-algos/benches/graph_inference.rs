@@ -35,7 +35,7 @@ const SIZES: [usize; 3] = [10, 100, 1000];
 const CLUSTERS: usize = 4;
 
 fn spec() -> ModelSpec {
-    ModelSpec::new(ModelKind::Cnn, &[1, 28, 28], 10).unwrap()
+    ModelSpec::new(ModelKind::CNN, &[1, 28, 28], 10).unwrap()
 }
 
 /// θ_init and N trained models θ_i = θ_init + 0.01·(u_{i mod 4} + z_i) with

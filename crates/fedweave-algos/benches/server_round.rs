@@ -74,11 +74,11 @@ fn sfl_table() {
     for (model, spec) in [
         (
             "gru",
-            ModelSpec::new(ModelKind::Gru, &[12, 1], 3).expect("gru spec"),
+            ModelSpec::new(ModelKind::GRU, &[12, 1], 3).expect("gru spec"),
         ),
         (
             "cnn",
-            ModelSpec::new(ModelKind::Cnn, &[1, 28, 28], 10).expect("cnn spec"),
+            ModelSpec::new(ModelKind::CNN, &[1, 28, 28], 10).expect("cnn spec"),
         ),
     ] {
         let init = spec.init(&mut rng_stream(7, 0, 0, Purpose::ModelInit));
@@ -130,8 +130,8 @@ fn bench_kernels() -> Kernels {
 /// and d = 582,218 (`cnn-bn`, FedAGHN's CNN), both on 1×28×28.
 fn spec_of(d: &str) -> ModelSpec {
     let kind = match d {
-        "44k" => ModelKind::Cnn,
-        "582k" => ModelKind::CnnBn,
+        "44k" => ModelKind::CNN,
+        "582k" => ModelKind::CNN_BN,
         other => panic!("FEDWEAVE_BENCH_CASES: model size {other} is not 44k or 582k"),
     };
     ModelSpec::new(kind, &[1, 28, 28], 10).expect("image spec")
@@ -248,7 +248,7 @@ fn main() {
         .ok()
         .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![20, 200]);
-    let spec = ModelSpec::new(ModelKind::CnnBn, &[1, 28, 28], 10).expect("cnn-bn spec");
+    let spec = ModelSpec::new(ModelKind::CNN_BN, &[1, 28, 28], 10).expect("cnn-bn spec");
     let init = spec.init(&mut rng_stream(7, 0, 0, Purpose::ModelInit));
     let wire = spec.layout().wire_bytes() as f64;
     println!(

@@ -288,7 +288,7 @@ mod tests {
     fn one_step_follows_the_derivative_of_the_mixture_loss() {
         use fedweave_core::{Purpose, rng_stream};
         use fedweave_nn::{LocalData, ModelKind, ModelSpec, TrainConfig, evaluate};
-        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 2).unwrap();
+        let spec = ModelSpec::new(ModelKind::MLP, &[4], 2).unwrap();
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         let x: Vec<f32> = (0..32).map(|k| ((k * 7 % 11) as f32 - 5.0) / 4.0).collect();
         let y: Vec<u32> = (0..8).map(|k| k % 2).collect();

@@ -83,7 +83,7 @@ impl<'d> TrainBatch<'d> {
         members: impl IntoIterator<Item = (usize, LocalData<'d>)>,
     ) -> Result<Self, NnError> {
         let data: BTreeMap<usize, LocalData<'d>> = members.into_iter().collect();
-        BatchedTrainer::check(spec.kind())?;
+        BatchedTrainer::check(spec)?;
         Ok(Self {
             spec,
             device,
@@ -340,7 +340,7 @@ mod tests {
 
     #[test]
     fn models_without_a_batched_form_are_refused() {
-        let spec = ModelSpec::new(fedweave_nn::ModelKind::Gru, &[4, 2], 1).unwrap();
+        let spec = ModelSpec::new(fedweave_nn::ModelKind::GRU, &[4, 2], 1).unwrap();
         let e = TrainBatch::new(&spec, spec.device(), []).err().unwrap();
         assert!(matches!(e, NnError::NotBatched { .. }), "{e}");
     }

@@ -233,7 +233,7 @@ impl ClientCx<'_> {
             None,
         );
         let sampler = BatchSampler::new(self.data.train.len(), env.train.batch_size, &mut self.rng);
-        if self.data.train.augment != fedweave_nn::Augment::None {
+        if self.data.train.augment != fedweave_nn::Augment::None || env.spec.draws_in_training() {
             trainer.seed_augmentation(&mut self.rng);
         }
         (trainer, sampler)

@@ -512,7 +512,7 @@ mod tests {
     /// hypernetwork learning rate.
     #[test]
     fn aggregate_rounds_keep_weights_valid() {
-        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 2).unwrap();
+        let spec = ModelSpec::new(ModelKind::MLP, &[4], 2).unwrap();
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         let train = TrainConfig {
             lr: 0.05,

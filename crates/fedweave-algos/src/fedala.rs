@@ -285,7 +285,7 @@ mod tests {
     ) {
         use fedweave_core::{Purpose, rng_stream};
         use fedweave_nn::{LocalData, ModelKind, ModelSpec, TrainConfig};
-        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 2).unwrap();
+        let spec = ModelSpec::new(ModelKind::MLP, &[4], 2).unwrap();
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         let x: Vec<f32> = (0..160)
             .map(|k| {

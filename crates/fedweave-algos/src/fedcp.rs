@@ -224,6 +224,18 @@ impl Algorithm for FedCp {
                 message: "FedCP needs classification data (two classifier heads)".into(),
             });
         }
+        // The context is read off a linear head's weight rows: a
+        // `sequential` model's head must be one linear layer with a bias.
+        let (d, head) = (env.spec.feature_len(), env.spec.split().head.len());
+        if head != (d + 1) * env.spec.num_classes() {
+            return Err(AlgoError::Unsupported {
+                algorithm: name.to_string(),
+                message: format!(
+                    "FedCP needs a head of one linear layer with a bias ({d} features → {} classes); this model's head has {head} parameters",
+                    env.spec.num_classes()
+                ),
+            });
+        }
         Ok(Self {
             params: params.into_inner(),
         })
@@ -441,7 +453,7 @@ mod tests {
     use fedweave_nn::{ModelKind, ModelSpec, TrainConfig};
 
     fn env_parts() -> (ModelSpec, Vec<f32>, TrainConfig) {
-        let spec = ModelSpec::new(ModelKind::Mlp, &[3], 2).unwrap();
+        let spec = ModelSpec::new(ModelKind::MLP, &[3], 2).unwrap();
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         let train = TrainConfig {
             lr: 0.05,

@@ -210,7 +210,7 @@ mod tests {
     use fedweave_nn::{ModelKind, ModelSpec, TrainConfig};
 
     fn algo(params: FedPhpParams) -> FedPhp {
-        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 2).unwrap();
+        let spec = ModelSpec::new(ModelKind::MLP, &[4], 2).unwrap();
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         let train = TrainConfig {
             lr: 0.05,

@@ -467,7 +467,7 @@ mod tests {
     fn receive_fills_known_classes_and_uploads_are_checked() {
         use fedweave_core::{Purpose, rng_stream};
         use fedweave_nn::{ModelKind, ModelSpec, TrainConfig};
-        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 3).unwrap();
+        let spec = ModelSpec::new(ModelKind::MLP, &[4], 3).unwrap();
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         let train = TrainConfig {
             lr: 0.05,

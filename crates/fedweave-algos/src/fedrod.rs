@@ -346,7 +346,7 @@ mod tests {
 
     #[test]
     fn scored_model_is_body_plus_summed_heads() {
-        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 3).unwrap();
+        let spec = ModelSpec::new(ModelKind::MLP, &[4], 3).unwrap();
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         let train = TrainConfig {
             lr: 0.05,

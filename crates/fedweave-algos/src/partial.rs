@@ -181,6 +181,49 @@ mod tests {
         assert_eq!(algo.check_upload(&env, &up), Ok(()));
     }
 
+    /// FedPer on a `sequential` model (linear 16, ReLU, dropout, linear
+    /// 16, ReLU, linear head): after a round every client holds the same
+    /// body (the average) and a head of its own.
+    #[test]
+    fn fedper_on_a_sequential_model_shares_the_body_and_keeps_heads_local() {
+        let t = Tiny::sequential();
+        let env = t.env();
+        let split = t.spec.split();
+        assert_eq!(
+            split.head,
+            4 * 16 + 16 + 16 * 16 + 16..t.spec.layout().len()
+        );
+        assert_eq!(t.spec.feature_len(), 16);
+        let algo = PartialAvg::new(
+            "fedper",
+            PartialAvgParams {}.check(env.clients()).unwrap(),
+            &env,
+        )
+        .unwrap();
+        let mut models: Vec<_> = (0..3).map(|_| env.initial_model()).collect();
+        let uploads: Vec<_> = models
+            .iter_mut()
+            .enumerate()
+            .map(|(i, m)| (i, algo.local_round(&env, &mut t.cx(i, 1), m).up))
+            .collect();
+        let out = algo.aggregate(&env, &mut (), 1, &uploads);
+        for (i, down) in out.downloads {
+            algo.receive(&env, &mut models[i], down);
+        }
+        let part = |m: &crate::Model, r: std::ops::Range<usize>| m.params[r].to_vec();
+        for m in &models[1..] {
+            assert_eq!(
+                part(m, split.base.clone()),
+                part(&models[0], split.base.clone())
+            );
+            assert_ne!(
+                part(m, split.head.clone()),
+                part(&models[0], split.head.clone())
+            );
+        }
+        assert!(changed(&t.init, &models[0].params, split.base.clone()) > 0);
+    }
+
     /// Only the head travels: the upload is the trained head (with the
     /// attack's start cut to the head), the average is the size-weighted
     /// mean of the heads, and receiving it leaves the body alone.
@@ -228,7 +271,7 @@ mod tests {
     /// every other element is the size-weighted mean.
     #[test]
     fn batch_norm_layers_are_untouched_by_aggregation() {
-        let spec = ModelSpec::new(ModelKind::CnnBn, &[1, 28, 28], 10).unwrap();
+        let spec = ModelSpec::new(ModelKind::CNN_BN, &[1, 28, 28], 10).unwrap();
         let d = spec.layout().len();
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         let train = TrainConfig {

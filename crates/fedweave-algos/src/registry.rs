@@ -261,6 +261,24 @@ mod tests {
         assert!(built >= 30, "{built}");
     }
 
+    /// Every algorithm that builds on the tiny federation runs a round on
+    /// a `sequential` model (with dropout in its body) as on the mlp.
+    #[test]
+    fn every_algorithm_runs_a_round_on_a_sequential_model() {
+        let (mlp, seq) = (Tiny::new(), Tiny::sequential());
+        let runs = |tiny: &Tiny| -> Vec<&'static str> {
+            catalogue()
+                .iter()
+                .filter(|info| {
+                    let visitor = HonestDownloads { tiny };
+                    dispatch(info.name, &toml::Table::new(), &tiny.env(), visitor).is_ok()
+                })
+                .map(|info| info.name)
+                .collect()
+        };
+        assert_eq!(runs(&seq), runs(&mlp));
+    }
+
     #[test]
     fn honest_downloads_pass_the_clients_check_and_poisoned_ones_do_not() {
         let tiny = Tiny::new();

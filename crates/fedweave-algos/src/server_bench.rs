@@ -208,7 +208,7 @@ mod tests {
 
     #[test]
     fn every_method_is_timed_and_fedavg_sends_one_model_down() {
-        let spec = ModelSpec::new(ModelKind::Mlp, &[8], 3).expect("mlp");
+        let spec = ModelSpec::new(ModelKind::MLP, &[8], 3).expect("mlp");
         let fed = Federation::new(&spec, 6);
         let env = fed.env(&spec, Kernels::cpu());
         let init = &fed.init;

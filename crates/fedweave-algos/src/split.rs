@@ -290,7 +290,7 @@ mod tests {
     }
 
     fn env_parts() -> (ModelSpec, Vec<f32>, TrainConfig) {
-        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 3).unwrap();
+        let spec = ModelSpec::new(ModelKind::MLP, &[4], 3).unwrap();
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         let train = TrainConfig {
             lr: 0.1,

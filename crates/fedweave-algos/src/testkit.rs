@@ -20,7 +20,35 @@ pub(crate) struct Tiny {
 
 impl Tiny {
     pub(crate) fn new() -> Self {
-        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 3).unwrap();
+        Self::with_spec(ModelSpec::new(ModelKind::MLP, &[4], 3).unwrap())
+    }
+
+    /// The federation with a `sequential` model: linear 16, ReLU,
+    /// dropout, linear 16, ReLU, linear head.
+    pub(crate) fn sequential() -> Self {
+        use fedweave_nn::{LayerConfig, ModelInput, SequentialConfig, Width};
+        let linear = |o: Option<usize>| LayerConfig::Linear {
+            in_features: None,
+            out_features: o.map(Width::Count),
+            bias: true,
+        };
+        let layers = vec![
+            linear(Some(16)),
+            LayerConfig::Relu {},
+            LayerConfig::Dropout { p: 0.1 },
+            linear(Some(16)),
+            LayerConfig::Relu {},
+            linear(None),
+        ];
+        let input = ModelInput {
+            sequential: Some(SequentialConfig { layers, head: None }),
+            ..Default::default()
+        };
+        Self::with_spec(ModelSpec::with_input(ModelKind::SEQUENTIAL, &[4], 3, &input).unwrap())
+    }
+
+    /// The federation with another model of 4 inputs and 3 classes.
+    pub(crate) fn with_spec(spec: ModelSpec) -> Self {
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         let n = 48;
         // Separable: the class sets which feature is large.

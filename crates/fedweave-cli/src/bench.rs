@@ -83,8 +83,11 @@ struct Measurement {
 fn model_kind(name: &str) -> anyhow::Result<ModelKind> {
     let de: serde::de::value::StrDeserializer<serde::de::value::Error> = name.into_deserializer();
     ModelKind::deserialize(de).map_err(|_| {
-        let known: Vec<&str> = ModelKind::catalogue().iter().map(|(n, _)| *n).collect();
-        anyhow::anyhow!(fedweave_sim::suggest::unknown_name("model", name, &known))
+        anyhow::anyhow!(fedweave_sim::suggest::unknown_name(
+            "model",
+            name,
+            ModelKind::names()
+        ))
     })
 }
 

@@ -137,6 +137,8 @@ dataset = "{dataset}"
 
 [model]
 kind = "{model}"
+# your own architecture: kind = "sequential" with layers = [{{ type = "conv2d", out_channels = 6, kernel = 5 }}, ...]
+# (README "Models"; `fedweave list` names the built-in ones)
 
 [train]                  # each client's local training, every round
 {train}

@@ -890,11 +890,20 @@ fn list_json() -> String {
             })
         })
         .collect();
+    // The model registry, with whether each trains batched
+    // (`device.batch_clients`) and takes `[model] embed_dim`.
+    let models: Vec<serde_json::Value> = fedweave_nn::ModelKind::catalogue()
+        .iter()
+        .map(|m| {
+            serde_json::json!({ "name": m.name, "description": m.summary,
+                "batched": m.batched, "embed_dim": m.embedding })
+        })
+        .collect();
     let v = serde_json::json!({
         "algorithms": algorithms,
         "datasets": datasets,
         "partitions": named(fedweave_data::partition_kinds()),
-        "models": named(fedweave_nn::ModelKind::catalogue()),
+        "models": models,
         "attacks": named(fedweave_algos::attack::AttackKind::catalogue()),
         "aggregators": named(fedweave_algos::robust::AggregatorKind::catalogue()),
     });
@@ -914,9 +923,9 @@ fn list() {
     for (name, what) in fedweave_data::partition_kinds() {
         println!("  {name:<12} {what}");
     }
-    println!("models:");
-    for (name, what) in fedweave_nn::ModelKind::catalogue() {
-        println!("  {name:<12} {what}");
+    println!("models ([model] kind; `sequential` builds your own from [model] layers):");
+    for m in fedweave_nn::ModelKind::catalogue() {
+        println!("  {:<12} {}", m.name, m.summary);
     }
     println!("attacks:");
     for (name, what) in fedweave_algos::attack::AttackKind::catalogue() {

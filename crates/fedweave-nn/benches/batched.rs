@@ -48,10 +48,10 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|---|");
     for (name, kind, shape, steps) in [
-        ("mlp 1x28x28", ModelKind::Mlp, [1, 28, 28], 20),
-        ("cnn 1x28x28", ModelKind::Cnn, [1, 28, 28], 5),
-        ("cnn-bn 1x28x28", ModelKind::CnnBn, [1, 28, 28], 3),
-        ("resnet8 3x32x32", ModelKind::ResNet8, [3, 32, 32], 2),
+        ("mlp 1x28x28", ModelKind::MLP, [1, 28, 28], 20),
+        ("cnn 1x28x28", ModelKind::CNN, [1, 28, 28], 5),
+        ("cnn-bn 1x28x28", ModelKind::CNN_BN, [1, 28, 28], 3),
+        ("resnet8 3x32x32", ModelKind::RESNET8, [3, 32, 32], 2),
     ] {
         let spec = ModelSpec::new(kind, &shape, CLASSES).expect("spec");
         for &k in &ks {

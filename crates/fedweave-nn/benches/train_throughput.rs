@@ -67,19 +67,19 @@ fn models() -> Vec<(&'static str, ModelSpec)> {
     vec![
         (
             "cnn_1x28x28",
-            ModelSpec::new(ModelKind::Cnn, &[1, 28, 28], CLASSES).unwrap(),
+            ModelSpec::new(ModelKind::CNN, &[1, 28, 28], CLASSES).unwrap(),
         ),
         (
             "lenet_3x32x32",
-            ModelSpec::new(ModelKind::Cnn, &[3, 32, 32], CLASSES).unwrap(),
+            ModelSpec::new(ModelKind::CNN, &[3, 32, 32], CLASSES).unwrap(),
         ),
         (
             "cnn_bn_1x28x28",
-            ModelSpec::new(ModelKind::CnnBn, &[1, 28, 28], CLASSES).unwrap(),
+            ModelSpec::new(ModelKind::CNN_BN, &[1, 28, 28], CLASSES).unwrap(),
         ),
         (
             "mlp_1x28x28",
-            ModelSpec::new(ModelKind::Mlp, &[1, 28, 28], CLASSES).unwrap(),
+            ModelSpec::new(ModelKind::MLP, &[1, 28, 28], CLASSES).unwrap(),
         ),
     ]
 }

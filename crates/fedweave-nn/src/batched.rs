@@ -26,8 +26,10 @@
 //! θ ← θ − lr·buf`), up to the summation order inside the kernels: results
 //! agree to floating-point tolerance, not bit for bit (tested against
 //! [`train_local`](crate::train_local)). Supported: `mlp`, `cnn`, `cnn-bn`,
-//! `cnn-dwa` and the three ResNets (their body plan walked with grouped,
-//! strided, padded convolutions), classification, the task loss only (no extra terms,
+//! `cnn-dwa`, the three ResNets (their body plan walked with grouped,
+//! strided, padded convolutions) and `sequential` models without embedding
+//! or dropout layers; each architecture's [`crate::arch`] file has its
+//! batched forward pass), classification, the task loss only (no extra terms,
 //! objectives or frozen ranges): the local round of FedAvg-like methods.
 //!
 //! On the CPU backend this is a throughput experiment (one big kernel
@@ -35,19 +37,16 @@
 //! cannot fill the device (see `benches/batched.rs`).
 
 use crate::NnError;
+use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
-use crate::model::{ModelKind, ModelSpec, Norm, RESNET9_SCALE};
-use crate::resnet::{GlobalPool, Plan, Stage};
+use crate::model::{BN_EPS, ModelSpec, Norm};
 use crate::train::{TrainConfig, TrainStats};
 use crate::trainer::{BatchSampler, SgdConfig};
-use burn::tensor::activation::{log_softmax, relu};
-use burn::tensor::module::{conv2d, max_pool2d};
-use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
+use burn::tensor::activation::log_softmax;
+use burn::tensor::module::conv2d;
+use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Bool, Device, Tensor, TensorData};
 use rand::Rng;
-
-/// Batch-norm ε (PyTorch's, as the one-client path).
-const BN_EPS: f32 = 1e-5;
 
 /// K clients' models of one `spec` trained together on one device.
 pub struct BatchedTrainer<'a> {
@@ -66,15 +65,15 @@ pub struct BatchedTrainer<'a> {
 }
 
 /// The stacked parameter leaves of one forward pass, reshaped per use.
-struct Stack<'t> {
-    leaves: &'t [Tensor<2>],
+pub(crate) struct Stack<'t> {
+    pub(crate) leaves: &'t [Tensor<2>],
     shapes: Vec<&'t [usize]>,
     k: usize,
 }
 
 impl Stack<'_> {
     /// Linear weight `i` as `[K, in, out]`.
-    fn lin_w(&self, i: usize) -> Tensor<3> {
+    pub(crate) fn lin_w(&self, i: usize) -> Tensor<3> {
         let s = self.shapes[i];
         self.leaves[i].clone().reshape([self.k, s[0], s[1]])
     }
@@ -87,38 +86,44 @@ impl Stack<'_> {
     }
 
     /// `[K, B, in]` through linear layer (`i`, `i + 1`).
-    fn linear(&self, x: Tensor<3>, i: usize) -> Tensor<3> {
+    pub(crate) fn linear(&self, x: Tensor<3>, i: usize) -> Tensor<3> {
         x.matmul(self.lin_w(i)) + self.lin_b(i + 1)
     }
 
     /// `[B, K·C, H, W]` through conv layer (`i`, `i + 1`) as one grouped
     /// convolution.
-    fn conv(&self, x: Tensor<4>, i: usize) -> Tensor<4> {
-        let b = self.leaves[i + 1]
-            .clone()
-            .reshape([self.k * self.shapes[i][0]]);
-        self.grouped_conv(x, i, Some(b), 1, 0)
+    pub(crate) fn conv(&self, x: Tensor<4>, i: usize) -> Tensor<4> {
+        let b = self.conv_bias(i + 1);
+        self.grouped_conv(x, i, Some(b), 1, 0, 1)
     }
 
-    /// Conv weight `i` as one grouped convolution with `stride` and `pad`.
-    fn grouped_conv(
+    /// Conv bias `i` as `[K·O]`.
+    pub(crate) fn conv_bias(&self, i: usize) -> Tensor<1> {
+        self.leaves[i].clone().reshape([self.k * self.shapes[i][0]])
+    }
+
+    /// Conv weight `i` (of `groups` groups per client) as one grouped
+    /// convolution with `stride` and `pad`: client k's groups follow
+    /// client k−1's.
+    pub(crate) fn grouped_conv(
         &self,
         x: Tensor<4>,
         i: usize,
         bias: Option<Tensor<1>>,
         stride: usize,
         pad: usize,
+        groups: usize,
     ) -> Tensor<4> {
         let s = self.shapes[i];
         let w = self.leaves[i]
             .clone()
             .reshape([self.k * s[0], s[1], s[2], s[3]]);
-        let options = ConvOptions::new([stride, stride], [pad, pad], [1, 1], self.k);
+        let options = ConvOptions::new([stride, stride], [pad, pad], [1, 1], self.k * groups);
         conv2d(x, w, bias, options)
     }
 
     /// Scale or shift `i` of a batch norm as `[1, K·C, 1, 1]`.
-    fn channel(&self, i: usize) -> Tensor<4> {
+    pub(crate) fn channel(&self, i: usize) -> Tensor<4> {
         self.leaves[i]
             .clone()
             .reshape([1, self.k * self.shapes[i][0], 1, 1])
@@ -126,7 +131,7 @@ impl Stack<'_> {
 }
 
 /// One step's inputs in the stacked layouts, and what batch norm needs.
-struct Step {
+pub(crate) struct Step {
     /// Largest batch of the step (padded size).
     b: usize,
     /// Valid samples per client (0: the client sits this step out).
@@ -145,35 +150,25 @@ impl Step {
 }
 
 impl<'a> BatchedTrainer<'a> {
-    /// Whether `kind` has a batched formulation.
-    pub fn supports(kind: ModelKind) -> bool {
-        matches!(
-            kind,
-            ModelKind::Mlp
-                | ModelKind::Cnn
-                | ModelKind::CnnBn
-                | ModelKind::CnnDwa
-                | ModelKind::ResNet8
-                | ModelKind::ResNet9
-                | ModelKind::ResNet18
-        )
+    /// Whether `spec` has a batched formulation.
+    pub fn supports(spec: &ModelSpec) -> bool {
+        spec.net().batched().is_ok()
     }
 
-    /// [`supports`](Self::supports) as an error naming the model.
+    /// [`supports`](Self::supports) as an error naming the model and why.
     ///
     /// # Errors
     ///
     /// [`NnError::NotBatched`] for an architecture without a batched
-    /// formulation.
-    pub fn check(kind: ModelKind) -> Result<(), NnError> {
-        if Self::supports(kind) {
-            return Ok(());
+    /// formulation (or a `sequential` model with a layer that has none).
+    pub fn check(spec: &ModelSpec) -> Result<(), NnError> {
+        match spec.net().batched() {
+            Ok(_) => Ok(()),
+            Err(reason) => Err(NnError::NotBatched {
+                model: spec.kind().name().into(),
+                reason,
+            }),
         }
-        Err(NnError::NotBatched {
-            model: format!("{kind:?}").to_lowercase(),
-            reason: "no batched formulation (mlp, cnn, cnn-bn, cnn-dwa and the ResNets have one)"
-                .into(),
-        })
     }
 
     /// Loads K clients' `params` and batch-norm `buffers` (K = `params.len()`)
@@ -191,10 +186,10 @@ impl<'a> BatchedTrainer<'a> {
         sgd: SgdConfig,
     ) -> Result<Self, NnError> {
         let bad = |reason: String| NnError::NotBatched {
-            model: format!("{:?}", spec.kind()).to_lowercase(),
+            model: spec.kind().name().into(),
             reason,
         };
-        Self::check(spec.kind())?;
+        Self::check(spec)?;
         let k = params.len();
         if k == 0 || buffers.len() != k {
             return Err(bad(format!(
@@ -267,7 +262,7 @@ impl<'a> BatchedTrainer<'a> {
         if b == 0 {
             return vec![None; k];
         }
-        let image = spec.kind() != ModelKind::Mlp;
+        let image = spec.net().batched().map(|n| n.input()) == Ok(BatchedInput::Image);
         // Inputs (zero padding), one-hot targets weighted 1/b_k, validity.
         let mut x = vec![0.0f32; k * b * input_len];
         let mut target = vec![0.0f32; k * b * classes];
@@ -302,7 +297,23 @@ impl<'a> BatchedTrainer<'a> {
             k,
         };
         let mut record = Vec::new();
-        let logits = self.forward(&stack, x, &step, &mut record);
+        let dims = if image {
+            [b, k, input_len]
+        } else {
+            [k, b, input_len]
+        };
+        let x: Tensor<3> = Tensor::from_data(TensorData::new(x, dims), &self.device);
+        let mut cx = BatchedCx {
+            stack,
+            k,
+            step: &step,
+            record: &mut record,
+        };
+        let logits = spec
+            .net()
+            .batched()
+            .expect("checked by BatchedTrainer::new")
+            .forward(&mut cx, x);
         let target: Tensor<3> =
             Tensor::from_data(TensorData::new(target, [k, b, classes]), &self.device);
         // Σ_k Σ_b −w_kb·log p(y_kb): per client its mean cross-entropy.
@@ -328,115 +339,6 @@ impl<'a> BatchedTrainer<'a> {
             .zip(losses)
             .map(|(&n, &l)| (n > 0).then_some(f64::from(l)))
             .collect()
-    }
-
-    /// The stacked forward pass to logits `[K, B, classes]`; batch-norm
-    /// statistics go to `record` as `(mean, var)` over `K·C` channels.
-    fn forward(
-        &self,
-        p: &Stack,
-        x: Vec<f32>,
-        step: &Step,
-        record: &mut Vec<(Vec<f32>, Vec<f32>, usize)>,
-    ) -> Tensor<3> {
-        let (k, b) = (self.k, step.b);
-        let dev = &self.device;
-        let input = self.spec.input_len();
-        if self.spec.kind() == ModelKind::Mlp {
-            let x: Tensor<3> = Tensor::from_data(TensorData::new(x, [k, b, input]), dev);
-            let h = relu(p.linear(x, 0));
-            let h = relu(p.linear(h, 2));
-            return p.linear(h, 4);
-        }
-        let [c, hh, ww] = <[usize; 3]>::try_from(self.spec.input_shape())
-            .expect("image models take C×H×W inputs");
-        let x: Tensor<4> = Tensor::from_data(TensorData::new(x, [b, k * c, hh, ww]), dev);
-        if let Some(plan) = self.spec.plan() {
-            return self.resnet(p, plan, x, step, record);
-        }
-        let pool = |y: Tensor<4>| max_pool2d(y, MaxPoolOptions::new([2, 2]));
-        let mut bn = |y: Tensor<4>, i: usize| batch_norm(y, p, i, step, k, record);
-        let y = match self.spec.kind() {
-            ModelKind::Cnn => {
-                let y = pool(relu(p.conv(x, 0)));
-                let y = pool(relu(p.conv(y, 2)));
-                let y = relu(p.linear(flatten(y, k), 4));
-                let y = relu(p.linear(y, 6));
-                return p.linear(y, 8);
-            }
-            ModelKind::CnnBn => {
-                let y = pool(relu(bn(p.conv(x, 0), 2)));
-                pool(relu(bn(p.conv(y, 4), 6)))
-            }
-            ModelKind::CnnDwa => {
-                let y = bn(pool(relu(p.conv(x, 0))), 2);
-                bn(pool(relu(p.conv(y, 4))), 6)
-            }
-            other => unreachable!("{other:?} is rejected by BatchedTrainer::new"),
-        };
-        let y = relu(p.linear(flatten(y, k), 8));
-        p.linear(y, 10)
-    }
-
-    /// A ResNet's stacked forward pass: the walk of `Plan::features` with
-    /// grouped convolutions and per-client batch norm, then the head.
-    fn resnet(
-        &self,
-        p: &Stack,
-        plan: &Plan,
-        x: Tensor<4>,
-        step: &Step,
-        record: &mut Vec<(Vec<f32>, Vec<f32>, usize)>,
-    ) -> Tensor<3> {
-        let k = self.k;
-        // Tensors in layout order: each conv's weight, then its batch
-        // norm's scale and shift.
-        let mut at = 0;
-        let mut conv_bn = |x: Tensor<4>, stride: usize, pad: usize, then_relu: bool| {
-            let y = p.grouped_conv(x, at, None, stride, pad);
-            let y = batch_norm(y, p, at + 1, step, k, record);
-            at += 3;
-            if then_relu { relu(y) } else { y }
-        };
-        let mut x = x;
-        for (_, stage) in &plan.stages {
-            x = match *stage {
-                Stage::ConvBn { stride, pad, .. } => conv_bn(x, stride, pad, true),
-                Stage::MaxPool { k, stride, pad } => max_pool2d(
-                    x,
-                    MaxPoolOptions::new([k, k])
-                        .with_stride([stride, stride])
-                        .with_padding([pad, pad]),
-                ),
-                Stage::Basic { cin, cout, stride } => {
-                    let y = conv_bn(x.clone(), stride, 1, true);
-                    let y = conv_bn(y, 1, 1, false);
-                    let shortcut = if stride != 1 || cin != cout {
-                        conv_bn(x, stride, 0, false)
-                    } else {
-                        x
-                    };
-                    relu(y + shortcut)
-                }
-                Stage::Residual { .. } => {
-                    let y = conv_bn(x.clone(), 1, 1, true);
-                    x + conv_bn(y, 1, 1, true)
-                }
-            };
-        }
-        let [b, kc, _, _] = x.dims();
-        let pooled = match plan.pool {
-            GlobalPool::Avg => x.mean_dims(&[2, 3]),
-            GlobalPool::Max => x.max_dim(2).max_dim(3),
-        };
-        // [B, K·C] to [K, B, C].
-        let features = pooled.reshape([b, k, kc / k]).swap_dims(0, 1);
-        let last = p.leaves.len() - 1;
-        if self.spec.head_bias() {
-            p.linear(features, last - 1)
-        } else {
-            features.matmul(p.lin_w(last)) * RESNET9_SCALE
-        }
     }
 
     /// Momentum SGD on every stacked tensor; clients without samples this
@@ -493,7 +395,7 @@ impl<'a> BatchedTrainer<'a> {
                     )
                 })
                 .collect();
-            Norm::Batch(own).update_running(self.spec, buffers);
+            Norm::Batch(own, None).update_running(self.spec, buffers);
         }
     }
 
@@ -513,11 +415,36 @@ impl<'a> BatchedTrainer<'a> {
     }
 }
 
-/// `[B, K·O, h, w]` to `[K, B, O·h·w]` (each client's features in the
-/// one-client flatten order).
-fn flatten(y: Tensor<4>, k: usize) -> Tensor<3> {
-    let [b, ko, h, w] = y.dims();
-    y.reshape([b, k, ko / k * h * w]).swap_dims(0, 1)
+/// What an architecture's batched forward pass works with: the stacked
+/// parameters, the step's validity and the batch-norm record.
+pub(crate) struct BatchedCx<'a> {
+    /// The stacked parameter leaves.
+    pub(crate) stack: Stack<'a>,
+    /// Clients.
+    pub(crate) k: usize,
+    step: &'a Step,
+    /// Batch-norm statistics `(mean, var)` over `K·C` channels, in order.
+    record: &'a mut Vec<(Vec<f32>, Vec<f32>, usize)>,
+}
+
+impl BatchedCx<'_> {
+    /// The `[B, K, C·H·W]` stacked input as `[B, K·C, H, W]`.
+    pub(crate) fn image(&self, x: Tensor<3>, [c, h, w]: [usize; 3]) -> Tensor<4> {
+        let [b, _, _] = x.dims();
+        x.reshape([b, self.k * c, h, w])
+    }
+
+    /// `[B, K·O, h, w]` to `[K, B, O·h·w]` (each client's features in the
+    /// one-client flatten order).
+    pub(crate) fn flatten(&self, y: Tensor<4>) -> Tensor<3> {
+        let [b, ko, h, w] = y.dims();
+        y.reshape([b, self.k, ko / self.k * h * w]).swap_dims(0, 1)
+    }
+
+    /// Batch norm with scale `i` and shift `i + 1` (see [`batch_norm`]).
+    pub(crate) fn batch_norm(&mut self, y: Tensor<4>, i: usize) -> Tensor<4> {
+        batch_norm(y, &self.stack, i, self.step, self.k, self.record)
+    }
 }
 
 /// Batch norm with scale `i` and shift `i + 1` on `[B, K·C, H, W]`, with
@@ -589,7 +516,7 @@ pub fn train_local_batched<R: Rng>(
 ) -> Result<Vec<TrainStats>, NnError> {
     if clients.iter().any(|c| c.data.is_regression()) {
         return Err(NnError::NotBatched {
-            model: format!("{:?}", spec.kind()).to_lowercase(),
+            model: spec.kind().name().into(),
             reason: "regression targets (batched training is for classifiers)".into(),
         });
     }

@@ -11,28 +11,32 @@
 //! them on a GPU. [`train_local`] is the whole round in one call;
 //! algorithms that need step-level control drive a [`LocalTrainer`] and a
 //! [`BatchSampler`] themselves.
+//! The architectures are a registry ([`arch`]): one file per model behind
+//! one trait, named by a [`ModelKind`] handle; `sequential` builds a model
+//! from a configured layer list ([`SequentialConfig`]).
 //! Objectives with trainable parameters beyond the model ([`AuxObjective`],
 //! e.g. FedCP's policy network in [`conditional`]) go through
 //! [`LocalTrainer::loss_and_grad_aux`].
 
 #![warn(missing_docs)]
 
+pub mod arch;
 pub mod augment;
 pub mod auxiliary;
 pub mod backend;
 mod batch;
 pub mod batched;
 pub mod conditional;
-mod embed;
 pub mod extra;
 pub mod model;
 pub mod objective;
 pub mod offload;
-mod resnet;
 pub mod throughput;
 pub mod train;
 pub mod trainer;
 
+pub use arch::sequential::{LayerConfig, SequentialConfig, Width};
+pub use arch::{LayerDesc, ModelInfo};
 pub use augment::Augment;
 pub use auxiliary::{AuxObjective, Body};
 pub use backend::{Backend, CpuKernelClass};
@@ -71,6 +75,15 @@ pub enum NnError {
         shape: Vec<usize>,
         /// Why.
         reason: String,
+    },
+    /// A `sequential` model's layer list does not fit its input (or is
+    /// malformed): `at` names the layer (`model.layers[3] (linear)`).
+    #[error("{at}: {message}")]
+    BadLayer {
+        /// Where: `model.layers[3] (linear)`, `model.head`.
+        at: String,
+        /// What is wrong, with the shapes involved.
+        message: String,
     },
     /// The configuration asks for a backend this binary was built without.
     #[error(

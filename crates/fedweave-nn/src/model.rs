@@ -1,118 +1,16 @@
-//! Model architectures as pure functions of their flat parameter vector.
+//! A concrete model ([`ModelSpec`]): a registered architecture
+//! ([`crate::arch`]) built for one input shape and output width, as pure
+//! functions of its flat parameter vector.
 
 use crate::NnError;
-use crate::embed::{
-    TEXTCNN_MAPS, TEXTCNN_WIDTHS, mf_features, mf_layout, textcnn_features, textcnn_layout,
-};
-use crate::resnet::Plan;
-use burn::tensor::activation::{relu, sigmoid, tanh};
-use burn::tensor::module::{conv2d, linear, max_pool2d};
-use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
+pub use crate::arch::ModelKind;
+use crate::arch::sequential::SequentialConfig;
+use crate::arch::{Draw, LayerDesc, Net};
 use burn::tensor::{Device, Tensor, TensorData};
-use fedweave_core::ParamLayout;
-use rand::Rng;
+use fedweave_core::{ParamLayout, RngStream};
+use rand::{Rng, RngCore};
 use rand_distr::{Distribution, Normal};
-use serde::{Deserialize, Serialize};
-
-/// The architectures fedweave offers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ModelKind {
-    /// input → 200 → 200 → classes, ReLU (FedAvg's MNIST MLP).
-    Mlp,
-    /// pFedGraph/DPFL SimpleCNN: conv 5×5→6, pool, conv 5×5→16, pool,
-    /// fc 120, fc 84, fc classes (LeNet-5 style).
-    Cnn,
-    /// FedAGHN's "4-layer CNN with BN" (PFLlib `FedAvgCNN` plus batch norm):
-    /// conv 5×5→32, BN, ReLU, pool; conv 5×5→64, BN, ReLU, pool; fc 512;
-    /// fc classes. Its running statistics are local buffers.
-    CnnBn,
-    /// FedDWA's CIFAR CNN: conv 3×3→32, ReLU, pool, BN; conv 3×3→64, ReLU,
-    /// pool, BN; fc 512, ReLU; fc classes. The reference's Dropout(0.5)
-    /// before the first ReLU is left out (the trainer has no training-mode
-    /// randomness yet); it holds no parameters.
-    CnnDwa,
-    /// SFL's "pure RNN with 64 hidden": a GRU over the input sequence
-    /// (`[steps, features]`) and a linear head from the last hidden state to
-    /// the forecast horizon.
-    Gru,
-    /// FedDWA's ResNet-8 (CIFAR ResNet, one basic block per stage of 16/32/64
-    /// channels); the `resnet` module describes all three ResNets.
-    #[serde(rename = "resnet8")]
-    ResNet8,
-    /// SFL's ResNet-9 ("BResidual", Myrtle/DAWNBench).
-    #[serde(rename = "resnet9")]
-    ResNet9,
-    /// torchvision's ResNet-18, as FedAGHN uses it.
-    #[serde(rename = "resnet18")]
-    ResNet18,
-    /// Kim's TextCNN as in pFedGraph's code: embedding (`[model] embed_dim`,
-    /// default 256), filters of widths 3/4/5 × 100 maps, ReLU, max over
-    /// time (300 features), linear head. Token inputs only.
-    #[serde(rename = "textcnn")]
-    TextCnn,
-    /// Biased matrix factorisation for ratings: user and item embeddings
-    /// (`[model] embed_dim`, default 32) and biases; the head reads
-    /// [u ⊙ v, b_u, b_i]. Categorical (user, item) inputs only; trained on
-    /// MSE.
-    #[serde(rename = "mf")]
-    Mf,
-}
-
-impl ModelKind {
-    /// Names and descriptions for `fedweave list`.
-    pub fn catalogue() -> &'static [(&'static str, &'static str)] {
-        &[
-            ("mlp", "input → 200 → 200 → classes, ReLU; any input shape"),
-            (
-                "cnn",
-                "SimpleCNN of pFedGraph/DPFL: conv5×5→6, pool, conv5×5→16, pool, fc120, fc84, fc; C×28×28 or C×32×32",
-            ),
-            (
-                "cnn-bn",
-                "FedAGHN's 4-layer CNN: conv5×5→32, BN, pool, conv5×5→64, BN, pool, fc512, fc; C×28×28 or C×32×32; BN statistics stay local",
-            ),
-            (
-                "cnn-dwa",
-                "FedDWA's CNN: conv3×3→32, ReLU, pool, BN, conv3×3→64, ReLU, pool, BN, fc512, fc; C×32×32 (or 28×28); BN statistics stay local; no dropout",
-            ),
-            (
-                "gru",
-                "GRU with 64 hidden units + linear head to the horizon (SFL's forecasting RNN); input steps×features",
-            ),
-            (
-                "resnet8",
-                "FedDWA's ResNet-8: conv3×3→16, BN, maxpool, 3 basic blocks (16/32/64), avg pool, fc; 78,042 parameters on 3×32×32; any C×H×W ≥ 8×8",
-            ),
-            (
-                "resnet9",
-                "SFL's ResNet-9 (BResidual): 64, 128+res, 256+res, 256, global max pool, fc without bias ×0.2; 2,440,256 parameters on 3×32×32; any C×H×W ≥ 8×8",
-            ),
-            (
-                "resnet18",
-                "torchvision's ResNet-18 (FedAGHN): 7×7 stem, 8 basic blocks 64–512, avg pool, fc; 11.18M parameters on 3×32×32; any C×H×W ≥ 8×8",
-            ),
-            (
-                "textcnn",
-                "TextCNN (pFedGraph): embedding embed_dim (256), conv widths 3/4/5 × 100, ReLU, max over time, fc; token datasets (yahoo-answers, shakespeare)",
-            ),
-            (
-                "mf",
-                "biased matrix factorisation: user/item embeddings (embed_dim 32) and biases, trained on MSE; categorical datasets (movielens-100k)",
-            ),
-        ]
-    }
-
-    /// The loss a regression model trains on: matrix factorisation fits
-    /// ratings by squared error (the MF literature, RMSE reported); the
-    /// forecasters by masked absolute error (the traffic literature).
-    pub fn regression_loss(self) -> RegressionLoss {
-        match self {
-            ModelKind::Mf => RegressionLoss::Mse,
-            _ => RegressionLoss::Mae,
-        }
-    }
-}
+use std::sync::Arc;
 
 /// A regression model's training loss (observed targets only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,14 +40,17 @@ pub enum InputValues {
     },
 }
 
-/// What a model is built for beyond the sample shape: the kind of input
-/// values and the embedding width of the embedding models.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What a model is built from beyond the sample shape: the kind of input
+/// values, the embedding width of the embedding models and the layer list
+/// of a `sequential` model.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ModelInput {
     /// The input values.
     pub values: InputValues,
     /// Embedding width of `textcnn` / `mf` (`None`: the model's default).
     pub embed_dim: Option<usize>,
+    /// The layers of a `sequential` model (`[model] layers` and `head`).
+    pub sequential: Option<SequentialConfig>,
 }
 
 /// TextCNN's default embedding width: 256 in pFedGraph's code (the paper
@@ -157,14 +58,6 @@ pub struct ModelInput {
 pub const TEXTCNN_EMBED_DIM: usize = 256;
 /// Matrix factorisation's default embedding width.
 pub const MF_EMBED_DIM: usize = 32;
-/// Smallest image side the ResNets take (three halvings leave a 1×1 map).
-const RESNET_MIN_SIDE: usize = 8;
-/// ResNet-9's logit scale (SFL's `Mul(0.2)` after the head).
-pub(crate) const RESNET9_SCALE: f32 = 0.2;
-/// Std of matrix factorisation's initial embeddings, N(0, 0.1²).
-const MF_INIT_STD: f32 = 0.1;
-/// Bound of TextCNN's initial embeddings, U(−0.1, 0.1) (pFedGraph).
-const TEXTCNN_INIT_BOUND: f32 = 0.1;
 
 /// Where a model's parts lie in its flat parameter vector: what split
 /// methods (FedRep, FedPer, LG-FedAvg, FedBABU, FedRoD) share or keep, and
@@ -173,18 +66,22 @@ const TEXTCNN_INIT_BOUND: f32 = 0.1;
 pub struct ModelSplit {
     /// The body (feature extractor): every layer before the head.
     pub base: std::ops::Range<usize>,
-    /// The head: the last linear layer (classifier, or forecast layer).
+    /// The head: the last linear layer (classifier, or forecast layer) of
+    /// the built-ins; a `sequential` model's layers from `[model] head` on.
     pub head: std::ops::Range<usize>,
     /// The batch-norm layers' scales and shifts (empty without BN).
     pub batch_norm: Vec<std::ops::Range<usize>>,
 }
 
 /// A concrete model: architecture plus input and output sizes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct ModelSpec {
     kind: ModelKind,
     input_shape: Vec<usize>,
     num_classes: usize,
+    /// What it was built from (compared, and kept so the spec can be told
+    /// apart from another layer list of the same name).
+    input: ModelInput,
     layout: ParamLayout,
     /// Batch-norm layers, in forward order: (channels, offset of the running
     /// mean in the buffer vector; the running variance follows it).
@@ -193,49 +90,20 @@ pub struct ModelSpec {
     /// [`on`](Self::on) says otherwise): carried by the spec so that every
     /// training and evaluation path of every algorithm follows one choice.
     device: Device,
-    /// The residual networks' body.
-    resnet: Option<Plan>,
-    /// Whether the head has a bias (all but ResNet-9's).
-    head_bias: bool,
+    /// The built architecture.
+    net: Arc<dyn Net>,
 }
 
-const MLP_HIDDEN: usize = 200;
-const CNN_BN_FC: usize = 512;
-/// Hidden units of the GRU (SFL: "pure RNN with 64 hidden").
-pub const GRU_HIDDEN: usize = 64;
-/// Batch-norm ε and momentum (PyTorch defaults).
-const BN_EPS: f32 = 1e-5;
-const BN_MOMENTUM: f32 = 0.1;
-
-/// The two-conv + BN + two-fc layout shared by `cnn-bn` (5×5 kernels) and
-/// `cnn-dwa` (3×3): conv 32, BN, conv 64, BN, fc `CNN_BN_FC`, fc classes;
-/// `s` is the side of the last feature map.
-fn push_conv_bn_fc(layout: &mut ParamLayout, c: usize, k: usize, s: usize, classes: usize) {
-    layout
-        .push_group(
-            "conv1",
-            &[("weight", vec![32, c, k, k]), ("bias", vec![32])],
-        )
-        .push_group("bn1", &[("weight", vec![32]), ("bias", vec![32])])
-        .push_group(
-            "conv2",
-            &[("weight", vec![64, 32, k, k]), ("bias", vec![64])],
-        )
-        .push_group("bn2", &[("weight", vec![64]), ("bias", vec![64])])
-        .push_group(
-            "fc1",
-            &[
-                ("weight", vec![64 * s * s, CNN_BN_FC]),
-                ("bias", vec![CNN_BN_FC]),
-            ],
-        )
-        .push_group(
-            "fc",
-            &[
-                ("weight", vec![CNN_BN_FC, classes]),
-                ("bias", vec![classes]),
-            ],
-        );
+impl PartialEq for ModelSpec {
+    fn eq(&self, other: &Self) -> bool {
+        // The net is a function of the rest.
+        self.kind == other.kind
+            && self.input_shape == other.input_shape
+            && self.num_classes == other.num_classes
+            && self.input == other.input
+            && self.layout == other.layout
+            && self.device == other.device
+    }
 }
 
 impl ModelSpec {
@@ -252,200 +120,24 @@ impl ModelSpec {
 
     /// As [`new`](Self::new) for inputs that are not plain values: token ids
     /// (`textcnn`) or categorical ids (`mf`), which size the embedding
-    /// tables. A model that cannot read the input is an error naming both.
+    /// tables, and for `sequential` models, whose layers `input` carries. A
+    /// model that cannot read the input is an error naming both.
     pub fn with_input(
         kind: ModelKind,
         input_shape: &[usize],
         num_classes: usize,
         input: &ModelInput,
     ) -> Result<Self, NnError> {
-        let bad = |reason: &str| NnError::BadInputShape {
-            model: format!("{kind:?}").to_lowercase(),
-            shape: input_shape.to_vec(),
-            reason: reason.to_string(),
-        };
-        let mut layout = ParamLayout::new();
-        let mut batch_norms = Vec::new();
-        let mut resnet = None;
-        let embed_dim = |default: usize| match input.embed_dim {
-            Some(0) => Err(bad("model.embed_dim must be at least 1")),
-            Some(d) => Ok(d),
-            None => Ok(default),
-        };
-        match kind {
-            ModelKind::Mlp => {
-                let d: usize = input_shape.iter().product();
-                if d == 0 {
-                    return Err(bad("empty input"));
-                }
-                layout
-                    .push_group(
-                        "fc1",
-                        &[("weight", vec![d, MLP_HIDDEN]), ("bias", vec![MLP_HIDDEN])],
-                    )
-                    .push_group(
-                        "fc2",
-                        &[
-                            ("weight", vec![MLP_HIDDEN, MLP_HIDDEN]),
-                            ("bias", vec![MLP_HIDDEN]),
-                        ],
-                    )
-                    .push_group(
-                        "fc3",
-                        &[
-                            ("weight", vec![MLP_HIDDEN, num_classes]),
-                            ("bias", vec![num_classes]),
-                        ],
-                    );
-            }
-            ModelKind::Cnn | ModelKind::CnnBn => {
-                let [c, h, w] = <[usize; 3]>::try_from(input_shape)
-                    .map_err(|_| bad("needs a C×H×W image input"))?;
-                if h != w || (h != 28 && h != 32) {
-                    return Err(bad("needs 28×28 or 32×32 images"));
-                }
-                let s = ((h - 4) / 2 - 4) / 2;
-                if kind == ModelKind::CnnBn {
-                    push_conv_bn_fc(&mut layout, c, 5, s, num_classes);
-                    batch_norms = vec![(32, 0), (64, 64)];
-                    return Ok(Self {
-                        kind,
-                        input_shape: input_shape.to_vec(),
-                        num_classes,
-                        layout,
-                        batch_norms,
-                        device: Device::flex(),
-                        resnet,
-                        head_bias: true,
-                    });
-                }
-                layout
-                    .push_group("conv1", &[("weight", vec![6, c, 5, 5]), ("bias", vec![6])])
-                    .push_group(
-                        "conv2",
-                        &[("weight", vec![16, 6, 5, 5]), ("bias", vec![16])],
-                    )
-                    .push_group(
-                        "fc1",
-                        &[("weight", vec![16 * s * s, 120]), ("bias", vec![120])],
-                    )
-                    .push_group("fc2", &[("weight", vec![120, 84]), ("bias", vec![84])])
-                    .push_group(
-                        "fc3",
-                        &[
-                            ("weight", vec![84, num_classes]),
-                            ("bias", vec![num_classes]),
-                        ],
-                    );
-            }
-            ModelKind::CnnDwa => {
-                let [c, h, w] = <[usize; 3]>::try_from(input_shape)
-                    .map_err(|_| bad("needs a C×H×W image input"))?;
-                if h != w || (h != 28 && h != 32) {
-                    return Err(bad("needs 28×28 or 32×32 images"));
-                }
-                let s = ((h - 2) / 2 - 2) / 2;
-                push_conv_bn_fc(&mut layout, c, 3, s, num_classes);
-                batch_norms = vec![(32, 0), (64, 64)];
-            }
-            ModelKind::Gru => {
-                let [steps, features] = <[usize; 2]>::try_from(input_shape)
-                    .map_err(|_| bad("needs a steps×features sequence input"))?;
-                if steps == 0 || features == 0 {
-                    return Err(bad("empty sequence"));
-                }
-                let g = 3 * GRU_HIDDEN;
-                layout
-                    .push_group(
-                        "gru",
-                        &[
-                            ("weight_ih", vec![features, g]),
-                            ("weight_hh", vec![GRU_HIDDEN, g]),
-                            ("bias_ih", vec![g]),
-                            ("bias_hh", vec![g]),
-                        ],
-                    )
-                    .push_group(
-                        "head",
-                        &[
-                            ("weight", vec![GRU_HIDDEN, num_classes]),
-                            ("bias", vec![num_classes]),
-                        ],
-                    );
-            }
-            ModelKind::ResNet8 | ModelKind::ResNet9 | ModelKind::ResNet18 => {
-                let [c, h, w] = <[usize; 3]>::try_from(input_shape)
-                    .map_err(|_| bad("needs a C×H×W image input"))?;
-                if c == 0 || h < RESNET_MIN_SIDE || w < RESNET_MIN_SIDE {
-                    return Err(bad("needs images of at least 8×8 with a channel"));
-                }
-                let plan = match kind {
-                    ModelKind::ResNet8 => Plan::resnet8(c),
-                    ModelKind::ResNet9 => Plan::resnet9(c),
-                    _ => Plan::resnet18(c),
-                };
-                plan.push_layout(&mut layout, &mut batch_norms);
-                let features = plan.channels();
-                let head = vec![features, num_classes];
-                if kind == ModelKind::ResNet9 {
-                    layout.push_group("fc", &[("weight", head)]);
-                } else {
-                    layout.push_group("fc", &[("weight", head), ("bias", vec![num_classes])]);
-                }
-                resnet = Some(plan);
-            }
-            ModelKind::TextCnn => {
-                let [_len] = <[usize; 1]>::try_from(input_shape)
-                    .map_err(|_| bad("needs a sequence of token ids"))?;
-                let InputValues::Tokens { vocab } = input.values else {
-                    return Err(bad(
-                        "reads token ids; use a text dataset (yahoo-answers, shakespeare)",
-                    ));
-                };
-                if input_shape[0] < TEXTCNN_WIDTHS[TEXTCNN_WIDTHS.len() - 1] {
-                    return Err(bad(
-                        "sequences must be at least 5 tokens (the widest filter)",
-                    ));
-                }
-                textcnn_layout(&mut layout, vocab, embed_dim(TEXTCNN_EMBED_DIM)?);
-                let features = TEXTCNN_MAPS * TEXTCNN_WIDTHS.len();
-                layout.push_group(
-                    "fc",
-                    &[
-                        ("weight", vec![features, num_classes]),
-                        ("bias", vec![num_classes]),
-                    ],
-                );
-            }
-            ModelKind::Mf => {
-                let InputValues::Categorical { cardinalities } = &input.values else {
-                    return Err(bad(
-                        "reads (user, item) ids; use a ratings dataset (movielens-100k)",
-                    ));
-                };
-                let &[users, items] = cardinalities.as_slice() else {
-                    return Err(bad("needs exactly two categorical ids: user, item"));
-                };
-                let dim = embed_dim(MF_EMBED_DIM)?;
-                mf_layout(&mut layout, users, items, dim);
-                layout.push_group(
-                    "fc",
-                    &[
-                        ("weight", vec![dim + 2, num_classes]),
-                        ("bias", vec![num_classes]),
-                    ],
-                );
-            }
-        }
+        let built = kind.build(input_shape, num_classes, input)?;
         Ok(Self {
             kind,
             input_shape: input_shape.to_vec(),
             num_classes,
-            layout,
-            batch_norms,
+            input: input.clone(),
+            layout: built.layout,
+            batch_norms: built.batch_norms,
             device: Device::flex(),
-            head_bias: kind != ModelKind::ResNet9,
-            resnet,
+            net: built.net,
         })
     }
 
@@ -461,14 +153,9 @@ impl ModelSpec {
         &self.device
     }
 
-    /// A ResNet's body plan (what the batched trainer walks).
-    pub(crate) fn plan(&self) -> Option<&Plan> {
-        self.resnet.as_ref()
-    }
-
-    /// Whether the head has a bias (all models but ResNet-9).
-    pub(crate) fn head_bias(&self) -> bool {
-        self.head_bias
+    /// The built architecture.
+    pub(crate) fn net(&self) -> &dyn Net {
+        &*self.net
     }
 
     /// The architecture.
@@ -476,9 +163,36 @@ impl ModelSpec {
         self.kind
     }
 
+    /// What the model was built from beyond its shape.
+    pub fn input(&self) -> &ModelInput {
+        &self.input
+    }
+
     /// Output width: number of classes, or forecast horizon.
     pub fn num_classes(&self) -> usize {
         self.num_classes
+    }
+
+    /// The loss the model trains on for regression targets: matrix
+    /// factorisation fits ratings by squared error (the MF literature, RMSE
+    /// reported); the others by masked absolute error (the traffic
+    /// literature).
+    pub fn regression_loss(&self) -> RegressionLoss {
+        self.net.regression_loss()
+    }
+
+    /// The layer list `fedweave export` writes, with PyTorch's module names
+    /// and arguments; `None` for the architectures that are not a plain
+    /// sequence of layers (gru, textcnn, mf: their kind names them).
+    pub fn describe(&self) -> Option<Vec<LayerDesc>> {
+        self.net.describe(&self.layout)
+    }
+
+    /// Whether training draws randomness inside the forward pass (a
+    /// `sequential` model's dropout): the trainer then keys a mask stream
+    /// per mini-batch, as it does for augmentation.
+    pub fn draws_in_training(&self) -> bool {
+        self.net.draws_in_training()
     }
 
     /// Length of the local buffer vector (batch-norm running means and
@@ -516,14 +230,17 @@ impl ModelSpec {
     /// The initialisation of the reference code of each model, so results
     /// compare with the authors': PyTorch's defaults — conv/linear weights
     /// and biases ~ U(−1/√fan_in, 1/√fan_in) (kaiming-uniform with a = √5),
-    /// batch-norm scale 1 and shift 0, GRU weights ~ U(−1/√hidden,
-    /// 1/√hidden) — with these exceptions: ResNet-8 (FedDWA's
+    /// batch-norm and group-norm scale 1 and shift 0, GRU weights ~
+    /// U(−1/√hidden, 1/√hidden) — with these exceptions: ResNet-8 (FedDWA's
     /// `kaiming_normal_`) conv and linear weights ~ N(0, 2/fan_in); ResNet-18
     /// (torchvision) conv weights ~ N(0, 2/fan_out), fan_out = out·k·k;
     /// TextCNN embeddings ~ U(−0.1, 0.1) (pFedGraph); matrix factorisation
     /// embeddings and biases ~ N(0, 0.1²), head weights 1 and bias 0 (plain
-    /// biased MF at the start).
+    /// biased MF at the start); a `sequential` embedding ~ N(0, 1)
+    /// (`nn.Embedding`). Tensors are drawn in layout order, so two models
+    /// of the same layout draw the same values from the same stream.
     pub fn init(&self, rng: &mut impl Rng) -> Vec<f32> {
+        let rng: &mut dyn RngCore = rng;
         let mut out = vec![0.0f32; self.layout.len()];
         for group in self.layout.groups() {
             let tensors: Vec<_> = self
@@ -533,36 +250,21 @@ impl ModelSpec {
                 .filter(|t| group.range.contains(&t.offset))
                 .collect();
             let first = tensors[0];
-            if is_batch_norm(&group.name) {
+            if self.net.is_batch_norm(&group.name) {
                 let c = first.shape[0];
                 out[first.offset..first.offset + c].fill(1.0);
                 continue;
             }
-            let fan_in = match (group.name.as_str(), first.shape.len()) {
-                ("gru", _) => GRU_HIDDEN,
-                (_, 4) => first.shape[1] * first.shape[2] * first.shape[3],
+            let fan_in = match first.shape.len() {
+                4 => first.shape[1] * first.shape[2] * first.shape[3],
                 _ => first.shape[0],
             };
-            let bound = 1.0 / (fan_in as f32).sqrt();
             for t in tensors {
                 let values = &mut out[t.range()];
-                let weight = t.name.ends_with(".weight");
-                match (self.kind, group.name.as_str()) {
-                    (ModelKind::Mf, "fc") => values.fill(if weight { 1.0 } else { 0.0 }),
-                    (ModelKind::Mf, _) => fill_normal(values, MF_INIT_STD, rng),
-                    (ModelKind::TextCnn, "embedding") => {
-                        for x in values {
-                            *x = rng.random_range(-TEXTCNN_INIT_BOUND..TEXTCNN_INIT_BOUND);
-                        }
-                    }
-                    (ModelKind::ResNet8, _) if weight => {
-                        fill_normal(values, (2.0 / fan_in as f32).sqrt(), rng)
-                    }
-                    (ModelKind::ResNet18, _) if weight && t.shape.len() == 4 => {
-                        let fan_out = t.shape[0] * t.shape[2] * t.shape[3];
-                        fill_normal(values, (2.0 / fan_out as f32).sqrt(), rng)
-                    }
-                    _ => {
+                match self.net.draw(&group.name, t, fan_in) {
+                    Draw::Fill(v) => values.fill(v),
+                    Draw::Normal(std) => fill_normal(values, std, rng),
+                    Draw::Uniform(bound) => {
                         for x in values {
                             *x = rng.random_range(-bound..bound);
                         }
@@ -586,79 +288,27 @@ impl ModelSpec {
     /// feature_len]`). Feature-level methods (FedRoD, FedProto, FedPAC,
     /// kNN-Per) work on this representation.
     pub(crate) fn features(&self, p: &[ParamTensor], x: Tensor<2>, norm: &mut Norm) -> Tensor<2> {
-        match self.kind {
-            ModelKind::Mlp => {
-                let h = relu(linear(x, p[0].t2(), Some(p[1].t1())));
-                relu(linear(h, p[2].t2(), Some(p[3].t1())))
-            }
-            ModelKind::Cnn => {
-                let x = self.image_batch(x);
-                let y = max_pool2d(relu(conv2d(x, p[0].t4(), Some(p[1].t1()), conv())), pool());
-                let y = max_pool2d(relu(conv2d(y, p[2].t4(), Some(p[3].t1()), conv())), pool());
-                let y = flatten(y);
-                let y = relu(linear(y, p[4].t2(), Some(p[5].t1())));
-                relu(linear(y, p[6].t2(), Some(p[7].t1())))
-            }
-            ModelKind::CnnBn => {
-                let x = self.image_batch(x);
-                let y = conv2d(x, p[0].t4(), Some(p[1].t1()), conv());
-                let y = max_pool2d(
-                    relu(norm.apply(0, self.batch_norms[0], y, &p[2], &p[3])),
-                    pool(),
-                );
-                let y = conv2d(y, p[4].t4(), Some(p[5].t1()), conv());
-                let y = max_pool2d(
-                    relu(norm.apply(1, self.batch_norms[1], y, &p[6], &p[7])),
-                    pool(),
-                );
-                relu(linear(flatten(y), p[8].t2(), Some(p[9].t1())))
-            }
-            ModelKind::CnnDwa => {
-                let x = self.image_batch(x);
-                let y = max_pool2d(relu(conv2d(x, p[0].t4(), Some(p[1].t1()), conv())), pool());
-                let y = norm.apply(0, self.batch_norms[0], y, &p[2], &p[3]);
-                let y = max_pool2d(relu(conv2d(y, p[4].t4(), Some(p[5].t1()), conv())), pool());
-                let y = norm.apply(1, self.batch_norms[1], y, &p[6], &p[7]);
-                relu(linear(flatten(y), p[8].t2(), Some(p[9].t1())))
-            }
-            ModelKind::Gru => self.gru_hidden(p, x),
-            ModelKind::ResNet8 | ModelKind::ResNet9 | ModelKind::ResNet18 => {
-                let plan = self.resnet.as_ref().expect("a ResNet spec has a plan");
-                plan.features(p, &self.batch_norms, self.image_batch(x), norm)
-            }
-            ModelKind::TextCnn => textcnn_features(p, x),
-            ModelKind::Mf => mf_features(p, x),
-        }
+        self.net.features(p, x, norm)
     }
 
-    /// The head: the last linear layer, features to outputs. Every model
-    /// ends in one, so its weight and bias are the layout's last tensors
-    /// (ResNet-9's has no bias and scales its logits by 0.2).
+    /// The head, features to outputs: the last linear layer of the
+    /// built-ins (ResNet-9's has no bias and scales its logits by 0.2), a
+    /// `sequential` model's layers from its `head` index on.
     pub(crate) fn head(&self, p: &[ParamTensor], features: Tensor<2>) -> Tensor<2> {
-        let k = p.len();
-        if !self.head_bias {
-            return linear(features, p[k - 1].t2(), None) * RESNET9_SCALE;
-        }
-        linear(features, p[k - 2].t2(), Some(p[k - 1].t1()))
+        self.net.head(p, features)
     }
 
     /// Width of the features (the body's output) the head reads.
     pub fn feature_len(&self) -> usize {
-        let tensors = self.layout.tensors();
-        tensors[tensors.len() - 1 - usize::from(self.head_bias)].shape[0]
+        self.net.feature_len()
     }
 
-    /// The named parts split methods work on. Every model is a body
-    /// followed by one linear head (the last layer group); batch-norm
-    /// groups are the body's groups whose last name part starts with `bn`
-    /// (`bn1`, `layer1.0.bn2`, `layer2.0.downsample.bn`).
+    /// The named parts split methods work on: a body followed by the head
+    /// (the built-ins' last layer group; a `sequential` model's groups from
+    /// its `head` layer on), and the batch-norm groups.
     pub fn split(&self) -> ModelSplit {
-        let head = self
-            .layout
-            .head()
-            .expect("every model has layers")
-            .range
-            .clone();
+        let first = &self.layout.groups()[self.net.head_group(&self.layout)];
+        let head = first.range.start..self.layout.len();
         ModelSplit {
             base: 0..head.start,
             head,
@@ -666,46 +316,10 @@ impl ModelSpec {
                 .layout
                 .groups()
                 .iter()
-                .filter(|g| is_batch_norm(&g.name))
+                .filter(|g| self.net.is_batch_norm(&g.name))
                 .map(|g| g.range.clone())
                 .collect(),
         }
-    }
-
-    fn image_batch(&self, x: Tensor<2>) -> Tensor<4> {
-        let [batch, _] = x.dims();
-        let [c, h, w] = [
-            self.input_shape[0],
-            self.input_shape[1],
-            self.input_shape[2],
-        ];
-        x.reshape([batch, c, h, w])
-    }
-
-    /// PyTorch's GRU cell (gates ordered r, z, n) unrolled over the steps;
-    /// the last hidden state is the feature vector. The input projections of
-    /// all steps are one matrix product.
-    fn gru_hidden(&self, p: &[ParamTensor], x: Tensor<2>) -> Tensor<2> {
-        let [batch, _] = x.dims();
-        let [steps, features] = [self.input_shape[0], self.input_shape[1]];
-        let (hd, g) = (GRU_HIDDEN, 3 * GRU_HIDDEN);
-        let gx: Tensor<3> = linear(
-            x.reshape([batch * steps, features]),
-            p[0].t2(),
-            Some(p[2].t1()),
-        )
-        .reshape([batch, steps, g]);
-        let mut h: Tensor<2> = Tensor::zeros([batch, hd], &gx.device());
-        for t in 0..steps {
-            let gx_t: Tensor<2> = gx.clone().narrow(1, t, 1).reshape([batch, g]);
-            let gh = linear(h.clone(), p[1].t2(), Some(p[3].t1()));
-            let r = sigmoid(gx_t.clone().narrow(1, 0, hd) + gh.clone().narrow(1, 0, hd));
-            let z = sigmoid(gx_t.clone().narrow(1, hd, hd) + gh.clone().narrow(1, hd, hd));
-            let n = tanh(gx_t.narrow(1, 2 * hd, hd) + r * gh.narrow(1, 2 * hd, hd));
-            // h' = (1 − z)·n + z·h = n + z·(h − n)
-            h = n.clone() + z * (h - n);
-        }
-        h
     }
 
     /// Builds the parameter tensors from a flat vector, without gradients
@@ -727,46 +341,49 @@ impl ModelSpec {
     }
 }
 
-fn conv() -> ConvOptions<2> {
-    ConvOptions::new([1, 1], [0, 0], [1, 1], 1)
-}
-
-fn pool() -> MaxPoolOptions<2> {
-    MaxPoolOptions::new([2, 2])
-}
-
-/// Whether a layer group is a batch norm: its last name part starts with
-/// `bn` (`bn1`, `layer1.0.bn2`, `layer2.0.downsample.bn`).
-fn is_batch_norm(group: &str) -> bool {
-    group
-        .rsplit('.')
-        .next()
-        .is_some_and(|last| last.starts_with("bn"))
+/// `[batch, C·H·W]` inputs as `[batch, C, H, W]` images.
+pub(crate) fn to_image(x: Tensor<2>, [c, h, w]: [usize; 3]) -> Tensor<4> {
+    let [batch, _] = x.dims();
+    x.reshape([batch, c, h, w])
 }
 
 /// Fills `values` with N(0, std²) draws.
-fn fill_normal(values: &mut [f32], std: f32, rng: &mut impl Rng) {
+fn fill_normal(values: &mut [f32], std: f32, rng: &mut dyn RngCore) {
     let normal = Normal::new(0.0, std).expect("a finite positive std");
     for x in values {
         *x = normal.sample(rng);
     }
 }
 
-fn flatten(y: Tensor<4>) -> Tensor<2> {
+/// `[b, C, H, W]` to `[b, C·H·W]`.
+pub(crate) fn flatten(y: Tensor<4>) -> Tensor<2> {
     let [b, ch, hh, ww] = y.dims();
     y.reshape([b, ch * hh * ww])
 }
+
+/// Batch-norm ε and momentum (PyTorch defaults).
+pub(crate) const BN_EPS: f32 = 1e-5;
+const BN_MOMENTUM: f32 = 0.1;
 
 /// How batch norm normalises in a forward pass.
 pub(crate) enum Norm<'a> {
     /// Evaluation: the running statistics in this buffer vector.
     Running(&'a [f32]),
     /// Training: the batch's own statistics, which are also recorded
-    /// (mean, biased variance, elements per channel) per batch-norm layer.
-    Batch(Vec<(Vec<f32>, Vec<f32>, usize)>),
+    /// (mean, biased variance, elements per channel) per batch-norm layer,
+    /// and the stream dropout masks are drawn from (`None`: no dropout).
+    Batch(Vec<(Vec<f32>, Vec<f32>, usize)>, Option<Box<RngStream>>),
 }
 
 impl Norm<'_> {
+    /// The stream of training-mode dropout masks (`None` in evaluation).
+    pub(crate) fn dropout(&mut self) -> Option<&mut RngStream> {
+        match self {
+            Norm::Batch(_, rng) => rng.as_deref_mut(),
+            Norm::Running(_) => None,
+        }
+    }
+
     /// Batch norm of layer `which` (`(channels, buffer offset)`) with scale
     /// `gamma` and shift `beta`, on `[batch, C, H, W]`.
     pub(crate) fn apply(
@@ -787,7 +404,7 @@ impl Norm<'_> {
                 };
                 (stat(at..at + c), stat(at + c..at + 2 * c))
             }
-            Norm::Batch(record) => {
+            Norm::Batch(record, _) => {
                 let mean = y.clone().mean_dims(&[0, 2, 3]);
                 let var = (y.clone() - mean.clone()).square().mean_dims(&[0, 2, 3]);
                 debug_assert_eq!(record.len(), which, "batch norms run in order");
@@ -810,7 +427,9 @@ impl Norm<'_> {
     /// Folds the recorded batch statistics into the running buffers as
     /// PyTorch does: momentum 0.1, unbiased variance.
     pub(crate) fn update_running(&self, spec: &ModelSpec, buffers: &mut [f32]) {
-        let Norm::Batch(record) = self else { return };
+        let Norm::Batch(record, _) = self else {
+            return;
+        };
         for (&(c, at), (mean, var, count)) in spec.batch_norms.iter().zip(record) {
             let unbias = if *count > 1 {
                 *count as f32 / (*count - 1) as f32
@@ -890,6 +509,7 @@ impl ParamTensor {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::arch::gru::GRU_HIDDEN;
 
     /// Checks `spec`'s gradient at its init on one full batch of `data`
     /// against the loss itself, as a property that holds on any CPU: along
@@ -1000,7 +620,7 @@ pub(crate) mod tests {
     #[test]
     fn parameter_counts_match_the_reference_models() {
         // pFedGraph's SimpleCNN for 1×28×28 has 44,426 parameters (fc1 256→120).
-        let cnn = ModelSpec::new(ModelKind::Cnn, &[1, 28, 28], 10).unwrap();
+        let cnn = ModelSpec::new(ModelKind::CNN, &[1, 28, 28], 10).unwrap();
         assert_eq!(cnn.layout().len(), 44_426);
         // pFedGraph's SimpleCNN for CIFAR (3×32×32, METHODS.md §1.6):
         // 32 −conv5→ 28 −pool→ 14 −conv5→ 10 −pool→ 5, flatten 16·5·5 = 400.
@@ -1010,10 +630,10 @@ pub(crate) mod tests {
         //   fc2   120·84 + 84   = 10,164
         //   fc3   84·10 + 10    =    850
         //   total                 62,006
-        let cnn32 = ModelSpec::new(ModelKind::Cnn, &[3, 32, 32], 10).unwrap();
+        let cnn32 = ModelSpec::new(ModelKind::CNN, &[3, 32, 32], 10).unwrap();
         assert_eq!(456 + 2_416 + 48_120 + 10_164 + 850, 62_006);
         assert_eq!(cnn32.layout().len(), 62_006);
-        let mlp = ModelSpec::new(ModelKind::Mlp, &[1, 28, 28], 10).unwrap();
+        let mlp = ModelSpec::new(ModelKind::MLP, &[1, 28, 28], 10).unwrap();
         assert_eq!(mlp.layout().len(), 784 * 200 + 200 + 200 * 200 + 200 + 2010);
     }
 
@@ -1021,7 +641,7 @@ pub(crate) mod tests {
     fn cnn_bn_and_gru_sizes() {
         // PFLlib's FedAvgCNN on 1×28×28 has 582,026 parameters; BN adds
         // 2·(32 + 64) scales and shifts, and 2·(32 + 64) buffers.
-        let bn = ModelSpec::new(ModelKind::CnnBn, &[1, 28, 28], 10).unwrap();
+        let bn = ModelSpec::new(ModelKind::CNN_BN, &[1, 28, 28], 10).unwrap();
         assert_eq!(bn.layout().len(), 582_026 + 192);
         assert_eq!(bn.buffer_len(), 192);
         let groups: Vec<_> = bn
@@ -1044,16 +664,16 @@ pub(crate) mod tests {
             buffers[..32].iter().all(|&m| m == 0.0) && buffers[32..64].iter().all(|&v| v == 1.0)
         );
         // 3×32×32: flatten 64·5·5 = 1600 → 512.
-        let bn32 = ModelSpec::new(ModelKind::CnnBn, &[3, 32, 32], 10).unwrap();
+        let bn32 = ModelSpec::new(ModelKind::CNN_BN, &[3, 32, 32], 10).unwrap();
         assert_eq!(
             bn32.layout().len(),
             2432 + 64 + 51_264 + 128 + 1600 * 512 + 512 + 5130
         );
         // GRU(1 → 64) as torch.nn.GRU: 3·64·(1 + 64) weights + 2·192 biases; head 64 → 3.
-        let gru = ModelSpec::new(ModelKind::Gru, &[12, 1], 3).unwrap();
+        let gru = ModelSpec::new(ModelKind::GRU, &[12, 1], 3).unwrap();
         assert_eq!(gru.layout().len(), 3 * 64 * 65 + 2 * 192 + 64 * 3 + 3);
         assert_eq!(gru.buffer_len(), 0);
-        assert!(ModelSpec::new(ModelKind::Gru, &[1, 28, 28], 3).is_err());
+        assert!(ModelSpec::new(ModelKind::GRU, &[1, 28, 28], 3).is_err());
     }
 
     /// A plain f64 GRU (PyTorch's equations) to check the burn graph against.
@@ -1101,7 +721,7 @@ pub(crate) mod tests {
 
     #[test]
     fn gru_forward_matches_the_pytorch_equations() {
-        let spec = ModelSpec::new(ModelKind::Gru, &[5, 1], 2).unwrap();
+        let spec = ModelSpec::new(ModelKind::GRU, &[5, 1], 2).unwrap();
         let p = spec.init(&mut fedweave_core::rng_stream(
             4,
             0,
@@ -1139,7 +759,7 @@ pub(crate) mod tests {
         //   fc1   2304·512 + 512   = 1,180,160
         //   fc    512·10 + 10      =     5,130
         //   total                    1,204,874
-        let spec = ModelSpec::new(ModelKind::CnnDwa, &[3, 32, 32], 10).unwrap();
+        let spec = ModelSpec::new(ModelKind::CNN_DWA, &[3, 32, 32], 10).unwrap();
         assert_eq!(896 + 64 + 18_496 + 128 + 1_180_160 + 5_130, 1_204_874);
         assert_eq!(spec.layout().len(), 1_204_874);
         assert_eq!(spec.buffer_len(), 192);
@@ -1160,7 +780,7 @@ pub(crate) mod tests {
     #[test]
     fn feddwa_cnn_gradient_matches_the_loss() {
         use rand::Rng;
-        let spec = ModelSpec::new(ModelKind::CnnDwa, &[3, 32, 32], 2).unwrap();
+        let spec = ModelSpec::new(ModelKind::CNN_DWA, &[3, 32, 32], 2).unwrap();
         let mut rng = fedweave_core::rng_stream(2, 0, 0, fedweave_core::Purpose::Dataset);
         let n = 8;
         let y: Vec<u32> = (0..n as u32).map(|i| i % 2).collect();
@@ -1176,7 +796,7 @@ pub(crate) mod tests {
 
     #[test]
     fn cnn_rejects_small_images() {
-        let err = ModelSpec::new(ModelKind::Cnn, &[1, 8, 8], 10).unwrap_err();
+        let err = ModelSpec::new(ModelKind::CNN, &[1, 8, 8], 10).unwrap_err();
         assert!(err.to_string().contains("28×28"), "{err}");
     }
 }

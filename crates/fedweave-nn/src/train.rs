@@ -187,7 +187,7 @@ pub fn train_local_with(
         cfg.sgd(),
         state.as_deref(),
     );
-    if data.augment != crate::Augment::None {
+    if data.augment != crate::Augment::None || spec.draws_in_training() {
         trainer.seed_augmentation(rng);
     }
     let terms = trainer.prepare(extras);
@@ -402,7 +402,7 @@ mod tests {
 
     /// A 4-input MLP for two classes and its seeded initial weights.
     fn mlp() -> (ModelSpec, Vec<f32>) {
-        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 2).unwrap();
+        let spec = ModelSpec::new(ModelKind::MLP, &[4], 2).unwrap();
         let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         (spec, init)
     }
@@ -453,7 +453,7 @@ mod tests {
             flip_labels: None,
             ..flipped
         };
-        let spec = ModelSpec::new(ModelKind::Mlp, &[4], 2).unwrap();
+        let spec = ModelSpec::new(ModelKind::MLP, &[4], 2).unwrap();
         let mut p = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         train_local(
             &spec,
@@ -563,7 +563,7 @@ mod tests {
         let (x, t) = sines(256);
         let idx: Vec<usize> = (0..256).collect();
         let data = LocalData::forecasting(&x, &t, 3, (0.0, 1.0), &idx);
-        let spec = ModelSpec::new(crate::ModelKind::Gru, &[12, 1], 3).unwrap();
+        let spec = ModelSpec::new(crate::ModelKind::GRU, &[12, 1], 3).unwrap();
         let mut p = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
         let before = evaluate(&spec, &p, &[], &data);
         let stats = train_local(
@@ -602,7 +602,7 @@ mod tests {
 
     #[test]
     fn batch_norm_running_statistics_track_the_data_and_drive_evaluation() {
-        let spec = ModelSpec::new(crate::ModelKind::CnnBn, &[1, 28, 28], 3).unwrap();
+        let spec = ModelSpec::new(crate::ModelKind::CNN_BN, &[1, 28, 28], 3).unwrap();
         let mut rng = rng_stream(2, 0, 0, Purpose::Dataset);
         let n = 48;
         let x: Vec<f32> = (0..n * 784)

@@ -149,6 +149,10 @@ pub struct LocalTrainer<'a> {
     augment_key: u64,
     /// Augmented mini-batches so far: the index of the next one's draws.
     augmented: u64,
+    /// Mini-batches trained with dropout so far: the index of the next
+    /// one's masks (a counter of its own, so augmentation's numbering does
+    /// not depend on the model).
+    dropped: u64,
     /// Run the extra terms' tensor forms (GPU backends) rather than their
     /// host forms (the CPU).
     terms_on_device: bool,
@@ -204,6 +208,7 @@ impl<'a> LocalTrainer<'a> {
             y: Batch::default(),
             augment_key: 0,
             augmented: 0,
+            dropped: 0,
             terms_on_device: *device != Device::flex(),
         }
     }
@@ -263,11 +268,12 @@ impl<'a> LocalTrainer<'a> {
     pub fn augment_like(&mut self, other: &LocalTrainer) {
         self.augment_key = other.augment_key;
         self.augmented = other.augmented;
+        self.dropped = other.dropped;
     }
 
     /// Computes the mean task loss of the samples at local positions `batch`
     /// of `data` (cross-entropy, or the model's masked regression loss,
-    /// [`crate::ModelKind::regression_loss`]) and
+    /// [`crate::ModelSpec::regression_loss`]) and
     /// its gradient, adds every `extras` term's gradient at the current
     /// parameters, and keeps the sum in the session for the next
     /// [`step`](Self::step) (replacing any earlier gradient). Batch norm
@@ -377,7 +383,17 @@ impl<'a> LocalTrainer<'a> {
             .collect();
         let xt: Tensor<2> =
             Tensor::from_data(TensorData::new(x, [batch.len(), input_len]), &self.device);
-        let mut norm = Norm::Batch(Vec::new());
+        // Dropout masks: stream (key, b) on a client slot of their own.
+        let masks = spec.draws_in_training().then(|| {
+            self.dropped += 1;
+            Box::new(rng_stream(
+                self.augment_key,
+                self.dropped - 1,
+                1,
+                Purpose::Augment,
+            ))
+        });
+        let mut norm = Norm::Batch(Vec::new(), masks);
         let mut aux_leaf = None;
         let loss = match &objective {
             Loss::Objective(objective) => {
@@ -397,7 +413,7 @@ impl<'a> LocalTrainer<'a> {
             Loss::Task => {
                 let out = spec.forward(&leaves, xt, &mut norm);
                 if data.is_regression() {
-                    masked_error(out, &self.y, &self.device, spec.kind().regression_loss())
+                    masked_error(out, &self.y, &self.device, spec.regression_loss())
                 } else {
                     cross_entropy(out, &self.y.labels)
                 }

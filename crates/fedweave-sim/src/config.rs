@@ -6,7 +6,7 @@ use fedweave_algos::robust::AggregatorConfig;
 use fedweave_core::pairwise::Kernels;
 use fedweave_core::{Purpose, rng_stream};
 use fedweave_data::{DataConfig, PartitionConfig, PartitionKind};
-use fedweave_nn::{Augment, Backend, ModelKind, TrainConfig};
+use fedweave_nn::{Augment, Backend, LayerConfig, ModelKind, SequentialConfig, TrainConfig};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -271,13 +271,77 @@ pub struct ModelSection {
     /// (default 32); other models reject it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub embed_dim: Option<usize>,
+    /// The layers of a `sequential` model, in order; other models reject
+    /// it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers: Option<Vec<LayerConfig>>,
+    /// Index of a `sequential` model's first head layer (default: its last
+    /// linear layer); other models reject it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head: Option<usize>,
 }
 
 impl Default for ModelSection {
     fn default() -> Self {
         Self {
-            kind: ModelKind::Mlp,
+            kind: ModelKind::MLP,
             embed_dim: None,
+            layers: None,
+            head: None,
+        }
+    }
+}
+
+impl ModelSection {
+    /// The layer list of a `sequential` model.
+    pub fn sequential(&self) -> Option<SequentialConfig> {
+        self.layers.as_ref().map(|layers| SequentialConfig {
+            layers: layers.clone(),
+            head: self.head,
+        })
+    }
+
+    /// Checks the keys that apply to some architectures only.
+    fn validate(&self) -> Result<(), ConfigError> {
+        let info = self.kind.info();
+        if self.embed_dim.is_some() && !info.embedding {
+            let with: Vec<&str> = ModelKind::catalogue()
+                .iter()
+                .filter(|i| i.embedding)
+                .map(|i| i.name)
+                .collect();
+            return Err(key_err(
+                "model.embed_dim",
+                format!("only {} have an embedding", with.join(" and ")),
+            ));
+        }
+        if self.embed_dim == Some(0) {
+            return Err(key_err("model.embed_dim", "must be at least 1"));
+        }
+        let sequential = self.kind == ModelKind::SEQUENTIAL;
+        for (key, set) in [
+            ("layers", self.layers.is_some()),
+            ("head", self.head.is_some()),
+        ] {
+            if set && !sequential {
+                return Err(key_err(
+                    &format!("model.{key}"),
+                    format!(
+                        "only a sequential model (kind = \"sequential\") has a layer list, not `{}`",
+                        self.kind
+                    ),
+                ));
+            }
+        }
+        match &self.layers {
+            None if sequential => Err(key_err(
+                "model.layers",
+                "missing: a sequential model needs a layer list, e.g. layers = [{ type = \"flatten\" }, { type = \"linear\" }]",
+            )),
+            Some(layers) if layers.is_empty() => {
+                Err(key_err("model.layers", "is empty; list at least one layer"))
+            }
+            _ => Ok(()),
         }
     }
 }
@@ -534,12 +598,13 @@ impl ExperimentConfig {
         if let Err(e) = self.device.backend.device() {
             return Err(key_err("device.backend", e.to_string()));
         }
-        if self.device.batch_clients > 0
-            && let Err(e) = fedweave_nn::BatchedTrainer::check(self.model.kind)
-        {
+        if self.device.batch_clients > 0 && !self.model.kind.info().batched {
             return Err(key_err(
                 "device.batch_clients",
-                format!("{e}; remove the key"),
+                format!(
+                    "model `{}` cannot be trained batched: it has no batched formulation; remove the key",
+                    self.model.kind
+                ),
             ));
         }
         let datasets: Vec<&str> = fedweave_data::datasets().iter().map(|d| d.name).collect();
@@ -620,17 +685,7 @@ impl ExperimentConfig {
         self.partition
             .validate(self.clients)
             .map_err(|e| key_err("partition", e.to_string()))?;
-        if self.model.embed_dim.is_some()
-            && !matches!(self.model.kind, ModelKind::TextCnn | ModelKind::Mf)
-        {
-            return Err(key_err(
-                "model.embed_dim",
-                "only textcnn and mf have an embedding",
-            ));
-        }
-        if self.model.embed_dim == Some(0) {
-            return Err(key_err("model.embed_dim", "must be at least 1"));
-        }
+        self.model.validate()?;
         if !(self.round_timeout > 0.0 && self.round_timeout.is_finite()) {
             return Err(key_err(
                 "round_timeout",
@@ -861,6 +916,94 @@ mod tests {
         let e = parse("gpu").unwrap_err().to_string();
         assert!(
             e.contains("server_kernels") || e.contains("unknown variant"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_sequential_model_is_read_from_the_layer_list_and_written_back() {
+        let text = r#"
+[model]
+kind = "sequential"
+head = 4
+layers = [
+  { type = "conv2d", out_channels = 6, kernel = 5, padding = 2 },
+  { type = "relu" },
+  { type = "max_pool2d", kernel = 2 },
+  { type = "flatten" },
+  { type = "linear", out_features = 32 },
+  { type = "relu" },
+  { type = "linear", out_features = "classes", bias = false },
+]
+"#;
+        let cfg = ExperimentConfig::from_toml_str(text, &[]).unwrap();
+        let seq = cfg.model.sequential().unwrap();
+        assert_eq!(seq.head, Some(4));
+        assert_eq!(seq.layers.len(), 7);
+        assert_eq!(
+            seq.layers[6],
+            LayerConfig::Linear {
+                in_features: None,
+                out_features: Some(fedweave_nn::Width::Classes),
+                bias: false,
+            }
+        );
+        let again = ExperimentConfig::from_toml_str(&cfg.to_toml(), &[]).unwrap();
+        assert_eq!(again.model.sequential(), Some(seq));
+        let example = include_str!("../../../examples/sequential_digits.toml");
+        let cfg = ExperimentConfig::from_toml_str(example, &[]).unwrap();
+        assert_eq!(cfg.model.sequential().unwrap().layers.len(), 10);
+    }
+
+    #[test]
+    fn layer_list_mistakes_name_the_layer_and_the_key() {
+        let err = |model: &str| {
+            ExperimentConfig::from_toml_str(&format!("[model]\n{model}\n"), &[])
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err(r#"kind = "sequential"
+layers = [{ type = "relu" }, { type = "convolution", out_channels = 3 }]"#);
+        assert!(
+            e.contains("model.layers[1]") && e.contains("convolution"),
+            "{e}"
+        );
+        assert!(e.contains("conv2d"), "did you mean: {e}");
+        let e = err(r#"kind = "sequential"
+layers = [{ type = "linear", out_feature = 3 }]"#);
+        assert!(
+            e.contains("model.layers[0]") && e.contains("out_features"),
+            "{e}"
+        );
+        let e = err(r#"kind = "sequential"
+layers = [{ type = "conv2d", out_channels = "six", kernel = 3 }]"#);
+        assert!(e.contains("model.layers[0]"), "{e}");
+        let e = err(r#"kind = "sequential"
+layers = [{ type = "relu", p = 0.5 }]"#);
+        assert!(
+            e.contains("model.layers[0]") && e.contains("unknown key; this table takes no keys"),
+            "{e}"
+        );
+        let e = err(r#"kind = "sequential""#);
+        assert!(e.contains("model.layers") && e.contains("missing"), "{e}");
+        let e = err(r#"kind = "sequential"
+layers = []"#);
+        assert!(e.contains("model.layers") && e.contains("empty"), "{e}");
+        let e = err(r#"kind = "cnn"
+layers = [{ type = "relu" }]"#);
+        assert!(
+            e.contains("model.layers") && e.contains("sequential"),
+            "{e}"
+        );
+        let e = err(r#"kind = "sequentail""#);
+        assert!(
+            e.contains("model.kind") && e.contains("did you mean `sequential`"),
+            "{e}"
+        );
+        let e = err(r#"kind = "cnn"
+embed_dim = 8"#);
+        assert!(
+            e.contains("model.embed_dim") && e.contains("textcnn and mf"),
             "{e}"
         );
     }

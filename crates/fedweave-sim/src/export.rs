@@ -13,7 +13,7 @@
 //! gates r, z, n as PyTorch), embedding tables stay `[rows, dim]`.
 
 use crate::models::{ModelCard, ModelsError, Snapshot, Which, read_checked};
-use fedweave_nn::{ModelKind, ModelSpec};
+use fedweave_nn::{LayerDesc, ModelSpec};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -40,19 +40,64 @@ pub struct TorchTensor {
     pub data: TorchData,
 }
 
-/// PyTorch's name of fedweave's tensor `name` in a `kind` model, and
-/// whether its values are transposed (2-D `[in, out]` linear weights).
-fn torch_name(kind: ModelKind, name: &str, shape: &[usize]) -> (String, bool) {
-    let renamed = match (kind, name) {
-        (ModelKind::Gru, "gru.weight_ih" | "gru.weight_hh" | "gru.bias_ih" | "gru.bias_hh") => {
-            format!("{name}_l0")
+/// PyTorch's name of fedweave's tensor `name`, and whether its values are
+/// transposed (fedweave's `[in, out]` linear weights): the weights of the
+/// linear layers of the model's description (`linear`), or without one
+/// (gru, textcnn, mf) every 2-D `.weight` but the embeddings' and the
+/// GRU's `nn.GRU` weights (`gru.weight_ih_l0`).
+fn torch_name(name: &str, shape: &[usize], linear: Option<&[String]>) -> (String, bool) {
+    if let Some(linear) = linear {
+        return (name.to_string(), linear.iter().any(|l| l == name));
+    }
+    if let Some(gru) = name.strip_prefix("gru.") {
+        return (
+            format!("{name}_l0"),
+            shape.len() == 2 && gru.starts_with("weight"),
+        );
+    }
+    let flip = shape.len() == 2 && name.ends_with(".weight") && !name.starts_with("embedding.");
+    (name.to_string(), flip)
+}
+
+/// The parameterised layers of a description with their full names
+/// (residual blocks' inner names prefixed with the block's), in order.
+pub fn named_layers(layers: &[LayerDesc]) -> Vec<(String, &LayerDesc)> {
+    fn walk<'a>(layers: &'a [LayerDesc], prefix: &str, out: &mut Vec<(String, &'a LayerDesc)>) {
+        for l in layers {
+            match l {
+                LayerDesc::Residual {
+                    name,
+                    layers,
+                    shortcut,
+                } => {
+                    let inner = format!("{prefix}{name}.");
+                    walk(layers, &inner, out);
+                    walk(shortcut, &inner, out);
+                }
+                LayerDesc::Linear { name, .. }
+                | LayerDesc::Conv2d { name, .. }
+                | LayerDesc::BatchNorm2d { name, .. }
+                | LayerDesc::GroupNorm { name, .. }
+                | LayerDesc::Embedding { name, .. } => out.push((format!("{prefix}{name}"), l)),
+                _ => {}
+            }
         }
-        _ => name.to_string(),
-    };
-    let linear = shape.len() == 2
-        && (name.ends_with(".weight") || kind == ModelKind::Gru && name.starts_with("gru.weight"))
-        && !name.starts_with("embedding.");
-    (renamed, linear)
+    }
+    let mut out = Vec::new();
+    walk(layers, "", &mut out);
+    out
+}
+
+/// The names of `spec`'s linear weights, if it has a description.
+fn linear_weights(spec: &ModelSpec) -> Option<Vec<String>> {
+    let layers = spec.describe()?;
+    Some(
+        named_layers(&layers)
+            .into_iter()
+            .filter(|(_, l)| matches!(l, LayerDesc::Linear { .. }))
+            .map(|(name, _)| format!("{name}.weight"))
+            .collect(),
+    )
 }
 
 /// `m` (`rows × cols`, row-major) transposed.
@@ -86,6 +131,7 @@ fn batch_norms(spec: &ModelSpec) -> Vec<(String, usize, usize)> {
 /// `model` (a `spec` model) as PyTorch's `state_dict`, in PyTorch's order.
 pub fn to_state_dict(spec: &ModelSpec, model: &Snapshot) -> Vec<TorchTensor> {
     let norms = batch_norms(spec);
+    let linear = linear_weights(spec);
     let mut out = Vec::new();
     for group in spec.layout().groups() {
         for t in spec
@@ -94,7 +140,7 @@ pub fn to_state_dict(spec: &ModelSpec, model: &Snapshot) -> Vec<TorchTensor> {
             .iter()
             .filter(|t| group.range.contains(&t.offset))
         {
-            let (name, flip) = torch_name(spec.kind(), &t.name, &t.shape);
+            let (name, flip) = torch_name(&t.name, &t.shape, linear.as_deref());
             let values = &model.params[t.range()];
             let (shape, values) = if flip {
                 let (rows, cols) = (t.shape[0], t.shape[1]);
@@ -146,8 +192,9 @@ pub fn from_state_dict(spec: &ModelSpec, tensors: &[TorchTensor]) -> Result<Snap
         }
     };
     let mut params = vec![0.0; spec.layout().len()];
+    let linear = linear_weights(spec);
     for t in spec.layout().tensors() {
-        let (name, flip) = torch_name(spec.kind(), &t.name, &t.shape);
+        let (name, flip) = torch_name(&t.name, &t.shape, linear.as_deref());
         let v = if flip {
             let (rows, cols) = (t.shape[0], t.shape[1]);
             transpose(find(&name, &[cols, rows])?, cols, rows)
@@ -217,90 +264,17 @@ pub fn read_state_dict(bytes: &[u8]) -> Result<Vec<TorchTensor>, String> {
     Ok(out)
 }
 
-/// The layer list of the models whose forward pass is a plain sequence
-/// (`mlp`, `cnn`, `cnn-bn`, `cnn-dwa`), as `scripts/load_exported.py`
-/// builds it: each entry a `type` and its arguments, named layers with
-/// the `name` their `state_dict` keys start with. `None` for the others
-/// (ResNets, GRU, TextCNN, MF), whose `kind` names the architecture.
+/// The model's layer list as `scripts/load_exported.py` builds it (each
+/// entry a `type` and its arguments, named layers with the `name` their
+/// `state_dict` keys start with), from the architecture's description in
+/// the registry. `None` for gru, textcnn and mf, which are not a plain
+/// sequence of layers: their `kind` names the architecture.
 pub fn layers(spec: &ModelSpec) -> Option<Vec<Value>> {
-    let shape = |name: &str| {
-        spec.layout()
-            .tensor(name)
-            .map(|t| t.shape.clone())
-            .unwrap_or_default()
-    };
-    let linear = |name: &str| {
-        let s = shape(&format!("{name}.weight"));
-        json!({"type": "linear", "name": name, "in_features": s[0], "out_features": s[1]})
-    };
-    let conv = |name: &str| {
-        let s = shape(&format!("{name}.weight"));
-        json!({"type": "conv2d", "name": name, "in_channels": s[1], "out_channels": s[0],
-               "kernel_size": s[2], "stride": 1, "padding": 0})
-    };
-    let bn = |name: &str| {
-        let s = shape(&format!("{name}.weight"));
-        json!({"type": "batch_norm2d", "name": name, "num_features": s[0], "eps": 1e-5, "momentum": 0.1})
-    };
-    let relu = json!({"type": "relu"});
-    let pool = json!({"type": "max_pool2d", "kernel_size": 2, "stride": 2});
-    let flatten = json!({"type": "flatten"});
-    // The three fully connected layers of `mlp` and `cnn`.
-    let three_fc = || {
-        vec![
-            flatten.clone(),
-            linear("fc1"),
-            relu.clone(),
-            linear("fc2"),
-            relu.clone(),
-            linear("fc3"),
-        ]
-    };
-    let list = match spec.kind() {
-        ModelKind::Mlp => three_fc(),
-        ModelKind::Cnn => [
-            vec![
-                conv("conv1"),
-                relu.clone(),
-                pool.clone(),
-                conv("conv2"),
-                relu.clone(),
-                pool.clone(),
-            ],
-            three_fc(),
-        ]
-        .concat(),
-        ModelKind::CnnBn => vec![
-            conv("conv1"),
-            bn("bn1"),
-            relu.clone(),
-            pool.clone(),
-            conv("conv2"),
-            bn("bn2"),
-            relu.clone(),
-            pool.clone(),
-            flatten.clone(),
-            linear("fc1"),
-            relu.clone(),
-            linear("fc"),
-        ],
-        ModelKind::CnnDwa => vec![
-            conv("conv1"),
-            relu.clone(),
-            pool.clone(),
-            bn("bn1"),
-            conv("conv2"),
-            relu.clone(),
-            pool.clone(),
-            bn("bn2"),
-            flatten.clone(),
-            linear("fc1"),
-            relu.clone(),
-            linear("fc"),
-        ],
-        _ => return None,
-    };
-    Some(list)
+    let layers = spec.describe()?;
+    layers
+        .iter()
+        .map(|l| serde_json::to_value(l).ok())
+        .collect()
 }
 
 /// The file format of an export.
@@ -410,7 +384,7 @@ pub fn export(opts: &ExportOptions) -> Result<Vec<PathBuf>, ModelsError> {
     let layer_list = layers(&spec);
     if opts.format == Format::Onnx && layer_list.is_none() {
         return Err(ModelsError::NoFormat {
-            kind: kind_name(card.kind),
+            kind: card.kind.name().to_string(),
             format: "ONNX",
             why: "its forward pass is not a layer list; export --format safetensors".into(),
         });
@@ -466,7 +440,7 @@ pub fn export(opts: &ExportOptions) -> Result<Vec<PathBuf>, ModelsError> {
     let description = json!({
         "format": "fedweave-export",
         "version": 1,
-        "kind": kind_name(card.kind),
+        "kind": card.kind.name(),
         "input_shape": card.input_shape,
         "outputs": card.outputs,
         "classification": card.classification,
@@ -494,14 +468,6 @@ pub fn export(opts: &ExportOptions) -> Result<Vec<PathBuf>, ModelsError> {
     Ok(targets)
 }
 
-/// The model kind's name in configs (`cnn-bn`).
-fn kind_name(kind: ModelKind) -> String {
-    serde_json::to_value(kind)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
 /// The number of clients of the run in `dir`.
 pub fn run_clients(dir: &Path) -> Result<usize, ModelsError> {
     let path = dir.join("config.toml");
@@ -514,36 +480,69 @@ pub fn run_clients(dir: &Path) -> Result<usize, ModelsError> {
 mod tests {
     use super::*;
     use fedweave_core::{Purpose, rng_stream};
-    use fedweave_nn::{InputValues, ModelInput};
+    use fedweave_nn::{InputValues, ModelInput, ModelKind, SequentialConfig};
+
+    /// A small sequential model with every kind of parameterised layer a
+    /// dense input takes, a residual block with a conv shortcut included.
+    fn sequential_input() -> ModelInput {
+        let layers: SequentialConfig = toml::from_str(
+            r#"
+            layers = [
+              { type = "conv2d", out_channels = 4, kernel = 3, padding = 1 },
+              { type = "batch_norm" },
+              { type = "relu" },
+              { type = "residual", layers = [
+                  { type = "conv2d", out_channels = 8, kernel = 3, padding = 1, bias = false },
+                  { type = "group_norm", groups = 2 },
+                ], shortcut = [{ type = "conv2d", out_channels = 8, kernel = 1 }] },
+              { type = "max_pool2d", kernel = 2 },
+              { type = "flatten" },
+              { type = "linear", out_features = 16 },
+              { type = "relu" },
+              { type = "linear" },
+            ]
+            "#,
+        )
+        .unwrap();
+        ModelInput {
+            sequential: Some(layers),
+            ..Default::default()
+        }
+    }
 
     /// Every architecture: the state_dict round-trips bit for bit, linear
     /// weights come out `[out, in]`, batch-norm layers carry their
-    /// statistics.
+    /// statistics, and every model but gru, textcnn and mf has a layer list.
     #[test]
     fn every_model_round_trips_through_its_state_dict() {
         let dense = ModelInput::default();
         let tokens = ModelInput {
             values: InputValues::Tokens { vocab: 30 },
             embed_dim: Some(8),
+            ..Default::default()
         };
         let ids = ModelInput {
             values: InputValues::Categorical {
                 cardinalities: vec![7, 9],
             },
             embed_dim: Some(4),
+            ..Default::default()
         };
+        let seq = sequential_input();
         let cases: Vec<(ModelKind, Vec<usize>, &ModelInput)> = vec![
-            (ModelKind::Mlp, vec![1, 8, 8], &dense),
-            (ModelKind::Cnn, vec![1, 28, 28], &dense),
-            (ModelKind::CnnBn, vec![3, 32, 32], &dense),
-            (ModelKind::CnnDwa, vec![3, 32, 32], &dense),
-            (ModelKind::Gru, vec![12, 3], &dense),
-            (ModelKind::ResNet8, vec![3, 16, 16], &dense),
-            (ModelKind::ResNet9, vec![3, 16, 16], &dense),
-            (ModelKind::ResNet18, vec![3, 16, 16], &dense),
-            (ModelKind::TextCnn, vec![20], &tokens),
-            (ModelKind::Mf, vec![2], &ids),
+            (ModelKind::MLP, vec![1, 8, 8], &dense),
+            (ModelKind::CNN, vec![1, 28, 28], &dense),
+            (ModelKind::CNN_BN, vec![3, 32, 32], &dense),
+            (ModelKind::CNN_DWA, vec![3, 32, 32], &dense),
+            (ModelKind::GRU, vec![12, 3], &dense),
+            (ModelKind::RESNET8, vec![3, 16, 16], &dense),
+            (ModelKind::RESNET9, vec![3, 16, 16], &dense),
+            (ModelKind::RESNET18, vec![3, 16, 16], &dense),
+            (ModelKind::TEXTCNN, vec![20], &tokens),
+            (ModelKind::MF, vec![2], &ids),
+            (ModelKind::SEQUENTIAL, vec![3, 8, 8], &seq),
         ];
+        assert_eq!(cases.len(), ModelKind::catalogue().len(), "every model");
         for (kind, shape, input) in cases {
             let spec = ModelSpec::with_input(kind, &shape, 5, input).unwrap();
             let mut rng = rng_stream(1, 0, 0, Purpose::ModelInit);
@@ -557,11 +556,10 @@ mod tests {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&back.params), bits(&model.params), "{kind:?}");
             assert_eq!(bits(&back.buffers), bits(&model.buffers), "{kind:?}");
+            let head = ["fc.weight", "fc3.weight", "head.weight", "layers.8.weight"];
             let head = dict
                 .iter()
-                .find(|t| {
-                    t.name == "fc.weight" || t.name == "fc3.weight" || t.name == "head.weight"
-                })
+                .find(|t| head.contains(&t.name.as_str()))
                 .unwrap();
             assert_eq!(head.shape[0], 5, "{kind:?}: the head's weight is [out, in]");
             let stats = dict
@@ -570,11 +568,74 @@ mod tests {
                 .count();
             let norms = spec.split().batch_norm.len();
             assert_eq!(stats, norms, "{kind:?}");
-            let listed = matches!(
-                kind,
-                ModelKind::Mlp | ModelKind::Cnn | ModelKind::CnnBn | ModelKind::CnnDwa
-            );
+            let listed = ![ModelKind::GRU, ModelKind::TEXTCNN, ModelKind::MF].contains(&kind);
             assert_eq!(layers(&spec).is_some(), listed, "{kind:?}");
         }
+    }
+
+    /// The layer list names each parameterised layer once, with the
+    /// layout's group names (what `load_exported.py` attaches the modules
+    /// under), in layout order: the ResNets' blocks as `residual` entries,
+    /// a sequential model's layers as `nn.Sequential` names them.
+    #[test]
+    fn layer_lists_name_the_layout_groups_one_to_one() {
+        let seq = sequential_input();
+        let dense = ModelInput::default();
+        for (kind, input) in [
+            (ModelKind::RESNET8, &dense),
+            (ModelKind::RESNET9, &dense),
+            (ModelKind::RESNET18, &dense),
+            (ModelKind::CNN_BN, &dense),
+            (ModelKind::SEQUENTIAL, &seq),
+        ] {
+            let side = if kind == ModelKind::CNN_BN { 28 } else { 8 };
+            let spec = ModelSpec::with_input(kind, &[3, side, side], 5, input).unwrap();
+            let desc = spec.describe().unwrap();
+            let listed: Vec<String> = named_layers(&desc).into_iter().map(|(n, _)| n).collect();
+            let groups: Vec<String> = spec
+                .layout()
+                .groups()
+                .iter()
+                .map(|g| g.name.clone())
+                .collect();
+            assert_eq!(listed, groups, "{kind:?}");
+        }
+        let spec = ModelSpec::with_input(ModelKind::SEQUENTIAL, &[3, 8, 8], 5, &seq).unwrap();
+        let names: Vec<String> = to_state_dict(
+            &spec,
+            &Snapshot {
+                params: vec![0.0; spec.layout().len()],
+                buffers: vec![0.0; spec.buffer_len()],
+            },
+        )
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "layers.0.weight",
+                "layers.0.bias",
+                "layers.1.weight",
+                "layers.1.bias",
+                "layers.1.running_mean",
+                "layers.1.running_var",
+                "layers.1.num_batches_tracked",
+                "layers.3.layers.0.weight",
+                "layers.3.layers.1.weight",
+                "layers.3.layers.1.bias",
+                "layers.3.shortcut.0.weight",
+                "layers.3.shortcut.0.bias",
+                "layers.6.weight",
+                "layers.6.bias",
+                "layers.8.weight",
+                "layers.8.bias",
+            ]
+        );
+        // A torch Linear(16, 5) weight is [5, 16]; the layout stores [16, 5].
+        let json = serde_json::to_value(&spec.describe().unwrap()[8]).unwrap();
+        assert_eq!(json["type"], "linear");
+        assert_eq!(json["in_features"], 16);
+        assert_eq!(json["out_features"], 5);
     }
 }

@@ -33,7 +33,7 @@ use crate::ExperimentConfig;
 use crate::engine::RunError;
 use crate::protocol::{Score, Trackers};
 use fedweave_algos::Algorithm;
-use fedweave_nn::{InputValues, ModelInput, ModelKind, ModelSpec};
+use fedweave_nn::{InputValues, ModelInput, ModelKind, ModelSpec, SequentialConfig};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -544,6 +544,9 @@ pub struct ModelCard {
     pub input: InputCard,
     /// `[model] embed_dim`, where set.
     pub embed_dim: Option<usize>,
+    /// A `sequential` model's `[model] layers` and `head`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequential: Option<SequentialConfig>,
     /// The dataset the run trained on.
     pub dataset: String,
     /// Raw `u8` pixel scaling, for datasets with one.
@@ -585,6 +588,7 @@ impl ModelCard {
                 },
             },
             embed_dim: input.embed_dim,
+            sequential: input.sequential.clone(),
             dataset: dataset.to_string(),
             pixels: pixel_scaling(dataset, cfg.data.normalize),
             algorithm: algorithm.to_string(),
@@ -615,6 +619,7 @@ impl ModelCard {
                 },
             },
             embed_dim: self.embed_dim,
+            sequential: self.sequential.clone(),
         };
         ModelSpec::with_input(self.kind, &self.input_shape, self.outputs, &input)
     }

@@ -288,7 +288,9 @@ pub(crate) fn summarize(
         algorithm: algorithm.to_string(),
         dataset: facts.dataset.clone(),
         partition: cfg.partition.describe(),
-        model: format!("{:?}", cfg.model.kind).to_lowercase(),
+        // The summary's spelling since its first version (`cnnbn`: the
+        // old enum's name, lowercased), which records and goldens pin.
+        model: cfg.model.kind.name().replace('-', ""),
         model_parameters: facts.model_parameters,
         clients: cfg.clients,
         rounds: records.len(),

@@ -76,9 +76,15 @@ impl Setup {
                 },
             },
             embed_dim: cfg.model.embed_dim,
+            sequential: cfg.model.sequential(),
         };
         let spec = ModelSpec::with_input(cfg.model.kind, &dataset.feature_shape, outputs, &input)?
             .on(cfg.device.backend.device()?);
+        if cfg.device.batch_clients > 0 {
+            // A layer list may hold a layer without a batched form.
+            fedweave_nn::BatchedTrainer::check(&spec)
+                .map_err(|e| key_err("device.batch_clients", format!("{e}; remove the key")))?;
+        }
         cfg.train
             .augment
             .check(&dataset.feature_shape)

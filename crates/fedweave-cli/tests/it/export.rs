@@ -580,3 +580,96 @@ fn an_image_folder_run_learns_and_predict_reads_its_images() {
     assert!(!o.status.success());
     assert!(text(&o).contains("image files"), "{}", text(&o));
 }
+
+/// A `sequential` model from the configuration alone: it runs with a split
+/// method (FedRep), its export names tensors as `torch.nn.Sequential` does
+/// and lists its layers, `predict` rebuilds it from the model card; a list
+/// that does not fit the data stops before training, naming the layer.
+#[test]
+fn a_sequential_model_runs_exports_and_predicts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layers = "[model]\nkind = \"sequential\"\nlayers = [\n  { type = \"conv2d\", out_channels = 4, kernel = 3, padding = 1 },\n  { type = \"batch_norm\" },\n  { type = \"relu\" },\n  { type = \"max_pool2d\", kernel = 2 },\n  { type = \"flatten\" },\n  { type = \"linear\", out_features = 32 },\n  { type = \"relu\" },\n  { type = \"linear\" },\n]\n";
+    let config = CONFIG.replace("[model]\nkind = \"mlp\"\n", layers);
+    let run = run(tmp.path(), &config, &[]);
+    let (_, good) = roles(&run);
+    let me = good.to_string();
+    let o = fedweave(&["export", &run, "--clients", &me]);
+    assert!(o.status.success(), "{}", text(&o));
+    let card: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(&run).join("export-best/model.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(card["kind"], "sequential");
+    let names: Vec<&str> = card["state_dict"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "layers.0.weight",
+            "layers.0.bias",
+            "layers.1.weight",
+            "layers.1.bias",
+            "layers.1.running_mean",
+            "layers.1.running_var",
+            "layers.1.num_batches_tracked",
+            "layers.5.weight",
+            "layers.5.bias",
+            "layers.7.weight",
+            "layers.7.bias",
+        ]
+    );
+    assert_eq!(card["state_dict"][7]["shape"], serde_json::json!([32, 64]));
+    let types: Vec<&str> = card["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "conv2d",
+            "batch_norm2d",
+            "relu",
+            "max_pool2d",
+            "flatten",
+            "linear",
+            "relu",
+            "linear"
+        ]
+    );
+    assert_eq!(card["layers"][0]["name"], "layers.0");
+    let (x, _, classes) = samples(&run, good, 5);
+    let input = tmp.path().join("x.npy");
+    std::fs::write(&input, npy(&[5, 64], &x)).unwrap();
+    let want: Vec<String> = classes.iter().map(usize::to_string).collect();
+    let args = [
+        "predict",
+        &run,
+        "--client",
+        &me,
+        "--input",
+        input.to_str().unwrap(),
+    ];
+    assert_eq!(predicted(&args), want);
+
+    let misfit = config.replace("kernel = 3, padding = 1", "kernel = 9");
+    let cfg = tmp.path().join("misfit.toml");
+    std::fs::write(&cfg, misfit).unwrap();
+    let out = tmp.path().join("misfit");
+    let o = fedweave(&[
+        "run",
+        cfg.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "-q",
+    ]);
+    refused(
+        &o,
+        "model.layers[0] (conv2d): kernel 9 is larger than the 8×8 map",
+    );
+}

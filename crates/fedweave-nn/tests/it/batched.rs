@@ -54,10 +54,19 @@ pub(crate) fn compare_on(
     sizes: &[usize],
     cfg: &TrainConfig,
 ) -> (f64, f64, f64) {
-    let classes = 4;
-    let spec = ModelSpec::new(kind, shape, classes)
-        .unwrap()
-        .on(device.clone());
+    let spec = ModelSpec::new(kind, shape, 4).unwrap();
+    compare_spec_on(device, &spec, sizes, cfg)
+}
+
+/// [`compare_on`] for a built `spec` (4 classes).
+pub(crate) fn compare_spec_on(
+    device: &Device,
+    spec: &ModelSpec,
+    sizes: &[usize],
+    cfg: &TrainConfig,
+) -> (f64, f64, f64) {
+    let classes = spec.num_classes();
+    let spec = spec.clone().on(device.clone());
     let data: Vec<Data> = sizes
         .iter()
         .enumerate()
@@ -168,36 +177,36 @@ fn check(kind: ModelKind, shape: &[usize]) {
 
 #[test]
 fn batched_mlp_matches_one_client_at_a_time() {
-    check(ModelKind::Mlp, &[12]);
+    check(ModelKind::MLP, &[12]);
 }
 
 #[test]
 fn batched_cnn_matches_one_client_at_a_time() {
-    check(ModelKind::Cnn, &[1, 28, 28]);
+    check(ModelKind::CNN, &[1, 28, 28]);
 }
 
 #[test]
 fn batched_cnn_bn_matches_one_client_at_a_time() {
-    check(ModelKind::CnnBn, &[1, 28, 28]);
+    check(ModelKind::CNN_BN, &[1, 28, 28]);
 }
 
 #[test]
 fn batched_cnn_dwa_matches_one_client_at_a_time() {
-    check(ModelKind::CnnDwa, &[3, 32, 32]);
+    check(ModelKind::CNN_DWA, &[3, 32, 32]);
 }
 
 /// He et al.'s basic blocks (strided 3×3 and 1×1 shortcut convolutions,
 /// padding), a 3×3 max pool of stride 2 and the global average pool.
 #[test]
 fn batched_resnet8_matches_one_client_at_a_time() {
-    check(ModelKind::ResNet8, &[3, 32, 32]);
+    check(ModelKind::RESNET8, &[3, 32, 32]);
 }
 
 /// Myrtle's residuals, 2×2 pools, the global max pool and the bias-free
 /// head scaled by 0.2.
 #[test]
 fn batched_resnet9_matches_one_client_at_a_time() {
-    check(ModelKind::ResNet9, &[1, 16, 16]);
+    check(ModelKind::RESNET9, &[1, 16, 16]);
 }
 
 #[test]
@@ -207,18 +216,18 @@ fn fixed_iterations_cycle_passes_of_different_lengths() {
         epochs: 0,
         ..epochs_cfg()
     };
-    let (dp, _, moved) = compare(ModelKind::Mlp, &[12], &[11, 30, 5], &cfg);
+    let (dp, _, moved) = compare(ModelKind::MLP, &[12], &[11, 30, 5], &cfg);
     assert!(moved > 1e-3);
     assert!(dp < 1e-4, "parameters differ by {dp:e}");
 }
 
 #[test]
 fn unsupported_models_and_bad_inputs_are_typed_errors() {
-    let gru = ModelSpec::new(ModelKind::Gru, &[4, 2], 1).unwrap();
+    let gru = ModelSpec::new(ModelKind::GRU, &[4, 2], 1).unwrap();
     let p = vec![0.0f32; gru.layout().len()];
     let err = BatchedTrainer::new(&gru, &Device::flex(), &[&p], &[&[]], SgdConfig::default());
     assert!(matches!(err, Err(NnError::NotBatched { .. })));
-    let mlp = ModelSpec::new(ModelKind::Mlp, &[3], 2).unwrap();
+    let mlp = ModelSpec::new(ModelKind::MLP, &[3], 2).unwrap();
     let short = vec![0.0f32; 5];
     let err = BatchedTrainer::new(
         &mlp,

@@ -23,7 +23,7 @@ fn data() -> (Vec<f32>, Vec<u32>, Vec<usize>) {
 }
 
 fn mlp() -> (ModelSpec, Vec<f32>) {
-    let spec = ModelSpec::new(ModelKind::Mlp, &[5], C).unwrap();
+    let spec = ModelSpec::new(ModelKind::MLP, &[5], C).unwrap();
     let init = spec.init(&mut rng_stream(9, 0, 0, Purpose::ModelInit));
     (spec, init)
 }

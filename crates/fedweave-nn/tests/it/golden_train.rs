@@ -285,14 +285,14 @@ fn values_close(want: &str, got: &str) -> bool {
 #[test]
 fn train_local_matches_the_recorded_bits() {
     let mut out = String::new();
-    let mlp = ModelSpec::new(ModelKind::Mlp, &[3, 4], 4).unwrap();
+    let mlp = ModelSpec::new(ModelKind::MLP, &[3, 4], 4).unwrap();
     run_case("mlp", &mlp, &Owned::classification(12, 4, 11), &mut out);
     let img = Owned::classification(784, 3, 12);
-    let cnn = ModelSpec::new(ModelKind::Cnn, &[1, 28, 28], 3).unwrap();
+    let cnn = ModelSpec::new(ModelKind::CNN, &[1, 28, 28], 3).unwrap();
     run_case("cnn", &cnn, &img, &mut out);
-    let cnn_bn = ModelSpec::new(ModelKind::CnnBn, &[1, 28, 28], 3).unwrap();
+    let cnn_bn = ModelSpec::new(ModelKind::CNN_BN, &[1, 28, 28], 3).unwrap();
     run_case("cnn-bn", &cnn_bn, &img, &mut out);
-    let gru = ModelSpec::new(ModelKind::Gru, &[12, 1], 3).unwrap();
+    let gru = ModelSpec::new(ModelKind::GRU, &[12, 1], 3).unwrap();
     run_case("gru", &gru, &Owned::forecasting(13), &mut out);
 
     let mut goldens = GoldenSet::open(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden"));

@@ -48,9 +48,9 @@ fn data(n: usize, input_len: usize, seed: u64) -> (Vec<f32>, Vec<u32>, Vec<usize
 fn training_on_the_gpu_ends_where_the_cpu_ends() {
     let (_, device) = gpu();
     for (kind, shape) in [
-        (ModelKind::Cnn, vec![1, 28, 28]),
-        (ModelKind::CnnBn, vec![1, 28, 28]),
-        (ModelKind::ResNet8, vec![3, 32, 32]),
+        (ModelKind::CNN, vec![1, 28, 28]),
+        (ModelKind::CNN_BN, vec![1, 28, 28]),
+        (ModelKind::RESNET8, vec![3, 32, 32]),
     ] {
         let cpu = ModelSpec::new(kind, &shape, 4).unwrap();
         let on_gpu = cpu.clone().on(device.clone());
@@ -82,10 +82,10 @@ fn training_on_the_gpu_ends_where_the_cpu_ends() {
 fn batched_training_on_the_gpu_matches_one_client_at_a_time() {
     let (_, device) = gpu();
     for (kind, shape) in [
-        (ModelKind::Mlp, vec![12]),
-        (ModelKind::Cnn, vec![1, 28, 28]),
-        (ModelKind::CnnBn, vec![1, 28, 28]),
-        (ModelKind::ResNet8, vec![3, 32, 32]),
+        (ModelKind::MLP, vec![12]),
+        (ModelKind::CNN, vec![1, 28, 28]),
+        (ModelKind::CNN_BN, vec![1, 28, 28]),
+        (ModelKind::RESNET8, vec![3, 32, 32]),
     ] {
         let (dp, db, moved) = compare_on(&device, kind, &shape, &[20, 13, 8, 0], &epochs_cfg());
         eprintln!(
@@ -100,7 +100,7 @@ fn batched_training_on_the_gpu_matches_one_client_at_a_time() {
 #[test]
 fn the_proximal_term_on_the_gpu_trains_as_on_the_host() {
     let (_, device) = gpu();
-    let cpu = ModelSpec::new(ModelKind::Cnn, &[1, 28, 28], 4).unwrap();
+    let cpu = ModelSpec::new(ModelKind::CNN, &[1, 28, 28], 4).unwrap();
     let (x, y, idx) = data(32, cpu.input_len(), 6);
     let local = LocalData::new(&x, &y, &idx);
     let init = cpu.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));

@@ -8,4 +8,5 @@ mod golden_train;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu;
 mod objective;
+mod sequential;
 mod trainer;

@@ -21,7 +21,7 @@ fn data(input_len: usize, classes: u32) -> (Vec<f32>, Vec<u32>, Vec<usize>) {
 }
 
 fn mlp() -> (ModelSpec, Vec<f32>) {
-    let spec = ModelSpec::new(ModelKind::Mlp, &[5], 3).unwrap();
+    let spec = ModelSpec::new(ModelKind::MLP, &[5], 3).unwrap();
     let init = spec.init(&mut rng_stream(9, 0, 0, Purpose::ModelInit));
     (spec, init)
 }
@@ -61,11 +61,11 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn every_model_is_a_body_then_one_linear_head() {
     let cases = [
-        (ModelKind::Mlp, vec![7], 200, 0),
-        (ModelKind::Cnn, vec![1, 28, 28], 84, 0),
-        (ModelKind::CnnBn, vec![3, 32, 32], 512, 2),
-        (ModelKind::CnnDwa, vec![3, 32, 32], 512, 2),
-        (ModelKind::Gru, vec![12, 2], 64, 0),
+        (ModelKind::MLP, vec![7], 200, 0),
+        (ModelKind::CNN, vec![1, 28, 28], 84, 0),
+        (ModelKind::CNN_BN, vec![3, 32, 32], 512, 2),
+        (ModelKind::CNN_DWA, vec![3, 32, 32], 512, 2),
+        (ModelKind::GRU, vec![12, 2], 64, 0),
     ];
     for (kind, shape, features, bns) in cases {
         let spec = ModelSpec::new(kind, &shape, 4).unwrap();

@@ -47,7 +47,7 @@ fn cfg() -> TrainConfig {
 }
 
 fn mlp() -> (ModelSpec, Vec<f32>) {
-    let spec = ModelSpec::new(ModelKind::Mlp, &[6], 3).unwrap();
+    let spec = ModelSpec::new(ModelKind::MLP, &[6], 3).unwrap();
     let init = spec.init(&mut rng_stream(2, 0, 0, Purpose::ModelInit));
     (spec, init)
 }
@@ -368,7 +368,7 @@ fn parameters_and_gradient_can_be_read_and_replaced() {
 
 #[test]
 fn batch_norm_statistics_are_stored_with_the_parameters() {
-    let spec = ModelSpec::new(ModelKind::CnnBn, &[1, 28, 28], 2).unwrap();
+    let spec = ModelSpec::new(ModelKind::CNN_BN, &[1, 28, 28], 2).unwrap();
     let data = Data::new(784, 2);
     let init = spec.init(&mut rng_stream(2, 0, 0, Purpose::ModelInit));
     let fresh = spec.init_buffers();

@@ -15,16 +15,306 @@
 //! statistics are per-client buffers; the scales and shifts are the `bn`
 //! groups of [`crate::ModelSplit::batch_norm`] that FedBN keeps local.
 
-use crate::model::{Norm, ParamTensor};
+use super::{
+    Batched, BatchedInput, BuildCx, Built, Draw, LayerDesc, ModelInfo, Net, bn_desc,
+    conv_desc_with, head_input,
+};
+use crate::NnError;
+use crate::batched::BatchedCx;
+use crate::model::{Norm, ParamTensor, to_image};
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
-use burn::tensor::module::{conv2d, max_pool2d};
+use burn::tensor::module::{conv2d, linear, max_pool2d};
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
-use fedweave_core::ParamLayout;
+use fedweave_core::{ParamLayout, TensorSpec};
+use std::sync::Arc;
+
+/// The registry entry of ResNet-8.
+pub(crate) const RESNET8: ModelInfo = ModelInfo {
+    name: "resnet8",
+    summary: "FedDWA's ResNet-8: conv3×3→16, BN, maxpool, 3 basic blocks (16/32/64), avg pool, fc; 78,042 parameters on 3×32×32; any C×H×W ≥ 8×8",
+    batched: true,
+    embedding: false,
+    build: |cx| build(cx, Plan::resnet8, Init::KaimingFanIn, true),
+};
+
+/// The registry entry of ResNet-9.
+pub(crate) const RESNET9: ModelInfo = ModelInfo {
+    name: "resnet9",
+    summary: "SFL's ResNet-9 (BResidual): 64, 128+res, 256+res, 256, global max pool, fc without bias ×0.2; 2,440,256 parameters on 3×32×32; any C×H×W ≥ 8×8",
+    batched: true,
+    embedding: false,
+    build: |cx| build(cx, Plan::resnet9, Init::Default, false),
+};
+
+/// The registry entry of ResNet-18.
+pub(crate) const RESNET18: ModelInfo = ModelInfo {
+    name: "resnet18",
+    summary: "torchvision's ResNet-18 (FedAGHN): 7×7 stem, 8 basic blocks 64–512, avg pool, fc; 11.18M parameters on 3×32×32; any C×H×W ≥ 8×8",
+    batched: true,
+    embedding: false,
+    build: |cx| build(cx, Plan::resnet18, Init::KaimingConvFanOut, true),
+};
+
+/// Smallest image side the ResNets take (three halvings leave a 1×1 map).
+const MIN_SIDE: usize = 8;
+/// ResNet-9's logit scale (SFL's `Mul(0.2)` after the head).
+const RESNET9_SCALE: f32 = 0.2;
+
+/// The weight initialisation of each reference.
+#[derive(Clone, Copy, Debug)]
+enum Init {
+    /// PyTorch's defaults (SFL's ResNet-9).
+    Default,
+    /// FedDWA's `kaiming_normal_`: conv and linear weights ~ N(0, 2/fan_in).
+    KaimingFanIn,
+    /// torchvision: conv weights ~ N(0, 2/fan_out), fan_out = out·k·k.
+    KaimingConvFanOut,
+}
+
+/// A residual network built for one input.
+#[derive(Debug)]
+struct ResNet {
+    plan: Plan,
+    image: [usize; 3],
+    norms: Vec<(usize, usize)>,
+    init: Init,
+    /// Whether the head has a bias (all but ResNet-9's).
+    head_bias: bool,
+}
+
+fn build(
+    cx: &BuildCx,
+    plan: fn(usize) -> Plan,
+    init: Init,
+    head_bias: bool,
+) -> Result<Built, NnError> {
+    let [c, h, w] = cx.image()?;
+    if c == 0 || h < MIN_SIDE || w < MIN_SIDE {
+        return Err(cx.bad("needs images of at least 8×8 with a channel"));
+    }
+    let plan = plan(c);
+    let mut layout = ParamLayout::new();
+    let mut norms = Vec::new();
+    plan.push_layout(&mut layout, &mut norms);
+    let head = vec![plan.channels(), cx.classes];
+    if head_bias {
+        layout.push_group("fc", &[("weight", head), ("bias", vec![cx.classes])]);
+    } else {
+        layout.push_group("fc", &[("weight", head)]);
+    }
+    Ok(Built {
+        layout,
+        batch_norms: norms.clone(),
+        net: Arc::new(ResNet {
+            plan,
+            image: [c, h, w],
+            norms,
+            init,
+            head_bias,
+        }),
+    })
+}
+
+impl Net for ResNet {
+    fn features(&self, p: &[ParamTensor], x: Tensor<2>, norm: &mut Norm) -> Tensor<2> {
+        self.plan
+            .features(p, &self.norms, to_image(x, self.image), norm)
+    }
+
+    fn head(&self, p: &[ParamTensor], features: Tensor<2>) -> Tensor<2> {
+        let k = p.len();
+        if self.head_bias {
+            linear(features, p[k - 2].t2(), Some(p[k - 1].t1()))
+        } else {
+            linear(features, p[k - 1].t2(), None) * RESNET9_SCALE
+        }
+    }
+
+    fn feature_len(&self) -> usize {
+        self.plan.channels()
+    }
+
+    fn draw(&self, _: &str, t: &TensorSpec, fan_in: usize) -> Draw {
+        let weight = t.name.ends_with(".weight");
+        match self.init {
+            Init::KaimingFanIn if weight => Draw::Normal((2.0 / fan_in as f32).sqrt()),
+            Init::KaimingConvFanOut if weight && t.shape.len() == 4 => {
+                let fan_out = t.shape[0] * t.shape[2] * t.shape[3];
+                Draw::Normal((2.0 / fan_out as f32).sqrt())
+            }
+            _ => Draw::Uniform(1.0 / (fan_in as f32).sqrt()),
+        }
+    }
+
+    fn batched(&self) -> Result<&dyn Batched, String> {
+        Ok(self)
+    }
+
+    /// The stages as layers, each basic block and Myrtle residual a
+    /// `residual` entry whose inner names (`conv1`, `downsample.conv`) are
+    /// relative to the block's (`layer1.0`): the state_dict keys are the
+    /// layout's names.
+    fn describe(&self, layout: &ParamLayout) -> Option<Vec<LayerDesc>> {
+        let conv = |group: &str, name: &str, stride: usize, pad: usize| {
+            conv_desc_with(layout, group, name, stride, pad)
+        };
+        let c_of = |group: &str| {
+            layout
+                .tensor(&format!("{group}.weight"))
+                .map_or(0, |t| t.shape[0])
+        };
+        let mut list = Vec::new();
+        for (name, stage) in &self.plan.stages {
+            match *stage {
+                Stage::ConvBn { stride, pad, .. } => {
+                    let (cv, bn) = conv_bn_names(name);
+                    list.extend([
+                        conv(&cv, &cv, stride, pad),
+                        bn_desc(&bn, c_of(&bn)),
+                        LayerDesc::Relu,
+                    ]);
+                }
+                Stage::MaxPool { k, stride, pad } => list.push(LayerDesc::MaxPool2d {
+                    kernel_size: k,
+                    stride,
+                    padding: pad,
+                }),
+                Stage::Basic { cin, cout, stride } => {
+                    let at = |part: &str| format!("{name}.{part}");
+                    let shortcut = if stride != 1 || cin != cout {
+                        vec![
+                            conv(&at("downsample.conv"), "downsample.conv", stride, 0),
+                            bn_desc("downsample.bn", cout),
+                        ]
+                    } else {
+                        Vec::new()
+                    };
+                    list.push(LayerDesc::Residual {
+                        name: name.clone(),
+                        layers: vec![
+                            conv(&at("conv1"), "conv1", stride, 1),
+                            bn_desc("bn1", cout),
+                            LayerDesc::Relu,
+                            conv(&at("conv2"), "conv2", 1, 1),
+                            bn_desc("bn2", cout),
+                        ],
+                        shortcut,
+                    });
+                    list.push(LayerDesc::Relu);
+                }
+                Stage::Residual { c } => {
+                    let mut layers = Vec::new();
+                    for r in ["res1", "res2"] {
+                        layers.extend([
+                            conv(&format!("{name}.{r}.conv"), &format!("{r}.conv"), 1, 1),
+                            bn_desc(&format!("{r}.bn"), c),
+                            LayerDesc::Relu,
+                        ]);
+                    }
+                    list.push(LayerDesc::Residual {
+                        name: name.clone(),
+                        layers,
+                        shortcut: Vec::new(),
+                    });
+                }
+            }
+        }
+        list.push(match self.plan.pool {
+            GlobalPool::Avg => LayerDesc::AdaptiveAvgPool2d { output_size: 1 },
+            GlobalPool::Max => LayerDesc::AdaptiveMaxPool2d { output_size: 1 },
+        });
+        list.push(LayerDesc::Flatten);
+        list.push(LayerDesc::Linear {
+            name: "fc".into(),
+            in_features: head_input(layout, self.head_bias),
+            out_features: layout
+                .tensors()
+                .last()
+                .map_or(0, |t| *t.shape.last().unwrap_or(&0)),
+            bias: self.head_bias,
+        });
+        if !self.head_bias {
+            list.push(LayerDesc::Scale {
+                factor: f64::from(RESNET9_SCALE),
+            });
+        }
+        Some(list)
+    }
+}
+
+impl Batched for ResNet {
+    fn input(&self) -> BatchedInput {
+        BatchedInput::Image
+    }
+
+    /// The walk of [`Plan::features`] with grouped convolutions and
+    /// per-client batch norm, then the head.
+    fn forward(&self, cx: &mut BatchedCx, x: Tensor<3>) -> Tensor<3> {
+        let k = cx.k;
+        let mut x = cx.image(x, self.image);
+        // Tensors in layout order: each conv's weight, then its batch
+        // norm's scale and shift.
+        let mut at = 0;
+        let mut conv_bn =
+            |cx: &mut BatchedCx, x: Tensor<4>, stride: usize, pad: usize, then_relu: bool| {
+                let y = cx.stack.grouped_conv(x, at, None, stride, pad, 1);
+                let y = cx.batch_norm(y, at + 1);
+                at += 3;
+                if then_relu { relu(y) } else { y }
+            };
+        for (_, stage) in &self.plan.stages {
+            x = match *stage {
+                Stage::ConvBn { stride, pad, .. } => conv_bn(cx, x, stride, pad, true),
+                Stage::MaxPool { k, stride, pad } => max_pool2d(x, max_pool(k, stride, pad)),
+                Stage::Basic { cin, cout, stride } => {
+                    let y = conv_bn(cx, x.clone(), stride, 1, true);
+                    let y = conv_bn(cx, y, 1, 1, false);
+                    let shortcut = if stride != 1 || cin != cout {
+                        conv_bn(cx, x, stride, 0, false)
+                    } else {
+                        x
+                    };
+                    relu(y + shortcut)
+                }
+                Stage::Residual { .. } => {
+                    let y = conv_bn(cx, x.clone(), 1, 1, true);
+                    x + conv_bn(cx, y, 1, 1, true)
+                }
+            };
+        }
+        let [b, kc, _, _] = x.dims();
+        let pooled = self.plan.pool.apply(x);
+        // [B, K·C] to [K, B, C].
+        let features = pooled.reshape([b, k, kc / k]).swap_dims(0, 1);
+        let last = cx.stack.leaves.len() - 1;
+        if self.head_bias {
+            cx.stack.linear(features, last - 1)
+        } else {
+            features.matmul(cx.stack.lin_w(last)) * RESNET9_SCALE
+        }
+    }
+}
+
+/// The conv and batch-norm group names of a conv-BN stage.
+fn conv_bn_names(name: &str) -> (String, String) {
+    if name == "conv1" {
+        ("conv1".to_string(), "bn1".to_string())
+    } else {
+        (format!("{name}.conv"), format!("{name}.bn"))
+    }
+}
+
+/// k×k max pooling with stride and padding.
+fn max_pool(k: usize, stride: usize, pad: usize) -> MaxPoolOptions<2> {
+    MaxPoolOptions::new([k, k])
+        .with_stride([stride, stride])
+        .with_padding([pad, pad])
+}
 
 /// One step of a residual network's body.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Stage {
+enum Stage {
     /// A k×k convolution (no bias) with stride and padding, then batch norm
     /// and ReLU.
     ConvBn {
@@ -50,23 +340,33 @@ pub(crate) enum Stage {
 
 /// How the last feature map becomes the feature vector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum GlobalPool {
+enum GlobalPool {
     /// Mean over the spatial positions (ResNet-8, ResNet-18).
     Avg,
     /// Max over the spatial positions (ResNet-9).
     Max,
 }
 
+impl GlobalPool {
+    /// `[B, C, H, W]` to `[B, C, 1, 1]`.
+    fn apply(self, x: Tensor<4>) -> Tensor<4> {
+        match self {
+            GlobalPool::Avg => x.mean_dims(&[2, 3]),
+            GlobalPool::Max => x.max_dim(2).max_dim(3),
+        }
+    }
+}
+
 /// A residual network's body: named stages and the final pooling.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Plan {
-    pub stages: Vec<(String, Stage)>,
-    pub pool: GlobalPool,
+struct Plan {
+    stages: Vec<(String, Stage)>,
+    pool: GlobalPool,
 }
 
 impl Plan {
     /// FedDWA's ResNet-8 on `c` input channels.
-    pub fn resnet8(c: usize) -> Self {
+    fn resnet8(c: usize) -> Self {
         Self {
             stages: vec![
                 stem(c, 16, 3, 1, 1),
@@ -80,7 +380,7 @@ impl Plan {
     }
 
     /// SFL's ResNet-9 ("BResidual") on `c` input channels.
-    pub fn resnet9(c: usize) -> Self {
+    fn resnet9(c: usize) -> Self {
         let conv = |cin, cout| Stage::ConvBn {
             cin,
             cout,
@@ -105,7 +405,7 @@ impl Plan {
     }
 
     /// torchvision's ResNet-18 on `c` input channels.
-    pub fn resnet18(c: usize) -> Self {
+    fn resnet18(c: usize) -> Self {
         let mut stages = vec![stem(c, 64, 7, 2, 3), pool("maxpool", 3, 2, 1)];
         let mut cin = 64;
         for (layer, cout) in [64, 128, 256, 512].into_iter().enumerate() {
@@ -125,7 +425,7 @@ impl Plan {
     }
 
     /// Channels of the feature vector (the last stage's output).
-    pub fn channels(&self) -> usize {
+    fn channels(&self) -> usize {
         self.stages
             .iter()
             .rev()
@@ -139,7 +439,7 @@ impl Plan {
 
     /// Appends the body's groups to `layout` and the batch-norm layers
     /// (channels, buffer offset) to `norms`.
-    pub fn push_layout(&self, layout: &mut ParamLayout, norms: &mut Vec<(usize, usize)>) {
+    fn push_layout(&self, layout: &mut ParamLayout, norms: &mut Vec<(usize, usize)>) {
         let mut conv_bn = |name: &str, bn: &str, cin: usize, cout: usize, k: usize| {
             layout.push_group(name, &[("weight", vec![cout, cin, k, k])]);
             layout.push_group(bn, &[("weight", vec![cout]), ("bias", vec![cout])]);
@@ -149,11 +449,7 @@ impl Plan {
         for (name, stage) in &self.stages {
             match *stage {
                 Stage::ConvBn { cin, cout, k, .. } => {
-                    let (conv, bn) = if name == "conv1" {
-                        ("conv1".to_string(), "bn1".to_string())
-                    } else {
-                        (format!("{name}.conv"), format!("{name}.bn"))
-                    };
+                    let (conv, bn) = conv_bn_names(name);
                     conv_bn(&conv, &bn, cin, cout, k);
                 }
                 Stage::MaxPool { .. } => {}
@@ -200,7 +496,7 @@ impl Plan {
     /// The body's forward pass on `[batch, C, H, W]`: the pooled features
     /// `[batch, channels]`. `p` are the model's tensors in layout order (the
     /// body's come first).
-    pub fn features(
+    fn features(
         &self,
         p: &[ParamTensor],
         norms: &[(usize, usize)],
@@ -218,12 +514,7 @@ impl Plan {
         for (_, stage) in &self.stages {
             x = match *stage {
                 Stage::ConvBn { stride, pad, .. } => walk.conv_bn(x, stride, pad, true),
-                Stage::MaxPool { k, stride, pad } => max_pool2d(
-                    x,
-                    MaxPoolOptions::new([k, k])
-                        .with_stride([stride, stride])
-                        .with_padding([pad, pad]),
-                ),
+                Stage::MaxPool { k, stride, pad } => max_pool2d(x, max_pool(k, stride, pad)),
                 Stage::Basic { cin, cout, stride } => {
                     let y = walk.conv_bn(x.clone(), stride, 1, true);
                     let y = walk.conv_bn(y, 1, 1, false);
@@ -241,11 +532,7 @@ impl Plan {
             };
         }
         let [b, c, _, _] = x.dims();
-        let pooled = match self.pool {
-            GlobalPool::Avg => x.mean_dims(&[2, 3]),
-            GlobalPool::Max => x.max_dim(2).max_dim(3),
-        };
-        pooled.reshape([b, c])
+        self.pool.apply(x).reshape([b, c])
     }
 }
 
@@ -316,7 +603,7 @@ mod tests {
         //   layer3.0 32·64·9 + 64·64·9 + 32·64 + 3·128                        = 57,728
         //   fc 64·10 + 10                                                     =    650
         assert_eq!(464 + 4_672 + 14_528 + 57_728 + 650, 78_042);
-        let r8 = spec(ModelKind::ResNet8, &[3, 32, 32]);
+        let r8 = spec(ModelKind::RESNET8, &[3, 32, 32]);
         assert_eq!(r8.layout().len(), 78_042);
         // Buffers: running mean and variance of 16 + 2·16 + 3·32 + 3·64 = 336 channels.
         assert_eq!(r8.buffer_len(), 2 * 336);
@@ -332,7 +619,7 @@ mod tests {
             2_560,
         ];
         assert_eq!(r9_parts.iter().sum::<usize>(), 2_440_256);
-        let r9 = spec(ModelKind::ResNet9, &[3, 32, 32]);
+        let r9 = spec(ModelKind::RESNET9, &[3, 32, 32]);
         assert_eq!(r9.layout().len(), 2_440_256);
         assert_eq!(r9.buffer_len(), 2 * (64 + 3 * 128 + 4 * 256));
 
@@ -350,13 +637,13 @@ mod tests {
             9_536 + 147_968 + 525_568 + 2_099_712 + 8_393_728 + 5_130,
             11_181_642
         );
-        let r18 = spec(ModelKind::ResNet18, &[3, 32, 32]);
+        let r18 = spec(ModelKind::RESNET18, &[3, 32, 32]);
         assert_eq!(r18.layout().len(), 11_181_642);
     }
 
     #[test]
     fn every_batch_norm_is_in_the_split_and_the_head_is_the_classifier() {
-        let r18 = spec(ModelKind::ResNet18, &[3, 32, 32]);
+        let r18 = spec(ModelKind::RESNET18, &[3, 32, 32]);
         let split = r18.split();
         // stem + 8 blocks × 2 + 3 downsample shortcuts = 20 BN layers.
         assert_eq!(split.batch_norm.len(), 20);
@@ -366,7 +653,7 @@ mod tests {
         assert_eq!(split.base.end, split.head.start);
         assert_eq!(r18.feature_len(), 512);
         // ResNet-9's head has no bias.
-        let r9 = spec(ModelKind::ResNet9, &[3, 32, 32]);
+        let r9 = spec(ModelKind::RESNET9, &[3, 32, 32]);
         assert_eq!(r9.split().head.len(), 256 * 10);
         assert_eq!(r9.feature_len(), 256);
     }
@@ -374,13 +661,13 @@ mod tests {
     #[test]
     fn resnets_adapt_to_the_input_and_reject_tiny_images() {
         // Tiny-ImageNet 3×64×64 and 1×28×28 only change the first conv.
-        let tiny = spec(ModelKind::ResNet8, &[3, 64, 64]);
+        let tiny = spec(ModelKind::RESNET8, &[3, 64, 64]);
         assert_eq!(tiny.layout().len(), 78_042);
-        let gray = spec(ModelKind::ResNet9, &[1, 28, 28]);
+        let gray = spec(ModelKind::RESNET9, &[1, 28, 28]);
         assert_eq!(gray.layout().len(), 2_440_256 - 2 * 64 * 9);
-        let err = ModelSpec::new(ModelKind::ResNet18, &[3, 4, 4], 10).unwrap_err();
+        let err = ModelSpec::new(ModelKind::RESNET18, &[3, 4, 4], 10).unwrap_err();
         assert!(err.to_string().contains("8×8"), "{err}");
-        assert!(ModelSpec::new(ModelKind::ResNet8, &[64], 10).is_err());
+        assert!(ModelSpec::new(ModelKind::RESNET8, &[64], 10).is_err());
     }
 
     /// Two classes told apart by the sign of the image mean.
@@ -403,12 +690,12 @@ mod tests {
     #[test]
     fn resnet_gradients_match_the_loss() {
         for (kind, shape, n) in [
-            (ModelKind::ResNet8, [3, 16, 16], 4),
-            (ModelKind::ResNet9, [3, 16, 16], 4),
+            (ModelKind::RESNET8, [3, 16, 16], 4),
+            (ModelKind::RESNET9, [3, 16, 16], 4),
             // Four images: with two, ResNet-18's last stage normalises two
             // 1×1 maps per channel (outputs ±1 whatever the input), the
             // gradient reaches 4e5 and no finite step resolves the slope.
-            (ModelKind::ResNet18, [3, 32, 32], 4),
+            (ModelKind::RESNET18, [3, 32, 32], 4),
         ] {
             let s = ModelSpec::new(kind, &shape, 2).unwrap();
             let (x, y) = two_class_images(n, shape);
