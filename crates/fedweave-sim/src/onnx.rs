@@ -338,7 +338,8 @@ impl Builder<'_> {
     }
 
     /// Appends the layers of `layers` (entries of `model.json`'s `layers`),
-    /// their weights named under `prefix` (a residual block's `name.`).
+    /// their weights named under `prefix` (a residual block's `name.`: its
+    /// inner layers' names are relative to it).
     fn layers(&mut self, layers: &[Value], prefix: &str) -> Result<(), String> {
         for (i, layer) in layers.iter().enumerate() {
             self.layer(layer, prefix)
@@ -537,11 +538,11 @@ impl Builder<'_> {
                 let shortcut = layer["shortcut"].as_array().unwrap_or(&empty);
                 let (input, shape) = (x, self.shape.clone());
                 let inner = format!("{name}.");
-                self.layers(body, &format!("{inner}layers."))?;
+                self.layers(body, &inner)?;
                 let (main, main_shape) = (self.value.clone(), self.shape.clone());
                 self.value = input;
                 self.shape = shape;
-                self.layers(shortcut, &format!("{inner}shortcut."))?;
+                self.layers(shortcut, &inner)?;
                 if self.shape != main_shape {
                     return Err(format!(
                         "residual `{name}`: its branch gives {main_shape:?}, its shortcut {:?}",

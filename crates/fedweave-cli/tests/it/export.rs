@@ -673,3 +673,76 @@ fn a_sequential_model_runs_exports_and_predicts() {
         "model.layers[0] (conv2d): kernel 9 is larger than the 8×8 map",
     );
 }
+
+/// Every exportable layer type through ONNX: a `sequential` list with a
+/// residual block (conv shortcut), group norm, GELU, tanh, padded and
+/// strided pools, an adaptive pool, dropout and a bias-free linear, and
+/// the ResNets (residual blocks with downsampling shortcuts, ResNet-9's
+/// scaled bias-free head), on digits. Where onnxruntime is installed the
+/// graphs give fedweave's logits to 1e-5; without it, the graphs must
+/// still build.
+#[test]
+fn onnx_covers_every_layer_type_and_the_resnets() {
+    let runtime = std::process::Command::new("python3")
+        .args(["-c", "import onnxruntime, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let rich = "[model]\nkind = \"sequential\"\nlayers = [\n  { type = \"conv2d\", out_channels = 8, kernel = 3, padding = 1 },\n  { type = \"group_norm\", groups = 2 },\n  { type = \"gelu\" },\n  { type = \"residual\", layers = [\n      { type = \"conv2d\", out_channels = 8, kernel = 3, stride = 2, padding = 1 },\n      { type = \"batch_norm\" },\n      { type = \"tanh\" },\n    ], shortcut = [\n      { type = \"conv2d\", out_channels = 8, kernel = 1, stride = 2, bias = false },\n    ] },\n  { type = \"avg_pool2d\", kernel = 3, stride = 1, padding = 1 },\n  { type = \"max_pool2d\", kernel = 2, stride = 1 },\n  { type = \"adaptive_avg_pool2d\", output = 1 },\n  { type = \"flatten\" },\n  { type = \"dropout\", p = 0.2 },\n  { type = \"linear\", out_features = 16, bias = false },\n  { type = \"relu\" },\n  { type = \"linear\" },\n]\n";
+    let mut cases = vec![(
+        "sequential",
+        CONFIG.replace("[model]\nkind = \"mlp\"\n", rich),
+    )];
+    for kind in ["resnet8", "resnet9"] {
+        cases.push((kind, CONFIG.replace("\"mlp\"", &format!("\"{kind}\""))));
+    }
+    let script = "import json, sys, numpy, onnxruntime as ort\n\
+        s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n\
+        shape = [d if isinstance(d, int) else -1 for d in s.get_inputs()[0].shape]\n\
+        x = numpy.fromfile(sys.argv[2], dtype='<f4').reshape(shape)\n\
+        print(json.dumps(s.run(['logits'], {'input': x})[0].tolist()))";
+    for (kind, cfg) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = run(tmp.path(), &cfg, &[]);
+        let (_, good) = roles(&run);
+        let out = tmp.path().join("onnx");
+        let o = fedweave(&[
+            "export",
+            &run,
+            "--clients",
+            &good.to_string(),
+            "--format",
+            "onnx",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{kind}: {}", text(&o));
+        let file = out.join(format!("client-{good}.onnx"));
+        assert!(std::fs::metadata(&file).unwrap().len() > 0);
+        if !runtime {
+            eprintln!("{kind}: onnxruntime is not installed; the graph was not run");
+            continue;
+        }
+        let (x, logits, _) = samples(&run, good, 8);
+        let input = tmp.path().join("x.f32");
+        std::fs::write(
+            &input,
+            x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+        )
+        .unwrap();
+        let o = std::process::Command::new("python3")
+            .args(["-c", script])
+            .arg(&file)
+            .arg(&input)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{kind}: {}", text(&o));
+        let theirs: Vec<Vec<f32>> = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(theirs.len(), 8);
+        for (a, b) in theirs.iter().flatten().zip(logits.iter().flatten()) {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "{kind}: {a} vs {b}"
+            );
+        }
+    }
+}
