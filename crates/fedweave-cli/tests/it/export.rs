@@ -354,10 +354,7 @@ fn onnx_export_holds_the_state_dict_and_runs_with_fedweave_s_logits() {
     use fedweave_sim::export::read_state_dict;
     use fedweave_sim::onnx::proto::ModelProto;
     use prost::Message;
-    let runtime = std::process::Command::new("python3")
-        .args(["-c", "import onnxruntime, numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let runtime = onnxruntime_available();
     if !runtime {
         eprintln!(
             "onnxruntime is not installed (pip install onnxruntime numpy): checking the graph without running it"
@@ -440,32 +437,8 @@ fn onnx_export_holds_the_state_dict_and_runs_with_fedweave_s_logits() {
             continue;
         }
         let (x, logits, _) = samples(&run, good, 8);
-        let input = tmp.path().join("x.f32");
-        std::fs::write(
-            &input,
-            x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
-        )
-        .unwrap();
-        let script = "import json, sys, numpy, onnxruntime as ort\n\
-            s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n\
-            shape = [d if isinstance(d, int) else -1 for d in s.get_inputs()[0].shape]\n\
-            x = numpy.fromfile(sys.argv[2], dtype='<f4').reshape(shape)\n\
-            print(json.dumps(s.run(['logits'], {'input': x})[0].tolist()))";
-        let o = std::process::Command::new("python3")
-            .args(["-c", script])
-            .arg(tmp.path().join(format!("onnx/client-{good}.onnx")))
-            .arg(&input)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{kind}: {}", text(&o));
-        let theirs: Vec<Vec<f32>> = serde_json::from_slice(&o.stdout).unwrap();
-        assert_eq!(theirs.len(), 8);
-        for (a, b) in theirs.iter().flatten().zip(logits.iter().flatten()) {
-            assert!(
-                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
-                "{kind}: {a} vs {b}"
-            );
-        }
+        let file = tmp.path().join(format!("onnx/client-{good}.onnx"));
+        check_onnx_logits(kind, &file, tmp.path(), &x, &logits);
     }
 }
 
@@ -683,10 +656,7 @@ fn a_sequential_model_runs_exports_and_predicts() {
 /// still build.
 #[test]
 fn onnx_covers_every_layer_type_and_the_resnets() {
-    let runtime = std::process::Command::new("python3")
-        .args(["-c", "import onnxruntime, numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let runtime = onnxruntime_available();
     let rich = "[model]\nkind = \"sequential\"\nlayers = [\n  { type = \"conv2d\", out_channels = 8, kernel = 3, padding = 1 },\n  { type = \"group_norm\", groups = 2 },\n  { type = \"gelu\" },\n  { type = \"residual\", layers = [\n      { type = \"conv2d\", out_channels = 8, kernel = 3, stride = 2, padding = 1 },\n      { type = \"batch_norm\" },\n      { type = \"tanh\" },\n    ], shortcut = [\n      { type = \"conv2d\", out_channels = 8, kernel = 1, stride = 2, bias = false },\n    ] },\n  { type = \"avg_pool2d\", kernel = 3, stride = 1, padding = 1 },\n  { type = \"max_pool2d\", kernel = 2, stride = 1 },\n  { type = \"adaptive_avg_pool2d\", output = 1 },\n  { type = \"flatten\" },\n  { type = \"dropout\", p = 0.2 },\n  { type = \"linear\", out_features = 16, bias = false },\n  { type = \"relu\" },\n  { type = \"linear\" },\n]\n";
     let mut cases = vec![(
         "sequential",
@@ -695,11 +665,6 @@ fn onnx_covers_every_layer_type_and_the_resnets() {
     for kind in ["resnet8", "resnet9"] {
         cases.push((kind, CONFIG.replace("\"mlp\"", &format!("\"{kind}\""))));
     }
-    let script = "import json, sys, numpy, onnxruntime as ort\n\
-        s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n\
-        shape = [d if isinstance(d, int) else -1 for d in s.get_inputs()[0].shape]\n\
-        x = numpy.fromfile(sys.argv[2], dtype='<f4').reshape(shape)\n\
-        print(json.dumps(s.run(['logits'], {'input': x})[0].tolist()))";
     for (kind, cfg) in cases {
         let tmp = tempfile::tempdir().unwrap();
         let run = run(tmp.path(), &cfg, &[]);
@@ -723,26 +688,46 @@ fn onnx_covers_every_layer_type_and_the_resnets() {
             continue;
         }
         let (x, logits, _) = samples(&run, good, 8);
-        let input = tmp.path().join("x.f32");
-        std::fs::write(
-            &input,
-            x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
-        )
+        check_onnx_logits(kind, &file, tmp.path(), &x, &logits);
+    }
+}
+
+/// Whether `python3` can import onnxruntime and numpy.
+fn onnxruntime_available() -> bool {
+    std::process::Command::new("python3")
+        .args(["-c", "import onnxruntime, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Runs the ONNX graph `file` in onnxruntime on the samples `x` (flat
+/// float32, as fedweave feeds them) and asserts its logits are fedweave's
+/// `logits` to 1e-5.
+fn check_onnx_logits(kind: &str, file: &Path, dir: &Path, x: &[f32], logits: &[Vec<f32>]) {
+    let input = dir.join("x.f32");
+    std::fs::write(
+        &input,
+        x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    let script = "import json, sys, numpy, onnxruntime as ort\n\
+        s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n\
+        shape = [d if isinstance(d, int) else -1 for d in s.get_inputs()[0].shape]\n\
+        x = numpy.fromfile(sys.argv[2], dtype='<f4').reshape(shape)\n\
+        print(json.dumps(s.run(['logits'], {'input': x})[0].tolist()))";
+    let o = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(file)
+        .arg(&input)
+        .output()
         .unwrap();
-        let o = std::process::Command::new("python3")
-            .args(["-c", script])
-            .arg(&file)
-            .arg(&input)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{kind}: {}", text(&o));
-        let theirs: Vec<Vec<f32>> = serde_json::from_slice(&o.stdout).unwrap();
-        assert_eq!(theirs.len(), 8);
-        for (a, b) in theirs.iter().flatten().zip(logits.iter().flatten()) {
-            assert!(
-                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
-                "{kind}: {a} vs {b}"
-            );
-        }
+    assert!(o.status.success(), "{kind}: {}", text(&o));
+    let theirs: Vec<Vec<f32>> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(theirs.len(), logits.len(), "{kind}");
+    for (a, b) in theirs.iter().flatten().zip(logits.iter().flatten()) {
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "{kind}: {a} vs {b}"
+        );
     }
 }
