@@ -508,6 +508,18 @@ fn peer(cfg: &str, id: usize, port: u16, peers: &Path, out: &Path, log: &Path) -
     Proc(child)
 }
 
+/// The peers of a log line's `absent=[a, b]` (empty without one).
+fn absent_in_log(line: &str) -> Vec<u64> {
+    line.split_once("absent=[")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| {
+            list.split(',')
+                .filter_map(|x| x.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// One of four DPFL peers killed with SIGKILL: the others find it absent
 /// once `round_timeout` passes, go on choosing among the peers they
 /// reach, and finish with their result files; the peer started again
@@ -558,7 +570,7 @@ fn a_killed_peer_leaves_the_others_finishing_and_a_restarted_one_rejoins() {
         std::fs::read_to_string(log(&format!("p{i}.log")))
             .unwrap_or_default()
             .lines()
-            .any(|l| l.contains("round done") && l.contains("absent=[3]"))
+            .any(|l| l.contains("round done") && absent_in_log(l).contains(&3))
     }) {
         assert!(
             Instant::now() < deadline,
@@ -580,8 +592,10 @@ fn a_killed_peer_leaves_the_others_finishing_and_a_restarted_one_rejoins() {
         let rounds = r["rounds"].as_array().unwrap();
         assert_eq!(rounds.len(), 16, "peer {i} ran every round");
         let absent = |k: usize| ids(&rounds[k]["absent"]);
+        // Under a loaded run another slow peer may be absent in the same
+        // round: what matters is that peer 3 was.
         assert!(
-            (0..16).any(|k| absent(k) == [3]),
+            (0..16).any(|k| absent(k).contains(&3)),
             "peer {i} saw peer 3 absent"
         );
         assert_eq!(
