@@ -51,6 +51,22 @@ pub trait Rule: Send + Sync {
     fn weights(&self, input: &RuleInput, state: &str) -> Result<(Vec<Vec<f64>>, String), String>;
 }
 
+/// FedAvg's rule: every row the participants' data-size weights p (the
+/// reference a rule can be checked against, and what tests install).
+pub struct SizeWeights;
+
+impl Rule for SizeWeights {
+    fn weights(&self, input: &RuleInput, state: &str) -> Result<(Vec<Vec<f64>>, String), String> {
+        let total: f64 = input.sizes.iter().map(|&n| n as f64).sum();
+        let p: Vec<f64> = input
+            .sizes
+            .iter()
+            .map(|&n| n as f64 / total.max(1.0))
+            .collect();
+        Ok((vec![p; input.sizes.len()], state.to_string()))
+    }
+}
+
 static RULE: Mutex<Option<Arc<dyn Rule>>> = Mutex::new(None);
 
 /// Makes `rule` the graph rule of `graph-rule` runs in this process

@@ -803,6 +803,10 @@ mod tests {
 
     #[test]
     fn absent_clients_hold_receive_and_are_scored_the_same_way_for_every_algorithm() {
+        // `graph-rule` needs a rule installed: FedAvg's.
+        fedweave_algos::graph_rule::install(Some(std::sync::Arc::new(
+            fedweave_algos::graph_rule::SizeWeights,
+        )));
         for info in fedweave_algos::catalogue() {
             let text = "seed = 4\nclients = 6\nparticipation = 0.5\n[data]\ndataset = \"digits\"\n[partition]\nkind = \"iid\"\n[model]\nkind = \"mlp\"\n[train]\nlocal_iterations = 2\n";
             let cfg = ExperimentConfig::from_toml_str(
@@ -912,6 +916,10 @@ mod tests {
 
     #[test]
     fn batched_clients_train_as_one_at_a_time_for_every_algorithm() {
+        // `graph-rule` needs a rule installed: FedAvg's.
+        fedweave_algos::graph_rule::install(Some(std::sync::Arc::new(
+            fedweave_algos::graph_rule::SizeWeights,
+        )));
         for info in fedweave_algos::catalogue() {
             let text = "seed = 4\nclients = 6\n[data]\ndataset = \"digits\"\n[partition]\nkind = \"dirichlet\"\nbeta = 0.5\n[model]\nkind = \"mlp\"\n[train]\nlocal_epochs = 1\nlocal_iterations = 0\nbatch_size = 16\nmomentum = 0.9\n[device]\nbatch_clients = 3\n";
             let mut overrides = vec![format!("algorithm.name={}", info.name)];
