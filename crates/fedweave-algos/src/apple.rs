@@ -200,7 +200,7 @@ impl Algorithm for Apple {
                 dr_step(&mut state.p, &grads, &p0, self.params.dr_lr, lambda_mu);
             }
             train_loss /= steps as f64;
-            state.core.buffers = trainer.buffers().to_vec();
+            state.core.buffers = trainer.buffers();
         }
         state.core.params.clone_from(&cores[me]);
         let refs: Vec<&[f32]> = cores.iter().map(|c| c.as_slice()).collect();

@@ -187,7 +187,7 @@ impl Algorithm for PFedMe {
         }
         trainer.store(&mut state.personal.params, &mut state.personal.buffers);
         state.local.params = w;
-        state.local.buffers.copy_from_slice(trainer.buffers());
+        state.local.buffers.copy_from_slice(&trainer.buffers());
         Trained {
             up: state.local.params.clone(),
             train_loss: loss / steps as f64,

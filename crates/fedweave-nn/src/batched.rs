@@ -39,7 +39,8 @@
 use crate::NnError;
 use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
-use crate::model::{BN_EPS, ModelSpec, Norm};
+use crate::model::{BN_EPS, ModelSpec};
+use crate::resident::{BatchStats, LossLog, RunningStats};
 use crate::train::{TrainConfig, TrainStats};
 use crate::trainer::{BatchSampler, SgdConfig};
 use burn::tensor::activation::log_softmax;
@@ -59,9 +60,14 @@ pub struct BatchedTrainer<'a> {
     params: Vec<Tensor<2>>,
     /// Momentum buffers, shaped as `params`.
     momentum: Vec<Tensor<2>>,
-    /// Each client's batch-norm running statistics (host side, as in
-    /// `LocalTrainer`).
-    buffers: Vec<Vec<f32>>,
+    /// Each client's batch-norm running statistics (one row each), on the
+    /// device.
+    running: RunningStats,
+    /// Each step's per-client losses (`[K]`), on the device until
+    /// [`take_losses`](BatchedTrainer::take_losses).
+    losses: LossLog,
+    /// Each logged step's batch sizes (0: the client sat it out).
+    logged_sizes: Vec<Vec<usize>>,
 }
 
 /// The stacked parameter leaves of one forward pass, reshaped per use.
@@ -233,7 +239,9 @@ impl<'a> BatchedTrainer<'a> {
             sgd,
             params: stacked,
             momentum,
-            buffers: buffers.iter().map(|b| b.to_vec()).collect(),
+            running: RunningStats::upload(spec, buffers, &inner),
+            losses: LossLog::default(),
+            logged_sizes: Vec::new(),
         })
     }
 
@@ -246,13 +254,14 @@ impl<'a> BatchedTrainer<'a> {
     /// cross-entropy on its mini-batch (`batches[k]`: its data and the local
     /// positions of the batch) and one momentum-SGD step with `lr`. A client
     /// with an empty batch keeps its parameters, momentum and statistics.
-    /// Returns each client's loss (`None` for those that sat out).
+    /// The losses stay on the device until [`take_losses`](Self::take_losses),
+    /// so a GPU never waits for the host between steps.
     ///
     /// # Panics
     ///
     /// If `batches` does not have one entry per client or a client's data
     /// is a regression task.
-    pub fn step(&mut self, batches: &[(LocalData, &[usize])], lr: f32) -> Vec<Option<f64>> {
+    pub fn step(&mut self, batches: &[(LocalData, &[usize])], lr: f32) {
         assert_eq!(batches.len(), self.k, "one batch per client");
         let spec = self.spec;
         let k = self.k;
@@ -260,7 +269,7 @@ impl<'a> BatchedTrainer<'a> {
         let sizes: Vec<usize> = batches.iter().map(|(_, b)| b.len()).collect();
         let b = sizes.iter().copied().max().unwrap_or(0);
         if b == 0 {
-            return vec![None; k];
+            return;
         }
         let image = spec.net().batched().map(|n| n.input()) == Ok(BatchedInput::Image);
         // Inputs (zero padding), one-hot targets weighted 1/b_k, validity.
@@ -325,19 +334,33 @@ impl<'a> BatchedTrainer<'a> {
             .reshape([k]);
         let loss = per_client.clone().sum();
         let grads = loss.backward();
-        let losses = per_client.into_data();
-        let losses = losses.as_slice::<f32>().expect("f32 losses");
+        self.losses.push(per_client.inner());
         let grad: Vec<Tensor<2>> = leaves
             .iter()
             .zip(&self.params)
             .map(|(leaf, p)| leaf.grad(&grads).unwrap_or_else(|| p.zeros_like()))
             .collect();
         self.update(grad, &step, lr);
-        self.fold_statistics(&step, record);
-        step.sizes
+        self.running.fold(record, &step.sizes);
+        self.logged_sizes.push(step.sizes);
+    }
+
+    /// The losses of the [`step`](Self::step)s since the last call, read in
+    /// one transfer: per step, each client's loss (`None` for those that sat
+    /// it out).
+    pub fn take_losses(&mut self) -> Vec<Vec<Option<f64>>> {
+        let values = self.losses.take();
+        let sizes = std::mem::take(&mut self.logged_sizes);
+        sizes
             .iter()
-            .zip(losses)
-            .map(|(&n, &l)| (n > 0).then_some(f64::from(l)))
+            .zip(values.chunks(self.k))
+            .map(|(sizes, losses)| {
+                sizes
+                    .iter()
+                    .zip(losses)
+                    .map(|(&n, &l)| (n > 0).then_some(f64::from(l)))
+                    .collect()
+            })
             .collect()
     }
 
@@ -373,32 +396,6 @@ impl<'a> BatchedTrainer<'a> {
         }
     }
 
-    /// Folds each active client's batch statistics into its running buffers
-    /// (PyTorch's momentum 0.1 and unbiased variance, as the one-client path).
-    fn fold_statistics(&mut self, step: &Step, record: Vec<(Vec<f32>, Vec<f32>, usize)>) {
-        if record.is_empty() {
-            return;
-        }
-        for (c, buffers) in self.buffers.iter_mut().enumerate() {
-            let n = step.sizes[c];
-            if n == 0 {
-                continue;
-            }
-            let own: Vec<(Vec<f32>, Vec<f32>, usize)> = record
-                .iter()
-                .map(|(mean, var, per_sample)| {
-                    let ch = mean.len() / self.k;
-                    (
-                        mean[c * ch..(c + 1) * ch].to_vec(),
-                        var[c * ch..(c + 1) * ch].to_vec(),
-                        n * per_sample,
-                    )
-                })
-                .collect();
-            Norm::Batch(own, None).update_running(self.spec, buffers);
-        }
-    }
-
     /// Copies client `c`'s parameters and running statistics out.
     ///
     /// # Panics
@@ -411,7 +408,12 @@ impl<'a> BatchedTrainer<'a> {
             let row = t.clone().slice([c..c + 1, 0..len]).into_data();
             params[spec_t.range()].copy_from_slice(row.as_slice::<f32>().expect("f32 tensors"));
         }
-        buffers.copy_from_slice(&self.buffers[c]);
+        assert_eq!(
+            buffers.len(),
+            self.spec.buffer_len(),
+            "buffer vector length"
+        );
+        self.running.read(self.spec, c, buffers);
     }
 }
 
@@ -423,8 +425,8 @@ pub(crate) struct BatchedCx<'a> {
     /// Clients.
     pub(crate) k: usize,
     step: &'a Step,
-    /// Batch-norm statistics `(mean, var)` over `K·C` channels, in order.
-    record: &'a mut Vec<(Vec<f32>, Vec<f32>, usize)>,
+    /// Batch-norm statistics over `K·C` channels, in order.
+    record: &'a mut Vec<BatchStats>,
 }
 
 impl BatchedCx<'_> {
@@ -455,7 +457,7 @@ fn batch_norm(
     i: usize,
     step: &Step,
     k: usize,
-    record: &mut Vec<(Vec<f32>, Vec<f32>, usize)>,
+    record: &mut Vec<BatchStats>,
 ) -> Tensor<4> {
     let [_, kc, h, w] = y.dims();
     let device = y.device();
@@ -476,14 +478,7 @@ fn batch_norm(
         .square()
         .sum_dims(&[0, 2, 3])
         .div(counts);
-    let values = |t: &Tensor<4>| {
-        t.clone()
-            .detach()
-            .into_data()
-            .try_into_vec::<f32>()
-            .unwrap_or_default()
-    };
-    record.push((values(&mean), values(&var), h * w));
+    record.push(BatchStats::of(&mean, &var, h * w));
     centred / (var + BN_EPS).sqrt() * p.channel(i) + p.channel(i + 1)
 }
 
@@ -551,14 +546,17 @@ pub fn train_local_batched<R: Rng>(
             .zip(&batches)
             .map(|(c, b)| (c.data, b.as_slice()))
             .collect();
-        for ((s, loss), b) in stats
-            .iter_mut()
-            .zip(trainer.step(&step, cfg.lr))
-            .zip(&batches)
-        {
-            if let Some(loss) = loss {
+        trainer.step(&step, cfg.lr);
+        for (s, b) in stats.iter_mut().zip(&batches) {
+            if !b.is_empty() {
                 s.steps += 1;
                 s.samples += b.len();
+            }
+        }
+    }
+    for losses in trainer.take_losses() {
+        for (s, loss) in stats.iter_mut().zip(losses) {
+            if let Some(loss) = loss {
                 s.mean_loss += loss;
             }
         }

@@ -31,6 +31,7 @@ pub mod extra;
 pub mod model;
 pub mod objective;
 pub mod offload;
+mod resident;
 pub mod throughput;
 pub mod train;
 pub mod trainer;

@@ -6,6 +6,7 @@ use crate::NnError;
 pub use crate::arch::ModelKind;
 use crate::arch::sequential::SequentialConfig;
 use crate::arch::{Draw, LayerDesc, Net};
+use crate::resident::BatchStats;
 use burn::tensor::{Device, Tensor, TensorData};
 use fedweave_core::{ParamLayout, RngStream};
 use rand::{Rng, RngCore};
@@ -195,6 +196,12 @@ impl ModelSpec {
         self.net.draws_in_training()
     }
 
+    /// Each batch-norm layer's `(channels, offset in the buffer vector)`:
+    /// its running means at `offset..offset + channels`, its variances next.
+    pub(crate) fn batch_norms(&self) -> &[(usize, usize)] {
+        &self.batch_norms
+    }
+
     /// Length of the local buffer vector (batch-norm running means and
     /// variances). Buffers are not parameters: no gradient, and algorithms
     /// never mix them, so each client keeps statistics of its own data.
@@ -363,16 +370,16 @@ pub(crate) fn flatten(y: Tensor<4>) -> Tensor<2> {
 
 /// Batch-norm ε and momentum (PyTorch defaults).
 pub(crate) const BN_EPS: f32 = 1e-5;
-const BN_MOMENTUM: f32 = 0.1;
+pub(crate) const BN_MOMENTUM: f32 = 0.1;
 
 /// How batch norm normalises in a forward pass.
 pub(crate) enum Norm<'a> {
     /// Evaluation: the running statistics in this buffer vector.
     Running(&'a [f32]),
-    /// Training: the batch's own statistics, which are also recorded
-    /// (mean, biased variance, elements per channel) per batch-norm layer,
-    /// and the stream dropout masks are drawn from (`None`: no dropout).
-    Batch(Vec<(Vec<f32>, Vec<f32>, usize)>, Option<Box<RngStream>>),
+    /// Training: the batch's own statistics, which are also recorded per
+    /// batch-norm layer (kept on the device, [`BatchStats`]), and the stream
+    /// dropout masks are drawn from (`None`: no dropout).
+    Batch(Vec<BatchStats>, Option<Box<RngStream>>),
 }
 
 impl Norm<'_> {
@@ -395,7 +402,7 @@ impl Norm<'_> {
         beta: &ParamTensor,
     ) -> Tensor<4> {
         let device = y.device();
-        let [b, _, h, w] = y.dims();
+        let [_, _, h, w] = y.dims();
         let (mean, var): (Tensor<4>, Tensor<4>) = match self {
             Norm::Running(buffers) => {
                 let stat = |range: std::ops::Range<usize>| {
@@ -408,41 +415,13 @@ impl Norm<'_> {
                 let mean = y.clone().mean_dims(&[0, 2, 3]);
                 let var = (y.clone() - mean.clone()).square().mean_dims(&[0, 2, 3]);
                 debug_assert_eq!(record.len(), which, "batch norms run in order");
-                let values = |t: &Tensor<4>| {
-                    t.clone()
-                        .detach()
-                        .into_data()
-                        .try_into_vec::<f32>()
-                        .unwrap_or_default()
-                };
-                record.push((values(&mean), values(&var), b * h * w));
+                record.push(BatchStats::of(&mean, &var, h * w));
                 (mean, var)
             }
         };
         let scale = gamma.t1().reshape([1, c, 1, 1]);
         let shift = beta.t1().reshape([1, c, 1, 1]);
         (y - mean) / (var + BN_EPS).sqrt() * scale + shift
-    }
-
-    /// Folds the recorded batch statistics into the running buffers as
-    /// PyTorch does: momentum 0.1, unbiased variance.
-    pub(crate) fn update_running(&self, spec: &ModelSpec, buffers: &mut [f32]) {
-        let Norm::Batch(record, _) = self else {
-            return;
-        };
-        for (&(c, at), (mean, var, count)) in spec.batch_norms.iter().zip(record) {
-            let unbias = if *count > 1 {
-                *count as f32 / (*count - 1) as f32
-            } else {
-                1.0
-            };
-            for k in 0..c {
-                let rm = &mut buffers[at + k];
-                *rm = (1.0 - BN_MOMENTUM) * *rm + BN_MOMENTUM * mean[k];
-                let rv = &mut buffers[at + c + k];
-                *rv = (1.0 - BN_MOMENTUM) * *rv + BN_MOMENTUM * var[k] * unbias;
-            }
-        }
     }
 }
 

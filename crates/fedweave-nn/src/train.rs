@@ -191,14 +191,14 @@ pub fn train_local_with(
         trainer.seed_augmentation(rng);
     }
     let terms = trainer.prepare(extras);
-    let mut loss_total = 0.0;
     let mut samples = 0;
     for _ in 0..steps {
         let batch = sampler.next_batch(rng);
         samples += batch.len();
-        loss_total += trainer.loss_and_grad_prepared(data, batch, &terms, objective);
+        trainer.loss_and_grad_deferred(data, batch, &terms, objective);
         trainer.step(frozen, cfg.lr);
     }
+    let loss_total = trainer.take_losses().into_iter().fold(0.0, |a, l| a + l);
     trainer.store(params, buffers);
     if let Some(state) = state {
         trainer.store_state(state);

@@ -63,6 +63,7 @@ use crate::batch::{Batch, LocalData};
 use crate::extra::{DeviceTerm, ExtraLoss};
 use crate::model::{ModelSpec, Norm, ParamTensor, RegressionLoss};
 use crate::objective::{Objective, Outputs, cross_entropy};
+use crate::resident::{LossLog, RunningStats};
 use crate::train::SgdState;
 use burn::tensor::{Device, Tensor, TensorData};
 use fedweave_core::{Purpose, rng_stream};
@@ -142,7 +143,11 @@ pub struct LocalTrainer<'a> {
     momentum: Vec<Tensor<1>>,
     /// The gradient of the last `loss_and_grad`, shaped as `params`.
     grad: Option<Vec<Tensor<1>>>,
-    buffers: Vec<f32>,
+    /// Batch-norm running statistics (one row), on the device.
+    running: RunningStats,
+    /// Losses of [`loss_and_grad_deferred`](Self::loss_and_grad_deferred)
+    /// steps, on the device until [`take_losses`](Self::take_losses).
+    losses: LossLog,
     /// Reused mini-batch supervision.
     y: Batch,
     /// Key of the augmentation draws ([`seed_augmentation`](Self::seed_augmentation)).
@@ -204,7 +209,8 @@ impl<'a> LocalTrainer<'a> {
             params: upload(params),
             momentum,
             grad: None,
-            buffers: buffers.to_vec(),
+            running: RunningStats::upload(spec, &[buffers], &inner),
+            losses: LossLog::default(),
             y: Batch::default(),
             augment_key: 0,
             augmented: 0,
@@ -291,7 +297,7 @@ impl<'a> LocalTrainer<'a> {
         extras: &[&dyn ExtraLoss],
     ) -> f64 {
         let terms = self.prepare(extras);
-        self.backward_with(data, batch, &terms, Loss::Task)
+        scalar(&self.backward_with(data, batch, &terms, Loss::Task))
     }
 
     /// As [`loss_and_grad`](Self::loss_and_grad) (or
@@ -304,6 +310,38 @@ impl<'a> LocalTrainer<'a> {
         terms: &Terms,
         objective: Option<&dyn Objective>,
     ) -> f64 {
+        scalar(&self.backward_prepared(data, batch, terms, objective))
+    }
+
+    /// As [`loss_and_grad_prepared`](Self::loss_and_grad_prepared), but the
+    /// loss stays on the device, appended to the session's log, until
+    /// [`take_losses`](Self::take_losses): on a GPU the host then queues
+    /// the next step while the device runs this one. The loop of
+    /// [`train_local`](crate::train_local).
+    pub fn loss_and_grad_deferred(
+        &mut self,
+        data: &LocalData,
+        batch: &[usize],
+        terms: &Terms,
+        objective: Option<&dyn Objective>,
+    ) {
+        let loss = self.backward_prepared(data, batch, terms, objective);
+        self.losses.push(loss);
+    }
+
+    /// The losses of the [`loss_and_grad_deferred`](Self::loss_and_grad_deferred)
+    /// steps since the last call, in order, read in one transfer.
+    pub fn take_losses(&mut self) -> Vec<f64> {
+        self.losses.take().into_iter().map(f64::from).collect()
+    }
+
+    fn backward_prepared(
+        &mut self,
+        data: &LocalData,
+        batch: &[usize],
+        terms: &Terms,
+        objective: Option<&dyn Objective>,
+    ) -> Tensor<1> {
         let loss = match objective {
             Some(objective) => Loss::Objective(objective),
             None => Loss::Task,
@@ -327,7 +365,7 @@ impl<'a> LocalTrainer<'a> {
         objective: &dyn Objective,
     ) -> f64 {
         let terms = self.prepare(extras);
-        self.backward_with(data, batch, &terms, Loss::Objective(objective))
+        scalar(&self.backward_with(data, batch, &terms, Loss::Objective(objective)))
     }
 
     /// As [`loss_and_grad_with`](Self::loss_and_grad_with) for an objective
@@ -353,7 +391,7 @@ impl<'a> LocalTrainer<'a> {
     ) -> f64 {
         assert_eq!(aux.len(), aux_grad.len(), "auxiliary gradient length");
         let terms = self.prepare(extras);
-        self.backward_with(data, batch, &terms, Loss::Aux(objective, aux, aux_grad))
+        scalar(&self.backward_with(data, batch, &terms, Loss::Aux(objective, aux, aux_grad)))
     }
 
     fn backward_with(
@@ -362,7 +400,7 @@ impl<'a> LocalTrainer<'a> {
         batch: &[usize],
         terms: &Terms,
         objective: Loss,
-    ) -> f64 {
+    ) -> Tensor<1> {
         assert!(!batch.is_empty(), "a mini-batch needs samples");
         let spec = self.spec;
         let input_len = spec.input_len();
@@ -420,7 +458,7 @@ impl<'a> LocalTrainer<'a> {
             }
         };
         let grads = loss.backward();
-        let value = scalar(&loss);
+        let value = loss.inner();
         if let (Loss::Aux(_, _, aux_grad), Some(leaf)) = (objective, aux_leaf) {
             match leaf.grad(&grads) {
                 Some(g) => aux_grad.copy_from_slice(
@@ -448,7 +486,9 @@ impl<'a> LocalTrainer<'a> {
             grad = self.upload(&g);
         }
         self.grad = Some(grad);
-        norm.update_running(spec, &mut self.buffers);
+        if let Norm::Batch(record, _) = norm {
+            self.running.fold(record, &[batch.len()]);
+        }
         value
     }
 
@@ -511,7 +551,12 @@ impl<'a> LocalTrainer<'a> {
     /// If the lengths do not match the spec.
     pub fn store(&self, params: &mut [f32], buffers: &mut [f32]) {
         self.read_params(params);
-        buffers.copy_from_slice(&self.buffers);
+        assert_eq!(
+            buffers.len(),
+            self.spec.buffer_len(),
+            "buffer vector length"
+        );
+        self.running.read(self.spec, 0, buffers);
     }
 
     /// Saves the momentum buffer into `state`, for optimisers that survive
@@ -558,9 +603,12 @@ impl<'a> LocalTrainer<'a> {
         self.read_into(grad, out);
     }
 
-    /// The running batch-norm statistics as updated so far this round.
-    pub fn buffers(&self) -> &[f32] {
-        &self.buffers
+    /// The running batch-norm statistics as updated so far this round
+    /// (read from the device).
+    pub fn buffers(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.spec.buffer_len()];
+        self.running.read(self.spec, 0, &mut out);
+        out
     }
 
     /// One tensor per layout tensor from a flat vector, on the inner device.

@@ -375,7 +375,7 @@ fn batch_norm_statistics_are_stored_with_the_parameters() {
     let mut t = LocalTrainer::new(&spec, &Device::flex(), &init, &fresh, cfg().sgd(), None);
     let batch: Vec<usize> = (0..6).collect();
     t.loss_and_grad(&data.view(), &batch, &[]);
-    assert_ne!(t.buffers(), &fresh[..]);
+    assert_ne!(t.buffers(), fresh);
     let (mut p, mut b) = (vec![0.0; init.len()], vec![0.0; fresh.len()]);
     t.store(&mut p, &mut b);
     assert_eq!(b, t.buffers());
