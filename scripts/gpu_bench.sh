@@ -9,6 +9,7 @@
 #            /usr/share/datasets/fashion-mnist)
 #   --out    where the results go (default: gpu-results)
 #   --quick  shorter measurements (1 s instead of 3 s each)
+#   --parts  comma-separated subset of: train, server, runs, torch (default: all)
 #
 # What it measures, each part under its own time limit so one stuck part costs only itself:
 #   1. `fedweave bench --backend cuda`: client-steps/s of mlp, cnn, cnn-bn and resnet8 at
@@ -33,12 +34,14 @@ data=/usr/share/datasets/fashion-mnist
 out=gpu-results
 secs=3
 rounds=3
+parts=train,server,runs,torch
 while [ $# -gt 0 ]; do
     case "$1" in
     --bin) bin=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --quick) secs=1; shift ;;
+    --parts) parts=$2; shift 2 ;;
     *) echo "gpu_bench.sh: unknown argument \`$1\`" >&2; exit 2 ;;
     esac
 done
@@ -62,6 +65,9 @@ gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 cores=$(nproc)
 echo "GPU: $gpu; $cores host cores" | tee -a "$log"
 
+# wanted GROUP: whether --parts asked for this group of measurements.
+wanted() { [[ ",$parts," == *",$1,"* ]]; }
+
 # part NAME SECONDS COMMAND...: runs one part under a time limit, logging how it ended.
 part() {
     local name=$1 limit=$2
@@ -72,15 +78,21 @@ part() {
     echo "[$name] exit $rc after $((SECONDS - start)) s" | tee -a "$log"
 }
 
-# 1. Training throughput.
+# 1. Training throughput, and issue 25's "100 small models at once" figure (cnn, batch 16).
+if wanted train; then
 part bench-train 150 bash -c "'$bin' bench --backend cuda --model mlp --model cnn --model cnn-bn \
     --model resnet8 --k 1 --k 10 --k 100 --seconds $secs --json > '$out/train_cuda.jsonl'"
+part bench-train-b16 60 bash -c "'$bin' bench --backend cuda --model cnn --batch 16 --k 100 \
+    --seconds $secs --json > '$out/train_cuda_b16.jsonl'"
+fi
 
 # 2. Server steps at N = 500 and 1000, d = 582k: on the GPU and on every host core.
+if wanted server; then
 part bench-server-cuda 100 bash -c "'$bin' bench --backend cuda --model cnn-bn --server 500 --server 1000 \
     --no-train --json > '$out/server_cuda.jsonl'"
 part bench-server-cpu 80 bash -c "'$bin' bench --backend cpu --model cnn-bn --server 500 \
     --no-train --json > '$out/server_cpu.jsonl'"
+fi
 
 # 3. pFedGraph Severe per round, and 4. PFLlib's FedAvg setting.
 run() {
@@ -91,6 +103,7 @@ run() {
 }
 severe=(--set partition.kind='"pathological"' --set partition.classes_per_client=2
     --set eval.when='"before_and_after"')
+if wanted runs; then
 run severe-cuda 80 examples/fmnist_pfedgraph.toml "${severe[@]}" --set device.backend='"cuda"'
 run severe-cuda-batched 80 examples/fmnist_pfedgraph.toml "${severe[@]}" --set device.backend='"cuda"' \
     --set device.batch_clients=10
@@ -101,9 +114,10 @@ pfllib=(--set algorithm.name='"fedavg"' --set model.kind='"cnn-bn"' --set partit
 run pfllib-fedavg-cuda 100 examples/fmnist_pfedgraph.toml "${pfllib[@]}" --set device.backend='"cuda"'
 run pfllib-fedavg-cuda-batched 100 examples/fmnist_pfedgraph.toml "${pfllib[@]}" \
     --set device.backend='"cuda"' --set device.batch_clients=10
+fi
 
 # 5. PyTorch on the same GPU.
-if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+if wanted torch && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     part torch-64 50 bash -c "python3 scripts/torch_cpu_throughput.py --device cuda --batch 64 > '$out/torch_cuda_b64.md'"
     part torch-10 50 bash -c "python3 scripts/torch_cpu_throughput.py --device cuda --batch 10 > '$out/torch_cuda_b10.md'"
 fi
@@ -116,18 +130,18 @@ def lines(name):
     p = out / name
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
 print(f"GPU: {gpu}; host: {cores} cores\n")
-rows = lines("train_cuda.jsonl")
+rows = lines("train_cuda.jsonl") + lines("train_cuda_b16.jsonl")
 if rows:
-    print("| model | K | one-by-one client-steps/s | batched client-steps/s | batched samples/s |")
-    print("|---|---:|---:|---:|---:|")
+    print("| model | batch | K | one-by-one client-steps/s | batched client-steps/s | batched samples/s |")
+    print("|---|---:|---:|---:|---:|---:|")
     keyed = {}
     for r in rows:
-        keyed.setdefault((r["model"], r["k"]), {})[r["mode"]] = r
-    for (model, k), m in keyed.items():
+        keyed.setdefault((r["model"], r["batch"], r["k"]), {})[r["mode"]] = r
+    for (model, batch, k), m in keyed.items():
         one = m.get("one-by-one", {}).get("steps_per_s")
         bat = m.get("batched", {})
         f = lambda v, p=1: "—" if v is None else f"{v:,.{p}f}"
-        print(f"| {model} | {k} | {f(one)} | {f(bat.get('steps_per_s'))} | {f(bat.get('samples_per_s'), 0)} |")
+        print(f"| {model} | {batch} | {k} | {f(one)} | {f(bat.get('steps_per_s'))} | {f(bat.get('samples_per_s'), 0)} |")
     print()
 rows = lines("server_cuda.jsonl") + lines("server_cpu.jsonl")
 if rows:

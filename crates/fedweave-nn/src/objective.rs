@@ -8,7 +8,7 @@
 //! backend's tensors and differentiated by it.
 
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Device, Tensor, TensorData};
 
 /// What one forward pass of a mini-batch gives an [`Objective`].
 pub struct Outputs {
@@ -31,16 +31,32 @@ pub trait Objective: Sync {
 /// classifier.
 pub fn cross_entropy(logits: Tensor<2>, labels: &[i64]) -> Tensor<1> {
     let [_, classes] = logits.dims();
-    let device = logits.device();
-    let y: Tensor<1, Int> =
-        Tensor::from_data(TensorData::new(labels.to_vec(), [labels.len()]), &device);
-    let onehot: Tensor<2> = y.one_hot::<2>(classes).float();
+    let onehot = one_hot(labels, classes, &logits.device());
     log_softmax(logits, 1)
         .mul(onehot)
         .sum_dim(1)
         .mean()
         .neg()
         .reshape([1])
+}
+
+/// `labels` as one-hot rows `[batch, classes]`, built on the host: burn's
+/// `one_hot` reads its indices back from the device twice (a range check
+/// and a conversion), which would stop a GPU at every step.
+///
+/// # Panics
+///
+/// If a label is not in `0..classes` (the datasets check labels at load).
+fn one_hot(labels: &[i64], classes: usize, device: &Device) -> Tensor<2> {
+    let mut rows = vec![0.0f32; labels.len() * classes];
+    for (row, &label) in rows.chunks_mut(classes).zip(labels) {
+        let class = usize::try_from(label)
+            .ok()
+            .filter(|&c| c < classes)
+            .unwrap_or_else(|| panic!("label {label} outside 0..{classes}"));
+        row[class] = 1.0;
+    }
+    Tensor::from_data(TensorData::new(rows, [labels.len(), classes]), device)
 }
 
 /// Plain cross-entropy as an [`Objective`].
@@ -67,9 +83,7 @@ impl Objective for WeightedCrossEntropy {
     fn loss(&self, out: Outputs, batch: &[usize], labels: &[i64]) -> Tensor<1> {
         let [b, classes] = out.logits.dims();
         let device = out.logits.device();
-        let y: Tensor<1, Int> =
-            Tensor::from_data(TensorData::new(labels.to_vec(), [labels.len()]), &device);
-        let onehot: Tensor<2> = y.one_hot::<2>(classes).float();
+        let onehot = one_hot(labels, classes, &device);
         let w: Vec<f32> = batch.iter().map(|&k| self.weights[k]).collect();
         let w: Tensor<2> = Tensor::from_data(TensorData::new(w, [b, 1]), &device);
         log_softmax(out.logits, 1)
