@@ -26,9 +26,10 @@ use crate::Checked;
 use crate::params::{Validate, params};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, RoundOutcome, Trained, ids_of,
-    mix_rows, models_of,
+    models_of,
 };
 use fedweave_core::CollaborationGraph;
+use fedweave_core::pairwise::Kernels;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 
@@ -186,6 +187,33 @@ pub fn check(
     }
 }
 
+/// Σ_j W_ij θ_j for every row i of a checked `w` over `models` (one blocked
+/// product, [`Kernels::mix`]), layer by layer on the element ranges of
+/// `layers` for a per-layer W: the mixing of `graph-rule` and of the Python
+/// binding's rule adapter (`fedweave.servers.mix`).
+pub fn mix_weights(
+    kernels: &Kernels,
+    w: &Weights,
+    layers: &[(String, std::ops::Range<usize>)],
+    models: &[&[f32]],
+) -> Vec<Vec<f32>> {
+    match w {
+        Weights::Whole(w) => kernels.mix(w, models).into_rows(),
+        Weights::Layers(w) => {
+            let d = models.first().map_or(0, |m| m.len());
+            let mut mixed = vec![vec![0.0f32; d]; w.first().map_or(0, Vec::len)];
+            for (rows, (_, range)) in w.iter().zip(layers) {
+                let slices: Vec<&[f32]> = models.iter().map(|m| &m[range.clone()]).collect();
+                let layer = kernels.mix(rows, &slices);
+                for (k, out) in mixed.iter_mut().enumerate() {
+                    out[range.clone()].copy_from_slice(layer.row(k));
+                }
+            }
+            mixed
+        }
+    }
+}
+
 /// The graph over all `n` clients with the participants' rows as given
 /// (checked stochastic) and identity rows elsewhere.
 fn embed_exact(n: usize, participants: &[usize], rows: &[Vec<f64>]) -> CollaborationGraph {
@@ -275,21 +303,11 @@ impl Algorithm for GraphRule {
         // W as the rule gave it (checked within 1e-6 of stochastic rows), not
         // renormalised: FedAvg's p in numpy must give FedAvg's graph bits.
         let n = env.clients();
+        let mixed = mix_weights(env.kernels, &w, &input.layers, &models);
+        let downloads = participants.iter().copied().zip(mixed).collect();
         match w {
-            Weights::Whole(w) => {
-                let graph = embed_exact(n, &participants, &w);
-                let downloads = mix_rows(env.kernels, &graph, &participants, &models);
-                RoundOutcome::new(graph, downloads)
-            }
+            Weights::Whole(w) => RoundOutcome::new(embed_exact(n, &participants, &w), downloads),
             Weights::Layers(w) => {
-                let mut mixed = vec![vec![0.0f32; env.init.len()]; participants.len()];
-                for (rows, g) in w.iter().zip(&groups) {
-                    let slices: Vec<&[f32]> = models.iter().map(|m| &m[g.range.clone()]).collect();
-                    let layer = env.kernels.mix(rows, &slices);
-                    for (k, out) in mixed.iter_mut().enumerate() {
-                        out[g.range.clone()].copy_from_slice(layer.row(k));
-                    }
-                }
                 let layers: Vec<(String, CollaborationGraph)> = groups
                     .iter()
                     .zip(&w)
@@ -300,7 +318,7 @@ impl Algorithm for GraphRule {
                 RoundOutcome {
                     graph: CollaborationGraph::mean(&graphs),
                     layers,
-                    downloads: participants.iter().copied().zip(mixed).collect(),
+                    downloads,
                 }
             }
         }
