@@ -146,7 +146,7 @@ def _rule_adapter(rule: GraphRule) -> Callable[..., tuple]:
     return call
 
 
-def _progress(total: int, start: int, progress: bool, quiet: bool):
+def _progress_bar(total: int, start: int, progress: bool, quiet: bool):
     """The progress bar for a run (None when off)."""
     if quiet or not progress:
         return None
@@ -218,7 +218,7 @@ def run(
         total = _config_rounds(text, path)
     where = _drive(
         _fedweave.run,
-        _progress(total or 0, 0, progress, quiet),
+        _progress_bar(total or 0, 0, progress, quiet),
         text=text,
         path=path,
         out=None if out is None else os.fspath(out),
@@ -262,7 +262,7 @@ def resume(
     if progress and not quiet and _fedweave.is_run_dir(os.fspath(dir)):
         done = len(Run(dir)._records())
         total = rounds if rounds is not None else _config_rounds("", os.fspath(Path(dir) / "config.toml"))
-        bar = _progress(total, done, progress, quiet)
+        bar = _progress_bar(total, done, progress, quiet)
     return Run(_drive(_fedweave.resume, bar, dir=os.fspath(dir), rounds=rounds, rule=rule))
 
 

@@ -90,10 +90,17 @@ fn drive<T: Send + 'static>(
             match progress {
                 Progress::Callback(f) if failed.is_none() => {
                     if let Err(e) = f.call1(py, (round, acc, mae, seconds)) {
-                        *failed = Some(e);
+                        // Ctrl-C delivered while the callback ran is Ctrl-C:
+                        // the run stops and says how to resume.
+                        if !e.is_instance_of::<PyKeyboardInterrupt>(py) {
+                            *failed = Some(e);
+                        }
                         if !*stopping {
                             fedweave_sim::request_stop();
                             *stopping = true;
+                            eprintln!(
+                                "stopping after the current round (its checkpoint is written)"
+                            );
                         }
                     }
                 }
