@@ -143,7 +143,7 @@ pub fn pfedgraph_step(
     let flat = f32_rows(uploads, m, d, "uploads")?;
     let init = f32_rows(init, 1, d, "init")?;
     let step = py.detach(|| {
-        let ranges: [Range<usize>; 1] = [0..d];
+        let whole = 0..d;
         pfedgraph::server_step(
             Kernels::cpu(),
             n,
@@ -151,7 +151,7 @@ pub fn pfedgraph_step(
             &row_views(&flat, m, d),
             &pfedgraph::ServerInput {
                 init: &init,
-                ranges: &ranges,
+                ranges: std::slice::from_ref(&whole),
                 threshold,
                 p: &fedweave_algos::size_weights(&sizes),
                 alpha,

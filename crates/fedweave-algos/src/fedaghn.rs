@@ -337,7 +337,7 @@ pub fn server_step(
         .map(|&i| server.deltas[i].as_deref())
         .collect();
     let m = participants.len();
-    let cos = layer_cosines(kernels, &deltas, &groups, d);
+    let cos = layer_cosines(kernels, &deltas, groups, d);
     let (p, q) = (&server.p, &server.q);
     // Attention α and its q-derivative's coefficients β, per layer and
     // participant, then θ̄ = α·Θ and ∂θ̄/∂q = β·Θ layer by layer as
