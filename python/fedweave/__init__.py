@@ -36,6 +36,7 @@ __all__ = [
     "load",
     "resume",
     "run",
+    "serve",
     "sweep",
     "__version__",
 ]
@@ -208,17 +209,10 @@ def run(
     sets = base + _overrides(overrides)
     if graph_rule is not None:
         sets.append('algorithm.name="graph-rule"')
-    total = None
-    for item in reversed(sets):
-        key, _, value = item.partition("=")
-        if key == "rounds":
-            total = int(value)
-            break
-    if total is None and not (quiet or not progress):
-        total = _config_rounds(text, path)
+    total = _rounds_of(sets, text, path) if progress and not quiet else 0
     where = _drive(
         _fedweave.run,
-        _progress_bar(total or 0, 0, progress, quiet),
+        _progress_bar(total, 0, progress, quiet),
         text=text,
         path=path,
         out=None if out is None else os.fspath(out),
@@ -227,6 +221,15 @@ def run(
         rule=None if graph_rule is None else _rule_adapter(graph_rule),
     )
     return Run(where)
+
+
+def _rounds_of(sets: list, text: str, path: Optional[str]) -> int:
+    """The run's rounds: the last ``rounds=`` override, else the config's."""
+    for item in reversed(sets):
+        key, _, value = item.partition("=")
+        if key == "rounds":
+            return int(value)
+    return _config_rounds(text, path)
 
 
 def _config_rounds(text: str, path: Optional[str]) -> int:
@@ -264,6 +267,50 @@ def resume(
         total = rounds if rounds is not None else _config_rounds("", os.fspath(Path(dir) / "config.toml"))
         bar = _progress_bar(total, done, progress, quiet)
     return Run(_drive(_fedweave.resume, bar, dir=os.fspath(dir), rounds=rounds, rule=rule))
+
+
+def serve(
+    config: Config,
+    listen: str = "127.0.0.1:7070",
+    out: Optional[Union[str, "os.PathLike[str]"]] = None,
+    graph_rule: Optional[GraphRule] = None,
+    *,
+    resume: bool = False,
+    tokens: Optional[Union[str, "os.PathLike[str]"]] = None,
+    quiet: bool = False,
+    progress: bool = True,
+    **overrides: Any,
+) -> "Run":
+    """Serves a networked run in this process, as ``fedweave serve CONFIG
+    --listen ADDR`` does, and returns it when its last round is done.
+
+    Clients are ``fedweave client CONFIG --connect http://ADDR --id I`` (or
+    ``worker``) processes with the same config. With ``graph_rule`` the run
+    is a ``graph-rule`` run whose rule (see :func:`run`) runs here, where
+    the server runs; the clients need the config with ``algorithm.name =
+    "graph-rule"`` (it is set here for the server). ``tokens``: a file of
+    ``id token`` lines clients must present; ``resume``: continue from the
+    directory's last checkpoint. Serving a non-loopback address needs TLS
+    and credentials: use the command line for that.
+    """
+    text, path, base = _config(config)
+    sets = base + _overrides(overrides)
+    if graph_rule is not None:
+        sets.append('algorithm.name="graph-rule"')
+    total = _rounds_of(sets, text, path) if progress and not quiet else 0
+    where = _drive(
+        _fedweave.serve,
+        _progress_bar(total, 0, progress, quiet),
+        text=text,
+        listen=str(listen),
+        path=path,
+        out=None if out is None else os.fspath(out),
+        overrides=sets,
+        resume=resume,
+        tokens=None if tokens is None else os.fspath(tokens),
+        rule=None if graph_rule is None else _rule_adapter(graph_rule),
+    )
+    return Run(where)
 
 
 def load(dir: Union[str, "os.PathLike[str]"]) -> "Run":

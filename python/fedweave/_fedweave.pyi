@@ -102,3 +102,18 @@ class FedAghnServer:
     def step(self, uploads: bytes, m: int, participants: Sequence[int]) -> Tuple[bytes, bytes, bytes]:
         """One round: (per-layer W `L` × `n` × `n`, their mean `n` × `n`, float64 bytes;
         personalised models `m` × `d` float32 bytes)."""
+
+def serve(
+    text: str,
+    listen: str,
+    path: Optional[str] = None,
+    out: Optional[str] = None,
+    overrides: Sequence[str] = ...,
+    resume: bool = False,
+    tokens: Optional[str] = None,
+    quiet: bool = False,
+    rule: Optional[Callable[..., Any]] = None,
+    on_round: Optional[OnRound] = None,
+) -> str:
+    """Serves a networked run (as `fedweave serve`) in this process with `rule` as its graph rule;
+    returns its directory."""

@@ -284,6 +284,54 @@ fn resume(
     Ok(dir.display().to_string())
 }
 
+/// Serves the networked run of the config (as `fedweave serve`) on
+/// `listen` in this process, with `rule` as its graph rule (a `graph-rule`
+/// run: the rule runs here, where the server runs; clients are `fedweave
+/// client` / `worker` processes); returns the run's directory.
+#[pyfunction]
+#[pyo3(signature = (text, listen, path=None, out=None, overrides=Vec::new(), resume=false, tokens=None, quiet=false, rule=None, on_round=None))]
+#[allow(clippy::too_many_arguments)]
+fn serve(
+    py: Python<'_>,
+    text: String,
+    listen: &str,
+    path: Option<PathBuf>,
+    out: Option<PathBuf>,
+    overrides: Vec<String>,
+    resume: bool,
+    tokens: Option<PathBuf>,
+    quiet: bool,
+    rule: Option<Py<PyAny>>,
+    on_round: Option<Py<PyAny>>,
+) -> PyResult<String> {
+    let cfg = match &path {
+        Some(p) => ExperimentConfig::from_file(p, &overrides),
+        None => ExperimentConfig::from_toml_str(&text, &overrides),
+    }
+    .map_err(err)?;
+    let listen: std::net::SocketAddr = listen.parse().map_err(|e| {
+        err(format!(
+            "listen: {listen:?} is not an address like 127.0.0.1:7070 ({e})"
+        ))
+    })?;
+    let out = out.unwrap_or_else(|| fedweave_sim::default_out_dir(&cfg));
+    let mut opts = fedweave_net::server::ServeOptions::new(cfg, listen, out.clone());
+    opts.resume = resume;
+    opts.tokens = tokens;
+    let progress = Progress::new(on_round, quiet);
+    with_rule(rule, || {
+        drive(py, &progress, move |tx| {
+            fedweave_net::server::serve(
+                opts,
+                |addr| eprintln!("listening on {addr}"),
+                &mut sender(tx),
+            )
+        })?
+        .map_err(err)
+    })?;
+    Ok(out.display().to_string())
+}
+
 /// Runs the sweep `grid` into `out` (`None`: next to the grid file) with
 /// `jobs` runs at once; returns the sweep's directory.
 #[pyfunction]
@@ -433,6 +481,7 @@ fn _fedweave(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(resume, m)?)?;
     m.add_function(wrap_pyfunction!(sweep, m)?)?;
+    m.add_function(wrap_pyfunction!(serve, m)?)?;
     m.add_function(wrap_pyfunction!(models, m)?)?;
     m.add_function(wrap_pyfunction!(clients, m)?)?;
     m.add_function(wrap_pyfunction!(algorithms, m)?)?;

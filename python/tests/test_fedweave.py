@@ -436,3 +436,60 @@ def test_run_shows_progress_unless_told_not_to(tmp_path, capsys, monkeypatch):
     fedweave.resume(part.dir, rounds=3)
     err = capsys.readouterr().err
     assert "round 3/3" in err and "round 1/" not in err, err
+
+
+def test_serve_runs_a_python_rule_where_the_server_runs(tmp_path):
+    """`fedweave.serve` with a rule (in a child process, so a hang cannot
+    stall the suite) and a real `fedweave worker` process hosting the six
+    clients on loopback: the same accuracies and graphs as `fedweave.run`
+    with the rule, and the rule ran in the server's process once a round."""
+    binary = fedweave_binary()
+    if binary is None:
+        pytest.skip("no fedweave binary (cargo build) to run the clients with")
+    import socket
+
+    cfg = tmp_path / "net.toml"
+    cfg.write_text(
+        'seed = 3\nclients = 6\nrounds = 3\nthreads = 2\n[data]\ndataset = "digits"\n'
+        '[partition]\nkind = "pathological"\nclasses_per_client = 2\n[model]\nkind = "mlp"\n'
+        "[train]\nlocal_iterations = 5\nbatch_size = 16\nlr = 0.05\n"
+        '[algorithm]\nname = "graph-rule"\nevaluate = "received"\n'
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "serve.py"
+    script.write_text(
+        "import json, os, sys, numpy, fedweave\n"
+        "calls = []\n"
+        "def rule(uploads, sizes, round, state):\n"
+        "    calls.append([round, os.getpid()])\n"
+        "    p = sizes / sizes.sum()\n"
+        "    return numpy.tile(p, (len(sizes), 1))\n"
+        f"fedweave.serve({str(cfg)!r}, '127.0.0.1:{port}', {str(tmp_path / 'net')!r}, graph_rule=rule, quiet=True)\n"
+        "print(json.dumps({'calls': calls, 'pid': os.getpid()}))\n"
+    )
+    server = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [str(binary), "worker", str(cfg), "--connect", f"http://127.0.0.1:{port}", "--ids", "0..6"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        served, errors = server.communicate(timeout=240)
+        logged, _ = worker.communicate(timeout=60)
+    finally:
+        server.kill()
+        worker.kill()
+    assert server.returncode == 0, errors
+    assert worker.returncode == 0, logged
+    seen = json.loads(served.strip().splitlines()[-1])
+    assert seen["calls"] == [[r, seen["pid"]] for r in (1, 2, 3)]
+    net = fedweave.load(tmp_path / "net")
+    local = fedweave.run(cfg, tmp_path / "local", graph_rule=fedavg_rule, quiet=True)
+    assert net.summary["algorithm"] == "graph-rule"
+    assert net.summary["per_client_test_acc"] == local.summary["per_client_test_acc"]
+    assert numpy.array_equal(net.graphs, local.graphs)
+    with pytest.raises(fedweave.FedweaveError, match="listen"):
+        fedweave.serve(cfg, "nowhere", tmp_path / "bad", graph_rule=fedavg_rule, quiet=True)

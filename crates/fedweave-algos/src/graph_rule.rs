@@ -81,7 +81,26 @@ impl Rule for SizeWeights {
     }
 }
 
+/// The rule of a process that only trains clients (`fedweave client` and
+/// `worker` of a networked `graph-rule` run): the rule runs where `serve`
+/// runs, so this one is never asked and says so if it is.
+pub struct TrainOnly;
+
+impl Rule for TrainOnly {
+    fn weights(&self, _: &RuleInput, _: &str) -> Result<(Weights, String), String> {
+        Err("this process only trains clients: the graph rule runs where the server runs".into())
+    }
+}
+
 static RULE: Mutex<Option<Arc<dyn Rule>>> = Mutex::new(None);
+
+/// Installs `rule` unless a rule is installed already (a process that
+/// hosts clients next to a server keeps the server's).
+pub fn install_if_absent(rule: Arc<dyn Rule>) {
+    RULE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert(rule);
+}
 
 /// Makes `rule` the graph rule of `graph-rule` runs in this process
 /// (`None` removes it).
