@@ -12,6 +12,9 @@ configs, the same run directories, the same messages. ::
     run.models("best")[0]["fc3.weight"]     # numpy, PyTorch state_dict names
 
 Runs release the GIL and show a progress bar (``progress=False``: none).
+:func:`serve` runs the server of a networked run in this process (a Python
+graph rule runs there); :mod:`fedweave.servers` has the graph methods' server
+steps on numpy arrays and :mod:`fedweave.flower` the Flower strategies.
 Ctrl-C stops a run after its current round with its checkpoint written and
 raises ``KeyboardInterrupt``; ``fedweave.resume(dir)`` continues it. Errors
 are :class:`FedweaveError` carrying the command line's message.
