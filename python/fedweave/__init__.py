@@ -11,7 +11,10 @@ configs, the same run directories, the same messages. ::
     run.graphs.shape                        # (rounds, clients, clients)
     run.models("best")[0]["fc3.weight"]     # numpy, PyTorch state_dict names
 
-Runs release the GIL and print one line per round (``quiet=True``: none).
+Runs release the GIL and show a progress bar (``progress=False``: none).
+:func:`serve` runs the server of a networked run in this process (a Python
+graph rule runs there); :mod:`fedweave.servers` has the graph methods' server
+steps on numpy arrays and :mod:`fedweave.flower` the Flower strategies.
 Ctrl-C stops a run after its current round with its checkpoint written and
 raises ``KeyboardInterrupt``; ``fedweave.resume(dir)`` continues it. Errors
 are :class:`FedweaveError` carrying the command line's message.
@@ -36,6 +39,7 @@ __all__ = [
     "load",
     "resume",
     "run",
+    "serve",
     "sweep",
     "__version__",
 ]
@@ -93,7 +97,19 @@ def _config(config: Config) -> tuple:
     raise TypeError("config must be a path, TOML text or a mapping")
 
 
-GraphRule = Callable[["numpy.ndarray", "numpy.ndarray", int, Dict[str, Any]], Any]  # noqa: F821
+GraphRule = Callable[..., Any]
+"""``rule(uploads, sizes, round, state[, layers]) -> W``: see :func:`run`."""
+
+
+def _wants_layers(rule: GraphRule) -> bool:
+    """Whether ``rule`` takes a ``layers`` argument (or ``**kwargs``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(rule).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "layers" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def _rule_adapter(rule: GraphRule) -> Callable[..., tuple]:
@@ -102,21 +118,54 @@ def _rule_adapter(rule: GraphRule) -> Callable[..., tuple]:
     ``rule(uploads, sizes, round, state)`` gets the participants' models as
     a ``[participants, d]`` float32 array (read-only), their data sizes, the
     round (from 1) and its state dict (persisted between rounds as JSON, so
-    it must hold JSON values; checkpoints carry it), and returns W
-    (participants × participants). ``rule.layers`` is not used: the array's
-    columns follow the model's layout (``Run.models`` names its tensors).
+    it must hold JSON values; checkpoints carry it), and returns W:
+    ``participants × participants``, or ``layers × participants ×
+    participants`` (one W per layer group, in the order of ``layers``). A
+    rule with a ``layers`` parameter also gets ``layers``: layer-group name →
+    the uploads' columns of that group (a ``[participants, size]`` view).
+    Returns ``(W as float64 bytes, W's shape, state as JSON)``; the Rust side
+    checks W and names the round in its errors.
     """
     import numpy
+
+    layered = _wants_layers(rule)
 
     def call(models, p, d, sizes, round, participants, layers, state):
         uploads = numpy.frombuffer(models, dtype="<f4").reshape(p, d)
         st = json.loads(state)
-        w = numpy.asarray(rule(uploads, numpy.asarray(sizes, dtype=numpy.int64), round, st), dtype=numpy.float64)
-        if w.shape != (p, p):
-            raise ValueError(f"graph_rule returned W of shape {w.shape}, expected ({p}, {p}) for the round's participants")
-        return w.tolist(), json.dumps(st)
+        extra = {}
+        if layered:
+            extra["layers"] = {name: uploads[:, a:b] for name, a, b in layers}
+        w = numpy.asarray(
+            rule(uploads, numpy.asarray(sizes, dtype=numpy.int64), round, st, **extra), dtype=numpy.float64
+        )
+        if w.shape != (p, p) and w.shape != (len(layers), p, p):
+            names = ", ".join(name for name, _, _ in layers)
+            raise ValueError(
+                f"graph_rule returned W of shape {w.shape}, expected ({p}, {p}) for the round's participants "
+                f"or ({len(layers)}, {p}, {p}), one W per layer group ({names})"
+            )
+        return numpy.ascontiguousarray(w, dtype="<f8").tobytes(), list(w.shape), json.dumps(st)
 
     return call
+
+
+def _progress_bar(total: int, start: int, progress: bool, quiet: bool):
+    """The progress bar for a run (None when off)."""
+    if quiet or not progress:
+        return None
+    from ._progress import Progress
+
+    return Progress(total, start)
+
+
+def _drive(call: Callable[..., str], bar, **kwargs: Any) -> str:
+    """Runs the extension's ``call`` with the bar as its round callback."""
+    try:
+        return call(quiet=bar is None, on_round=None if bar is None else bar.update, **kwargs)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def run(
@@ -126,6 +175,7 @@ def run(
     *,
     overwrite: bool = False,
     quiet: bool = False,
+    progress: bool = True,
     **overrides: Any,
 ) -> "Run":
     """Runs one experiment and returns it.
@@ -137,27 +187,68 @@ def run(
     to a fresh directory under ``runs/``; an existing run there is refused
     unless ``overwrite``.
 
+    A progress bar on stderr shows the rounds done, the last mean
+    validation accuracy, elapsed time and ETA (tqdm's when tqdm is
+    installed); ``progress=False`` or ``quiet=True`` turns it off.
+
     ``graph_rule(uploads, sizes, round, state) -> W`` makes the server's
-    graph rule a Python function (the method ``graph-rule``): fedweave checks
-    W (finite, non-negative, rows summing to 1), mixes, and trains the
-    clients; a bad W stops the run with a :class:`FedweaveError` naming the
-    round. ``**{"algorithm.evaluate": "received"}`` scores the mixed models
+    graph rule a Python function (the method ``graph-rule``): ``uploads`` is
+    the round's participants' models, a read-only ``[participants, d]``
+    float32 array in the layout's order (:func:`initial_model`), ``sizes``
+    their training-set sizes, ``round`` counts from 1 and ``state`` is the
+    rule's own dict (JSON values; checkpointed, so resumes see it). W is
+    ``participants × participants`` — or ``layers × participants ×
+    participants``, one W per layer group of the model (as FedAGHN's
+    per-layer graphs; :attr:`Run.graphs` then holds their mean and
+    :meth:`Run.layer_graphs` each). A rule with a ``layers`` parameter also
+    gets ``layers=``, a dict from layer-group name to that group's columns
+    of ``uploads``. fedweave checks W (finite, non-negative, rows summing to
+    1), mixes (layer by layer for a per-layer W) and trains the clients; a
+    bad W stops the run with a :class:`FedweaveError` naming the round.
+    ``**{"algorithm.evaluate": "received"}`` scores the mixed models
     instead of the trained ones.
     """
     text, path, base = _config(config)
     sets = base + _overrides(overrides)
     if graph_rule is not None:
         sets.append('algorithm.name="graph-rule"')
-    where = _fedweave.run(
-        text,
+    total = _rounds_of(sets, text, path) if progress and not quiet else 0
+    where = _drive(
+        _fedweave.run,
+        _progress_bar(total, 0, progress, quiet),
+        text=text,
         path=path,
         out=None if out is None else os.fspath(out),
         overrides=sets,
         overwrite=overwrite,
-        quiet=quiet,
         rule=None if graph_rule is None else _rule_adapter(graph_rule),
     )
     return Run(where)
+
+
+def _rounds_of(sets: list, text: str, path: Optional[str]) -> int:
+    """The run's rounds: the last ``rounds=`` override, else the config's."""
+    for item in reversed(sets):
+        key, _, value = item.partition("=")
+        if key == "rounds":
+            return int(value)
+    return _config_rounds(text, path)
+
+
+def _config_rounds(text: str, path: Optional[str]) -> int:
+    """The top-level ``rounds`` of TOML ``text`` (or the file ``path``); 0
+    when it is not set there (the bar then shows rounds without a total)."""
+    import re
+
+    if path is not None:
+        text = Path(path).read_text()
+    for line in text.splitlines():
+        if line.lstrip().startswith("["):
+            break
+        m = re.match(r"\s*rounds\s*=\s*(\d+)", line)
+        if m:
+            return int(m.group(1))
+    return 0
 
 
 def resume(
@@ -166,12 +257,63 @@ def resume(
     graph_rule: Optional[GraphRule] = None,
     *,
     quiet: bool = False,
+    progress: bool = True,
 ) -> "Run":
     """Continues the run in ``dir`` from its last checkpoint (to ``rounds``
     rounds if given); the result equals an uninterrupted run. A
-    ``graph-rule`` run needs its ``graph_rule`` again."""
+    ``graph-rule`` run needs its ``graph_rule`` again. The progress bar
+    starts at the rounds already done (``progress=False``: none)."""
     rule = None if graph_rule is None else _rule_adapter(graph_rule)
-    return Run(_fedweave.resume(os.fspath(dir), rounds=rounds, quiet=quiet, rule=rule))
+    bar = None
+    if progress and not quiet and _fedweave.is_run_dir(os.fspath(dir)):
+        done = len(Run(dir)._records())
+        total = rounds if rounds is not None else _config_rounds("", os.fspath(Path(dir) / "config.toml"))
+        bar = _progress_bar(total, done, progress, quiet)
+    return Run(_drive(_fedweave.resume, bar, dir=os.fspath(dir), rounds=rounds, rule=rule))
+
+
+def serve(
+    config: Config,
+    listen: str = "127.0.0.1:7070",
+    out: Optional[Union[str, "os.PathLike[str]"]] = None,
+    graph_rule: Optional[GraphRule] = None,
+    *,
+    resume: bool = False,
+    tokens: Optional[Union[str, "os.PathLike[str]"]] = None,
+    quiet: bool = False,
+    progress: bool = True,
+    **overrides: Any,
+) -> "Run":
+    """Serves a networked run in this process, as ``fedweave serve CONFIG
+    --listen ADDR`` does, and returns it when its last round is done.
+
+    Clients are ``fedweave client CONFIG --connect http://ADDR --id I`` (or
+    ``worker``) processes with the same config. With ``graph_rule`` the run
+    is a ``graph-rule`` run whose rule (see :func:`run`) runs here, where
+    the server runs; the clients need the config with ``algorithm.name =
+    "graph-rule"`` (it is set here for the server). ``tokens``: a file of
+    ``id token`` lines clients must present; ``resume``: continue from the
+    directory's last checkpoint. Serving a non-loopback address needs TLS
+    and credentials: use the command line for that.
+    """
+    text, path, base = _config(config)
+    sets = base + _overrides(overrides)
+    if graph_rule is not None:
+        sets.append('algorithm.name="graph-rule"')
+    total = _rounds_of(sets, text, path) if progress and not quiet else 0
+    where = _drive(
+        _fedweave.serve,
+        _progress_bar(total, 0, progress, quiet),
+        text=text,
+        listen=str(listen),
+        path=path,
+        out=None if out is None else os.fspath(out),
+        overrides=sets,
+        resume=resume,
+        tokens=None if tokens is None else os.fspath(tokens),
+        rule=None if graph_rule is None else _rule_adapter(graph_rule),
+    )
+    return Run(where)
 
 
 def load(dir: Union[str, "os.PathLike[str]"]) -> "Run":

@@ -9,7 +9,9 @@
 //! its checkpoint written (as SIGINT does to the binary) and then raises
 //! `KeyboardInterrupt` naming the directory to resume.
 
-use fedweave_algos::graph_rule::{self, Rule, RuleInput};
+mod servers;
+
+use fedweave_algos::graph_rule::{self, Rule, RuleInput, Weights};
 use fedweave_sim::export::{TorchData, to_state_dict};
 use fedweave_sim::models::{ModelCard, Which, read_checked};
 use fedweave_sim::runtime::Derived;
@@ -32,29 +34,88 @@ create_exception!(
 );
 
 /// Any displayable error as a `FedweaveError` with its message.
-fn err(e: impl std::fmt::Display) -> PyErr {
+pub(crate) fn err(e: impl std::fmt::Display) -> PyErr {
     FedweaveError::new_err(e.to_string())
+}
+
+/// One finished round as the progress callback gets it: (round, mean
+/// validation accuracy, mean validation MAE, the round's seconds).
+type RoundInfo = (usize, Option<f64>, Option<f64>, f64);
+
+/// Where a run's rounds are reported: the Python callback `on_round(round,
+/// val_acc, val_mae, seconds)`, called on the calling thread (with the GIL)
+/// as rounds finish, or one line per round on stderr, or nothing.
+enum Progress {
+    Callback(Py<PyAny>),
+    Lines,
+    Quiet,
+}
+
+impl Progress {
+    fn new(on_round: Option<Py<PyAny>>, quiet: bool) -> Self {
+        match (on_round, quiet) {
+            (_, true) => Self::Quiet,
+            (Some(f), false) => Self::Callback(f),
+            (None, false) => Self::Lines,
+        }
+    }
 }
 
 /// Runs `job` on its own thread with the GIL released, polling Python's
 /// signal handlers meanwhile: Ctrl-C asks the run to stop after its round
 /// (`fedweave_sim::request_stop`) and the job is awaited, so its
-/// checkpoint is written before this returns.
+/// checkpoint is written before this returns. `job` gets the sender of its
+/// rounds; with a `Progress::Callback` they are handed to it here, between
+/// waits (an exception in it stops the run after its round, then is raised).
 fn drive<T: Send + 'static>(
     py: Python<'_>,
-    job: impl FnOnce() -> T + Send + 'static,
+    progress: &Progress,
+    job: impl FnOnce(mpsc::Sender<RoundInfo>) -> T + Send + 'static,
 ) -> PyResult<T> {
     fedweave_sim::clear_stop();
     let (tx, rx) = mpsc::channel();
+    let (round_tx, round_rx) = mpsc::channel::<RoundInfo>();
     std::thread::spawn(move || {
         // A graph rule that fails stops its run by panicking out of the
         // round (the protocol has no error path there): its message
         // becomes the Python exception. The receiver outlives the job
         // unless Python itself is exiting.
-        let _ = tx.send(std::panic::catch_unwind(AssertUnwindSafe(job)));
+        let _ = tx.send(std::panic::catch_unwind(AssertUnwindSafe(|| job(round_tx))));
     });
     let mut stopping = false;
+    let mut failed: Option<PyErr> = None;
     let mut rx = Some(rx);
+    let report = |py: Python<'_>, failed: &mut Option<PyErr>, stopping: &mut bool| {
+        for (round, acc, mae, seconds) in round_rx.try_iter() {
+            match progress {
+                Progress::Callback(f) if failed.is_none() => {
+                    if let Err(e) = f.call1(py, (round, acc, mae, seconds)) {
+                        // Ctrl-C delivered while the callback ran is Ctrl-C:
+                        // the run stops and says how to resume.
+                        if !e.is_instance_of::<PyKeyboardInterrupt>(py) {
+                            *failed = Some(e);
+                        }
+                        if !*stopping {
+                            fedweave_sim::request_stop();
+                            *stopping = true;
+                            eprintln!(
+                                "stopping after the current round (its checkpoint is written)"
+                            );
+                        }
+                    }
+                }
+                Progress::Lines => {
+                    let acc = match (acc, mae) {
+                        (Some(a), _) => format!("val acc {a:.4}"),
+                        (None, Some(m)) => format!("val MAE {m:.4}"),
+                        _ => String::new(),
+                    };
+                    eprintln!("round {round} · {acc} · {seconds:.1} s");
+                }
+                _ => {}
+            }
+        }
+    };
     loop {
         // The receiver is not `Sync`: it moves into the GIL-free closure and back.
         let (got, back) = py.detach(move || {
@@ -62,8 +123,14 @@ fn drive<T: Send + 'static>(
             (rx.recv_timeout(Duration::from_millis(100)), rx)
         });
         rx = Some(back);
+        report(py, &mut failed, &mut stopping);
         match got {
-            Ok(Ok(value)) => return Ok(value),
+            Ok(Ok(value)) => {
+                return match failed {
+                    Some(e) => Err(e),
+                    None => Ok(value),
+                };
+            }
             Ok(Err(panic)) => {
                 let message = panic
                     .downcast_ref::<String>()
@@ -86,6 +153,13 @@ fn drive<T: Send + 'static>(
     }
 }
 
+/// The run callback that sends each round to [`drive`].
+fn sender(tx: mpsc::Sender<RoundInfo>) -> impl FnMut(&RoundRecord) {
+    move |r: &RoundRecord| {
+        let _ = tx.send((r.round, r.mean_val_acc, r.mean_val_mae, r.seconds));
+    }
+}
+
 /// A run's error as Python sees it: an interrupted run is a
 /// `KeyboardInterrupt` saying how to continue.
 fn run_err(e: RunError) -> PyErr {
@@ -100,13 +174,15 @@ fn run_err(e: RunError) -> PyErr {
 
 /// A graph rule written in Python: `adapter(models, p, d, sizes, round,
 /// participants, layers, state)` (made by `fedweave._rule_adapter` from the
-/// user's `fn(uploads, sizes, round, state) -> W`) returns `(W, state)`.
+/// user's `fn(uploads, sizes, round, state) -> W`) returns `(W, shape,
+/// state)`, W as little-endian `f64` bytes of shape `[p, p]` (one W) or
+/// `[L, p, p]` (one per layer group).
 struct PyRule {
     adapter: Py<PyAny>,
 }
 
 impl Rule for PyRule {
-    fn weights(&self, input: &RuleInput, state: &str) -> Result<(Vec<Vec<f64>>, String), String> {
+    fn weights(&self, input: &RuleInput, state: &str) -> Result<(Weights, String), String> {
         Python::attach(|py| {
             let d = input.models.first().map_or(0, |m| m.len());
             let mut raw = Vec::with_capacity(4 * d * input.models.len());
@@ -128,9 +204,11 @@ impl Rule for PyRule {
                 layers,
                 state,
             );
-            self.adapter
+            let (w, shape, state) = self
+                .adapter
                 .call1(py, args)?
-                .extract::<(Vec<Vec<f64>>, String)>(py)
+                .extract::<(Vec<u8>, Vec<usize>, String)>(py)?;
+            Ok::<_, PyErr>((servers::weights_of(&w, &shape)?, state))
         })
         .map_err(|e| e.to_string())
     }
@@ -145,27 +223,11 @@ fn with_rule<T>(rule: Option<Py<PyAny>>, job: impl FnOnce() -> PyResult<T>) -> P
     out
 }
 
-/// One line per round on stderr (what the binary prints when its output is
-/// not a terminal), or nothing when `quiet`.
-fn progress(total: usize, quiet: bool) -> impl FnMut(&RoundRecord) + Send + 'static {
-    move |r: &RoundRecord| {
-        if quiet {
-            return;
-        }
-        let acc = match (r.mean_val_acc, r.mean_val_mae) {
-            (Some(a), _) => format!("val acc {a:.4}"),
-            (None, Some(m)) => format!("val MAE {m:.4}"),
-            _ => String::new(),
-        };
-        eprintln!("round {}/{total} · {acc} · {:.1} s", r.round, r.seconds);
-    }
-}
-
 /// Runs an experiment; returns its directory. `text` is the config's TOML
 /// (`path` the file it came from, for messages and relative paths), with
 /// `overrides` (`dotted.key=value`) applied.
 #[pyfunction]
-#[pyo3(signature = (text, path=None, out=None, overrides=Vec::new(), overwrite=false, quiet=false, rule=None))]
+#[pyo3(signature = (text, path=None, out=None, overrides=Vec::new(), overwrite=false, quiet=false, rule=None, on_round=None))]
 #[allow(clippy::too_many_arguments)]
 fn run(
     py: Python<'_>,
@@ -176,6 +238,7 @@ fn run(
     overwrite: bool,
     quiet: bool,
     rule: Option<Py<PyAny>>,
+    on_round: Option<Py<PyAny>>,
 ) -> PyResult<String> {
     let cfg = match &path {
         Some(p) => ExperimentConfig::from_file(p, &overrides),
@@ -185,10 +248,10 @@ fn run(
     let out = out.unwrap_or_else(|| fedweave_sim::default_out_dir(&cfg));
     fedweave_sim::claim_out_dir(&out, overwrite).map_err(err)?;
     let dir = out.clone();
-    let mut on_round = progress(cfg.rounds, quiet);
+    let progress = Progress::new(on_round, quiet);
     with_rule(rule, || {
-        drive(py, move || {
-            fedweave_sim::run_experiment(&cfg, &dir, &mut on_round)
+        drive(py, &progress, move |tx| {
+            fedweave_sim::run_experiment(&cfg, &dir, &mut sender(tx))
         })?
         .map_err(run_err)
     })?;
@@ -198,34 +261,75 @@ fn run(
 /// Continues the run in `dir` from its last checkpoint, to `rounds` rounds
 /// if given.
 #[pyfunction]
-#[pyo3(signature = (dir, rounds=None, quiet=false, rule=None))]
+#[pyo3(signature = (dir, rounds=None, quiet=false, rule=None, on_round=None))]
 fn resume(
     py: Python<'_>,
     dir: PathBuf,
     rounds: Option<usize>,
     quiet: bool,
     rule: Option<Py<PyAny>>,
+    on_round: Option<Py<PyAny>>,
 ) -> PyResult<String> {
     if !fedweave_sim::is_run_dir(&dir) {
         return Err(run_err(RunError::NotARun { dir }));
     }
-    let total = match rounds {
-        Some(r) => r,
-        None => {
-            ExperimentConfig::from_file(&dir.join("config.toml"), &[])
-                .map_err(err)?
-                .rounds
-        }
-    };
     let at = dir.clone();
-    let mut on_round = progress(total, quiet);
+    let progress = Progress::new(on_round, quiet);
     with_rule(rule, || {
-        drive(py, move || {
-            fedweave_sim::resume_experiment(&at, rounds, &mut on_round)
+        drive(py, &progress, move |tx| {
+            fedweave_sim::resume_experiment(&at, rounds, &mut sender(tx))
         })?
         .map_err(run_err)
     })?;
     Ok(dir.display().to_string())
+}
+
+/// Serves the networked run of the config (as `fedweave serve`) on
+/// `listen` in this process, with `rule` as its graph rule (a `graph-rule`
+/// run: the rule runs here, where the server runs; clients are `fedweave
+/// client` / `worker` processes); returns the run's directory.
+#[pyfunction]
+#[pyo3(signature = (text, listen, path=None, out=None, overrides=Vec::new(), resume=false, tokens=None, quiet=false, rule=None, on_round=None))]
+#[allow(clippy::too_many_arguments)]
+fn serve(
+    py: Python<'_>,
+    text: String,
+    listen: &str,
+    path: Option<PathBuf>,
+    out: Option<PathBuf>,
+    overrides: Vec<String>,
+    resume: bool,
+    tokens: Option<PathBuf>,
+    quiet: bool,
+    rule: Option<Py<PyAny>>,
+    on_round: Option<Py<PyAny>>,
+) -> PyResult<String> {
+    let cfg = match &path {
+        Some(p) => ExperimentConfig::from_file(p, &overrides),
+        None => ExperimentConfig::from_toml_str(&text, &overrides),
+    }
+    .map_err(err)?;
+    let listen: std::net::SocketAddr = listen.parse().map_err(|e| {
+        err(format!(
+            "listen: {listen:?} is not an address like 127.0.0.1:7070 ({e})"
+        ))
+    })?;
+    let out = out.unwrap_or_else(|| fedweave_sim::default_out_dir(&cfg));
+    let mut opts = fedweave_net::server::ServeOptions::new(cfg, listen, out.clone());
+    opts.resume = resume;
+    opts.tokens = tokens;
+    let progress = Progress::new(on_round, quiet);
+    with_rule(rule, || {
+        drive(py, &progress, move |tx| {
+            fedweave_net::server::serve(
+                opts,
+                |addr| eprintln!("listening on {addr}"),
+                &mut sender(tx),
+            )
+        })?
+        .map_err(err)
+    })?;
+    Ok(out.display().to_string())
 }
 
 /// Runs the sweep `grid` into `out` (`None`: next to the grid file) with
@@ -249,7 +353,7 @@ fn sweep(
         ..fedweave_sweep::ExecOptions::default()
     };
     let at = out.clone();
-    drive(py, move || {
+    drive(py, &Progress::Quiet, move |_| {
         fedweave_sweep::sweep(&grid, &at, &opts).map(|_| ())
     })?
     .map_err(err)?;
@@ -312,7 +416,7 @@ type ClientRow = (bool, usize, usize, usize, Vec<usize>);
 #[pyfunction]
 fn clients(py: Python<'_>, dir: PathBuf) -> PyResult<Vec<ClientRow>> {
     let cfg = ExperimentConfig::from_file(&dir.join("config.toml"), &[]).map_err(err)?;
-    let rows = drive(py, move || -> Result<_, RunError> {
+    let rows = drive(py, &Progress::Quiet, move |_| -> Result<_, RunError> {
         let fed = Derived::load(&cfg)?;
         let env = fed.env();
         Ok((0..env.clients())
@@ -346,7 +450,7 @@ fn initial_model(
         None => ExperimentConfig::from_toml_str(&text, &overrides),
     }
     .map_err(err)?;
-    let init = drive(py, move || {
+    let init = drive(py, &Progress::Quiet, move |_| {
         Derived::load(&cfg).map(|fed| fed.env().init.to_vec())
     })?
     .map_err(run_err)?;
@@ -377,10 +481,15 @@ fn _fedweave(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(resume, m)?)?;
     m.add_function(wrap_pyfunction!(sweep, m)?)?;
+    m.add_function(wrap_pyfunction!(serve, m)?)?;
     m.add_function(wrap_pyfunction!(models, m)?)?;
     m.add_function(wrap_pyfunction!(clients, m)?)?;
     m.add_function(wrap_pyfunction!(algorithms, m)?)?;
     m.add_function(wrap_pyfunction!(initial_model, m)?)?;
     m.add_function(wrap_pyfunction!(is_run_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(servers::pfedgraph_step, m)?)?;
+    m.add_function(wrap_pyfunction!(servers::feddwa_step, m)?)?;
+    m.add_function(wrap_pyfunction!(servers::rule_mix, m)?)?;
+    m.add_class::<servers::AghnServer>()?;
     Ok(())
 }

@@ -310,3 +310,186 @@ def test_pfedgraph_written_in_numpy_reproduces_pfedgraph(tmp_path):
     assert numpy.allclose(a, b, rtol=0, atol=1e-6), (a, b)
     # The graph is not FedAvg's: the rule did something.
     assert not numpy.allclose(ours.graphs[-1], ours.graphs[-1][0])
+
+
+def flat_from_state_dict(tensors):
+    """A kept model as the flat vector a rule sees: the state_dict in order,
+    linear weights transposed back to fedweave's [in, out] (mlp)."""
+    parts = []
+    for name, t in tensors.items():
+        if name.endswith(("running_mean", "running_var", "num_batches_tracked")):
+            continue
+        parts.append((t.T if t.ndim == 2 else t).ravel())
+    return numpy.concatenate(parts)
+
+
+def test_a_per_layer_rule_with_fedavg_weights_is_fedavg(tmp_path):
+    """W given per layer group, every layer FedAvg's: the run is `fedavg`'s
+    bit for bit, and the per-layer graphs are the rule's."""
+    seen = {}
+
+    def rule(uploads, sizes, round, state, layers):
+        seen["layers"] = list(layers)
+        p = sizes / sizes.sum()
+        return numpy.stack([numpy.tile(p, (len(sizes), 1))] * len(layers))
+
+    received = {"algorithm.evaluate": "received"}
+    ours = fedweave.run(SMALL, tmp_path / "rule", graph_rule=rule, quiet=True, **received)
+    theirs = small(tmp_path, "fedavg", **{"algorithm.name": "fedavg"})
+    assert seen["layers"] == ["fc1", "fc2", "fc3"]
+    assert ours.summary["per_client_test_acc"] == theirs.summary["per_client_test_acc"]
+    for a, b in zip(ours.models("last").values(), theirs.models("last").values()):
+        for name in a:
+            assert numpy.array_equal(a[name], b[name]), name
+    assert numpy.allclose(ours.graphs, theirs.graphs, rtol=0, atol=1e-15)
+    layers = ours.layer_graphs()
+    assert list(layers) == ["fc1", "fc2", "fc3"]
+    for name, g in layers.items():
+        assert g.shape == (3, 6, 6)
+        assert numpy.array_equal(g, theirs.graphs), name
+
+
+def test_a_per_layer_rule_mixes_layer_by_layer(tmp_path):
+    """Layer fc1 kept (identity), fc2 the uniform mean, fc3 a ring: one
+    client's received model against numpy, and the graphs as given."""
+    captured = {}
+
+    def rule(uploads, sizes, round, state, layers):
+        n = len(sizes)
+        captured["uploads"] = uploads.copy()
+        captured["layers"] = {k: v.shape for k, v in layers.items()}
+        ring = 0.5 * numpy.eye(n) + 0.5 * numpy.roll(numpy.eye(n), 1, axis=1)
+        return numpy.stack([numpy.eye(n), numpy.full((n, n), 1.0 / n), ring])
+
+    run = fedweave.run(SMALL, tmp_path / "layers", graph_rule=rule, quiet=True, rounds=1, **{"algorithm.evaluate": "received"})
+    uploads = captured["uploads"].astype(numpy.float64)
+    sizes = [captured["layers"][k][1] for k in ("fc1", "fc2", "fc3")]
+    bounds = numpy.cumsum([0] + sizes)
+    assert bounds[-1] == uploads.shape[1]
+    client = 2
+    got = flat_from_state_dict(run.models("last")[client])
+    want = numpy.concatenate(
+        [
+            uploads[client, bounds[0] : bounds[1]],
+            uploads[:, bounds[1] : bounds[2]].mean(axis=0),
+            0.5 * uploads[client, bounds[2] :] + 0.5 * uploads[client + 1, bounds[2] :],
+        ]
+    ).astype(numpy.float32)
+    assert numpy.array_equal(got[: bounds[1]], want[: bounds[1]]), "fc1 is the client's own upload"
+    assert numpy.allclose(got, want, rtol=0, atol=1e-6)
+    assert not numpy.allclose(got[bounds[1] : bounds[2]], uploads[client, bounds[1] : bounds[2]], atol=1e-4)
+    layers = run.layer_graphs()
+    assert numpy.array_equal(layers["fc1"][0], numpy.eye(6))
+    assert numpy.allclose(layers["fc2"][0], 1 / 6, rtol=0, atol=1e-15)
+    assert layers["fc3"][0][client, client + 1] == 0.5
+    assert numpy.allclose(run.graphs[0], (layers["fc1"][0] + layers["fc2"][0] + layers["fc3"][0]) / 3)
+
+
+def test_a_bad_per_layer_rule_names_the_layer_and_round(tmp_path):
+    def rule(uploads, sizes, round, state):
+        n = len(sizes)
+        w = numpy.stack([numpy.eye(n)] * 3)
+        if round == 2:
+            w[1, 4, :] = 0.1
+        return w
+
+    with pytest.raises(fedweave.FedweaveError, match=r"graph_rule, round 2: layer fc2: row 4 of W sums to 0.6"):
+        fedweave.run(SMALL, tmp_path / "bad", graph_rule=rule, quiet=True)
+    with pytest.raises(fedweave.FedweaveError, match=r"graph_rule, round 1: .*\(3, 6, 6\), one W per layer group \(fc1, fc2, fc3\)"):
+        fedweave.run(SMALL, tmp_path / "bad2", graph_rule=lambda u, s, r, st: numpy.ones((2, 6, 6)) / 6, quiet=True)
+
+
+def test_the_progress_bar_counts_rounds_and_estimates_the_rest():
+    import io
+
+    from fedweave._progress import Progress
+
+    now = [100.0]
+    out = io.StringIO()
+    bar = Progress(4, stream=out, use_tqdm=False, clock=lambda: now[0])
+    now[0] += 10
+    bar.update(1, 0.5, None, 10.0)
+    now[0] += 10
+    bar.update(2, 0.75, None, 10.0)
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "round 1/4 [######..................]  25% · val acc 0.5000 · 0:10 elapsed · ETA 0:30"
+    assert lines[1] == "round 2/4 [############............]  50% · val acc 0.7500 · 0:20 elapsed · ETA 0:20"
+    # Resumed at round 2: the pace counts the rounds run now only.
+    resumed = Progress(4, start=2, stream=io.StringIO(), use_tqdm=False, clock=lambda: now[0])
+    assert resumed.eta() is None
+    now[0] += 5
+    resumed.update(3, None, 1.25, 5.0)
+    assert resumed.eta() == 5.0
+    assert "val MAE 1.2500" in resumed.line("val MAE 1.2500")
+
+
+def test_run_shows_progress_unless_told_not_to(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # our own bar, even where tqdm is installed
+    fedweave.run(SMALL, tmp_path / "bar")
+    err = capsys.readouterr().err
+    assert "round 3/3 [########################] 100%" in err, err
+    assert "ETA 0:00" in err and "val acc" in err
+    fedweave.run(SMALL, tmp_path / "none", progress=False)
+    assert "round" not in capsys.readouterr().err
+    part = fedweave.run(SMALL, tmp_path / "part", progress=False, rounds=2)
+    fedweave.resume(part.dir, rounds=3)
+    err = capsys.readouterr().err
+    assert "round 3/3" in err and "round 1/" not in err, err
+
+
+def test_serve_runs_a_python_rule_where_the_server_runs(tmp_path):
+    """`fedweave.serve` with a rule (in a child process, so a hang cannot
+    stall the suite) and a real `fedweave worker` process hosting the six
+    clients on loopback: the same accuracies and graphs as `fedweave.run`
+    with the rule, and the rule ran in the server's process once a round."""
+    binary = fedweave_binary()
+    if binary is None:
+        pytest.skip("no fedweave binary (cargo build) to run the clients with")
+    import socket
+
+    cfg = tmp_path / "net.toml"
+    cfg.write_text(
+        'seed = 3\nclients = 6\nrounds = 3\nthreads = 2\n[data]\ndataset = "digits"\n'
+        '[partition]\nkind = "pathological"\nclasses_per_client = 2\n[model]\nkind = "mlp"\n'
+        "[train]\nlocal_iterations = 5\nbatch_size = 16\nlr = 0.05\n"
+        '[algorithm]\nname = "graph-rule"\nevaluate = "received"\n'
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "serve.py"
+    script.write_text(
+        "import json, os, sys, numpy, fedweave\n"
+        "calls = []\n"
+        "def rule(uploads, sizes, round, state):\n"
+        "    calls.append([round, os.getpid()])\n"
+        "    p = sizes / sizes.sum()\n"
+        "    return numpy.tile(p, (len(sizes), 1))\n"
+        f"fedweave.serve({str(cfg)!r}, '127.0.0.1:{port}', {str(tmp_path / 'net')!r}, graph_rule=rule, quiet=True)\n"
+        "print(json.dumps({'calls': calls, 'pid': os.getpid()}))\n"
+    )
+    server = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [str(binary), "worker", str(cfg), "--connect", f"http://127.0.0.1:{port}", "--ids", "0..6"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        served, errors = server.communicate(timeout=240)
+        logged, _ = worker.communicate(timeout=60)
+    finally:
+        server.kill()
+        worker.kill()
+    assert server.returncode == 0, errors
+    assert worker.returncode == 0, logged
+    seen = json.loads(served.strip().splitlines()[-1])
+    assert seen["calls"] == [[r, seen["pid"]] for r in (1, 2, 3)]
+    net = fedweave.load(tmp_path / "net")
+    local = fedweave.run(cfg, tmp_path / "local", graph_rule=fedavg_rule, quiet=True)
+    assert net.summary["algorithm"] == "graph-rule"
+    assert net.summary["per_client_test_acc"] == local.summary["per_client_test_acc"]
+    assert numpy.array_equal(net.graphs, local.graphs)
+    with pytest.raises(fedweave.FedweaveError, match="listen"):
+        fedweave.serve(cfg, "nowhere", tmp_path / "bad", graph_rule=fedavg_rule, quiet=True)

@@ -64,6 +64,13 @@ pub struct Env<'a> {
     pub kernels: &'a Kernels,
 }
 
+/// Data-size weights p_i = n_i / Σ_j n_j (in the order of `sizes`; all 0
+/// when every size is 0): FedAvg's weights, and the prior of pFedGraph's W.
+pub fn size_weights(sizes: &[usize]) -> Vec<f64> {
+    let total: f64 = sizes.iter().map(|&n| n as f64).sum();
+    sizes.iter().map(|&n| n as f64 / total.max(1.0)).collect()
+}
+
 impl Env<'_> {
     /// Number of clients.
     pub fn clients(&self) -> usize {
@@ -72,10 +79,7 @@ impl Env<'_> {
 
     /// Data-size weights p over `who` (sums to 1), in the order of `who`.
     pub fn size_weights(&self, who: &[usize]) -> Vec<f64> {
-        let total: f64 = who.iter().map(|&i| self.sizes[i] as f64).sum();
-        who.iter()
-            .map(|&i| self.sizes[i] as f64 / total.max(1.0))
-            .collect()
+        size_weights(&who.iter().map(|&i| self.sizes[i]).collect::<Vec<_>>())
     }
 
     /// A client's starting model: the common init and fresh batch-norm

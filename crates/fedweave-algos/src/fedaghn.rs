@@ -192,6 +192,31 @@ pub struct FedAghnServer {
 }
 
 impl FedAghnServer {
+    /// The state before any round: `n` clients with `layers` layer groups,
+    /// every self weight `p_init` and temperature `q_init`, no models seen.
+    pub fn new(n: usize, layers: usize, p_init: f64, q_init: f64) -> Self {
+        let mut server = Self::default();
+        server.add_clients(n, layers, p_init, q_init);
+        server
+    }
+
+    /// Appends `more` clients in their initial state (the Flower strategy
+    /// meets its clients as they join).
+    pub fn add_clients(&mut self, more: usize, layers: usize, p_init: f64, q_init: f64) {
+        self.p
+            .extend(std::iter::repeat_n(vec![p_init; layers], more));
+        self.q
+            .extend(std::iter::repeat_n(vec![q_init; layers], more));
+        self.models.extend(std::iter::repeat_n(None, more));
+        self.deltas.extend(std::iter::repeat_n(None, more));
+        self.sent.extend(std::iter::repeat_n(None, more));
+    }
+
+    /// Number of clients the state holds.
+    pub fn clients(&self) -> usize {
+        self.p.len()
+    }
+
     /// Current (p, q) of client `i` on every layer.
     pub fn self_weights(&self, i: usize) -> (&[f64], &[f64]) {
         match (self.p.get(i), self.q.get(i)) {
@@ -234,6 +259,138 @@ fn layer_cosines(
         .collect()
 }
 
+/// FedAGHN's server step, the one implementation behind
+/// [`Algorithm::aggregate`] and the Python binding (`fedweave.servers`,
+/// the Flower strategy): for the `uploads` of the round's participants
+/// (indices among `n` clients, ascending), the hypernetwork step of each
+/// participant, then the attention per layer `groups` and every
+/// participant's θ̄_i; `init` is the clients' common round-0 model.
+pub fn server_step(
+    params: &FedAghnParams,
+    kernels: &Kernels,
+    server: &mut FedAghnServer,
+    init: &[f32],
+    groups: &[LayerGroup],
+    n: usize,
+    uploads: &[(usize, Vec<f32>)],
+) -> RoundOutcome<Vec<f32>> {
+    let participants = &ids_of(uploads)[..];
+    let models = models_of(uploads);
+    let d = init.len();
+
+    // (1) Hypernetwork step, then (2) store θ_i and Δ_i. Each
+    // participant's step reads only its own state: computed in parallel,
+    // stored in participant order.
+    let steps: Vec<Stored> = participants
+        .par_iter()
+        .zip(&models)
+        .map(|(&i, &new)| {
+            let sent = server.sent[i].as_ref();
+            let personal: &[f32] = sent.map_or(init, |s| &s.model);
+            let update: Vec<f32> = new.iter().zip(personal).map(|(a, b)| a - b).collect();
+            let pq = sent.map(|s| {
+                let own = server.models[i].as_deref().unwrap_or(init);
+                groups
+                    .iter()
+                    .enumerate()
+                    .map(|(r, g)| {
+                        let rg = g.range.clone();
+                        let dot_q = dot(&s.grad_q[rg.clone()], &update[rg.clone()]);
+                        let dot_p = dp_dot(
+                            &own[rg.clone()],
+                            &s.model[rg.clone()],
+                            &update[rg],
+                            server.p[i][r],
+                        );
+                        hn_step(
+                            server.p[i][r],
+                            server.q[i][r],
+                            dot_p,
+                            dot_q,
+                            params.hn_lr,
+                            params.hn_sign,
+                        )
+                    })
+                    .collect()
+            });
+            Stored {
+                pq,
+                delta: update.iter().map(|u| -u).collect(),
+                model: new.to_vec(),
+            }
+        })
+        .collect();
+    for (&i, Stored { pq, delta, model }) in participants.iter().zip(steps) {
+        server.sent[i] = None;
+        if let Some(pq) = pq {
+            for (r, (p, q)) in pq.into_iter().enumerate() {
+                (server.p[i][r], server.q[i][r]) = (p, q);
+            }
+        }
+        server.deltas[i] = Some(delta);
+        server.models[i] = Some(model);
+    }
+
+    // (3) New attention and θ̄_i for every participant, layer by layer.
+    let deltas: Vec<Option<&[f32]>> = participants
+        .iter()
+        .map(|&i| server.deltas[i].as_deref())
+        .collect();
+    let m = participants.len();
+    let cos = layer_cosines(kernels, &deltas, groups, d);
+    let (p, q) = (&server.p, &server.q);
+    // Attention α and its q-derivative's coefficients β, per layer and
+    // participant, then θ̄ = α·Θ and ∂θ̄/∂q = β·Θ layer by layer as
+    // blocked products.
+    let mut models_bar = vec![vec![0.0f32; d]; m];
+    let mut grads_q = vec![vec![0.0f32; d]; m];
+    let mut layer_rows: Vec<Vec<Vec<f64>>> = Vec::with_capacity(groups.len());
+    for (r, g) in groups.iter().enumerate() {
+        let rg = g.range.clone();
+        let (alpha, beta): (Vec<Vec<f64>>, Vec<Vec<f64>>) = participants
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| {
+                (
+                    attention(&cos[r][k], k, p[i][r], q[i][r]),
+                    dq_coefficients(&cos[r][k], k, p[i][r], q[i][r]),
+                )
+            })
+            .unzip();
+        let slices: Vec<&[f32]> = models.iter().map(|x| &x[rg.clone()]).collect();
+        let (mixed, dq) = rayon::join(
+            || kernels.mix(&alpha, &slices),
+            || kernels.mix(&beta, &slices),
+        );
+        models_bar
+            .par_iter_mut()
+            .zip(grads_q.par_iter_mut())
+            .enumerate()
+            .for_each(|(k, (bar, grad))| {
+                bar[rg.clone()].copy_from_slice(mixed.row(k));
+                grad[rg.clone()].copy_from_slice(dq.row(k));
+            });
+        layer_rows.push(alpha);
+    }
+
+    let downloads: Vec<(usize, Vec<f32>)> = participants
+        .par_iter()
+        .zip(&models_bar)
+        .map(|(&i, model)| (i, model.clone()))
+        .collect();
+    for ((&i, model), grad_q) in participants.iter().zip(models_bar).zip(grads_q) {
+        server.sent[i] = Some(Sent { model, grad_q });
+    }
+    crate::layered_outcome(
+        n,
+        participants,
+        participants,
+        groups,
+        &layer_rows,
+        downloads,
+    )
+}
+
 /// Its messages are models: it takes a personal part ([`crate::personal`]).
 impl crate::personal::Splittable for FedAghn {}
 
@@ -257,14 +414,12 @@ impl Algorithm for FedAghn {
     }
 
     fn init_server(&self, env: &Env) -> FedAghnServer {
-        let (n, layers) = (env.clients(), crate::layer_groups(env).len());
-        FedAghnServer {
-            p: vec![vec![self.params.p_init; layers]; n],
-            q: vec![vec![self.params.q_init; layers]; n],
-            models: vec![None; n],
-            deltas: vec![None; n],
-            sent: vec![None; n],
-        }
+        FedAghnServer::new(
+            env.clients(),
+            crate::layer_groups(env).len(),
+            self.params.p_init,
+            self.params.q_init,
+        )
     }
 
     fn init_client(&self, env: &Env, _: usize) -> Model {
@@ -292,120 +447,14 @@ impl Algorithm for FedAghn {
         uploads: &[(usize, Vec<f32>)],
     ) -> RoundOutcome<Vec<f32>> {
         let groups = crate::layer_groups(env);
-        let participants = &ids_of(uploads)[..];
-        let models = models_of(uploads);
-        let d = env.init.len();
-
-        // (1) Hypernetwork step, then (2) store θ_i and Δ_i. Each
-        // participant's step reads only its own state: computed in parallel,
-        // stored in participant order.
-        let steps: Vec<Stored> = participants
-            .par_iter()
-            .zip(&models)
-            .map(|(&i, &new)| {
-                let sent = server.sent[i].as_ref();
-                let personal: &[f32] = sent.map_or(env.init, |s| &s.model);
-                let update: Vec<f32> = new.iter().zip(personal).map(|(a, b)| a - b).collect();
-                let pq = sent.map(|s| {
-                    let own = server.models[i].as_deref().unwrap_or(env.init);
-                    groups
-                        .iter()
-                        .enumerate()
-                        .map(|(r, g)| {
-                            let rg = g.range.clone();
-                            let dot_q = dot(&s.grad_q[rg.clone()], &update[rg.clone()]);
-                            let dot_p = dp_dot(
-                                &own[rg.clone()],
-                                &s.model[rg.clone()],
-                                &update[rg],
-                                server.p[i][r],
-                            );
-                            hn_step(
-                                server.p[i][r],
-                                server.q[i][r],
-                                dot_p,
-                                dot_q,
-                                self.params.hn_lr,
-                                self.params.hn_sign,
-                            )
-                        })
-                        .collect()
-                });
-                Stored {
-                    pq,
-                    delta: update.iter().map(|u| -u).collect(),
-                    model: new.to_vec(),
-                }
-            })
-            .collect();
-        for (&i, Stored { pq, delta, model }) in participants.iter().zip(steps) {
-            server.sent[i] = None;
-            if let Some(pq) = pq {
-                for (r, (p, q)) in pq.into_iter().enumerate() {
-                    (server.p[i][r], server.q[i][r]) = (p, q);
-                }
-            }
-            server.deltas[i] = Some(delta);
-            server.models[i] = Some(model);
-        }
-
-        // (3) New attention and θ̄_i for every participant, layer by layer.
-        let deltas: Vec<Option<&[f32]>> = participants
-            .iter()
-            .map(|&i| server.deltas[i].as_deref())
-            .collect();
-        let m = participants.len();
-        let cos = layer_cosines(env.kernels, &deltas, &groups, d);
-        let (p, q) = (&server.p, &server.q);
-        // Attention α and its q-derivative's coefficients β, per layer and
-        // participant, then θ̄ = α·Θ and ∂θ̄/∂q = β·Θ layer by layer as
-        // blocked products.
-        let mut models_bar = vec![vec![0.0f32; d]; m];
-        let mut grads_q = vec![vec![0.0f32; d]; m];
-        let mut layer_rows: Vec<Vec<Vec<f64>>> = Vec::with_capacity(groups.len());
-        for (r, g) in groups.iter().enumerate() {
-            let rg = g.range.clone();
-            let (alpha, beta): (Vec<Vec<f64>>, Vec<Vec<f64>>) = participants
-                .iter()
-                .enumerate()
-                .map(|(k, &i)| {
-                    (
-                        attention(&cos[r][k], k, p[i][r], q[i][r]),
-                        dq_coefficients(&cos[r][k], k, p[i][r], q[i][r]),
-                    )
-                })
-                .unzip();
-            let slices: Vec<&[f32]> = models.iter().map(|x| &x[rg.clone()]).collect();
-            let (mixed, dq) = rayon::join(
-                || env.kernels.mix(&alpha, &slices),
-                || env.kernels.mix(&beta, &slices),
-            );
-            models_bar
-                .par_iter_mut()
-                .zip(grads_q.par_iter_mut())
-                .enumerate()
-                .for_each(|(k, (bar, grad))| {
-                    bar[rg.clone()].copy_from_slice(mixed.row(k));
-                    grad[rg.clone()].copy_from_slice(dq.row(k));
-                });
-            layer_rows.push(alpha);
-        }
-
-        let downloads: Vec<(usize, Vec<f32>)> = participants
-            .par_iter()
-            .zip(&models_bar)
-            .map(|(&i, model)| (i, model.clone()))
-            .collect();
-        for ((&i, model), grad_q) in participants.iter().zip(models_bar).zip(grads_q) {
-            server.sent[i] = Some(Sent { model, grad_q });
-        }
-        crate::layered_outcome(
-            env.clients(),
-            participants,
-            participants,
+        server_step(
+            &self.params,
+            env.kernels,
+            server,
+            env.init,
             &groups,
-            &layer_rows,
-            downloads,
+            env.clients(),
+            uploads,
         )
     }
 }

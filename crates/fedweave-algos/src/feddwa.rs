@@ -35,6 +35,7 @@ use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Message, Model, ParamError, RoundOutcome,
     Trained, embed_rows, ids_of, mix_rows,
 };
+use fedweave_core::CollaborationGraph;
 use fedweave_core::pairwise::{Kernels, View};
 use fedweave_nn::TrainConfig;
 use rayon::prelude::*;
@@ -143,6 +144,25 @@ pub fn dwa_rows(
         .collect()
 }
 
+/// FedDWA's server step, the one implementation behind
+/// [`Algorithm::aggregate`] and the Python binding (`fedweave.servers`,
+/// the Flower strategy): the rows of [`dwa_rows`] over the `participants`
+/// (indices among `n` clients, ascending) embedded over all clients
+/// (identity rows for absent ones), and each participant's Σ_j P_ij ŵ_j.
+pub fn server_step(
+    kernels: &Kernels,
+    n: usize,
+    participants: &[usize],
+    guidance: &[&[f32]],
+    models: &[&[f32]],
+    top_k: usize,
+) -> (CollaborationGraph, Vec<(usize, Vec<f32>)>) {
+    let rows = dwa_rows(kernels, guidance, models, top_k);
+    let graph = embed_rows(n, participants, &rows);
+    let downloads = mix_rows(kernels, &graph, participants, models);
+    (graph, downloads)
+}
+
 /// Its messages are models: it takes a personal part ([`crate::personal`]).
 impl crate::personal::Splittable for FedDwa {}
 
@@ -207,9 +227,14 @@ impl Algorithm for FedDwa {
         let participants = ids_of(uploads);
         let models: Vec<&[f32]> = uploads.iter().map(|(_, u)| u.model.as_slice()).collect();
         let guidance: Vec<&[f32]> = uploads.iter().map(|(_, u)| u.guidance.as_slice()).collect();
-        let rows = dwa_rows(env.kernels, &guidance, &models, self.params.top_k);
-        let graph = embed_rows(env.clients(), &participants, &rows);
-        let downloads = mix_rows(env.kernels, &graph, &participants, &models);
+        let (graph, downloads) = server_step(
+            env.kernels,
+            env.clients(),
+            &participants,
+            &guidance,
+            &models,
+            self.params.top_k,
+        );
         RoundOutcome::new(graph, downloads)
     }
 

@@ -5,11 +5,14 @@
 //! Graph rule: the installed [`Rule`] receives the round's participants'
 //! uploaded models (`[participants, d]`), their data sizes, the round and
 //! its own state (JSON text, kept in the server state so checkpoints and
-//! resume carry it) and returns W over the participants. W is checked —
-//! participants × participants, finite, non-negative, rows summing to 1
-//! (within 1e-6) — and used as given, and each participant receives
-//! Σ_j W_ij θ_j (absent
-//! clients keep their models, identity rows). Local objective:
+//! resume carry it) and returns W over the participants — one for the whole
+//! model, or one per layer group of the model's layout (as FedAGHN's
+//! per-layer graphs). Each W is checked — participants × participants,
+//! finite, non-negative, rows summing to 1 (within 1e-6) — and used as
+//! given, and each participant receives Σ_j W_ij θ_j (layer by layer for
+//! per-layer W; absent clients keep their models, identity rows). The
+//! round's graph of a per-layer W is the mean over layers, its layers are
+//! the round's `graph_layers`. Local objective:
 //! cross-entropy from the received model. `evaluate = "trained"` (default)
 //! scores the model after local training, `"received"` the mixed model
 //! (FedAvg's point: with W's rows all p, this is `fedavg` bit for bit).
@@ -23,9 +26,10 @@ use crate::Checked;
 use crate::params::{Validate, params};
 use crate::{
     AlgoError, Algorithm, ClientCx, Env, EvalPoint, Info, Model, RoundOutcome, Trained, ids_of,
-    mix_rows, models_of,
+    models_of,
 };
 use fedweave_core::CollaborationGraph;
+use fedweave_core::pairwise::Kernels;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 
@@ -39,16 +43,28 @@ pub struct RuleInput<'a> {
     pub models: &'a [&'a [f32]],
     /// Their training-set sizes.
     pub sizes: &'a [usize],
-    /// The model's layer groups (name, element range), for per-layer rules.
+    /// The model's layer groups (name, element range): what a per-layer W
+    /// has one matrix for, in this order (one group `all` over the whole
+    /// vector for a layout without groups).
     pub layers: Vec<(String, std::ops::Range<usize>)>,
+}
+
+/// What a rule returns: W over the participants (row i: how participant i
+/// mixes them).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Weights {
+    /// One W for the whole model.
+    Whole(Vec<Vec<f64>>),
+    /// One W per layer group of [`RuleInput::layers`], in its order.
+    Layers(Vec<Vec<Vec<f64>>>),
 }
 
 /// A graph rule supplied at run time.
 pub trait Rule: Send + Sync {
-    /// W over the participants (row i: how participant i mixes them), and
-    /// the rule's new state; `state` is its state after the previous round
-    /// (`"{}"` before the first). `Err` stops the run with the message.
-    fn weights(&self, input: &RuleInput, state: &str) -> Result<(Vec<Vec<f64>>, String), String>;
+    /// W over the participants, and the rule's new state; `state` is its
+    /// state after the previous round (`"{}"` before the first). `Err`
+    /// stops the run with the message.
+    fn weights(&self, input: &RuleInput, state: &str) -> Result<(Weights, String), String>;
 }
 
 /// FedAvg's rule: every row the participants' data-size weights p (the
@@ -56,18 +72,35 @@ pub trait Rule: Send + Sync {
 pub struct SizeWeights;
 
 impl Rule for SizeWeights {
-    fn weights(&self, input: &RuleInput, state: &str) -> Result<(Vec<Vec<f64>>, String), String> {
-        let total: f64 = input.sizes.iter().map(|&n| n as f64).sum();
-        let p: Vec<f64> = input
-            .sizes
-            .iter()
-            .map(|&n| n as f64 / total.max(1.0))
-            .collect();
-        Ok((vec![p; input.sizes.len()], state.to_string()))
+    fn weights(&self, input: &RuleInput, state: &str) -> Result<(Weights, String), String> {
+        let p = crate::contract::size_weights(input.sizes);
+        Ok((
+            Weights::Whole(vec![p; input.sizes.len()]),
+            state.to_string(),
+        ))
+    }
+}
+
+/// The rule of a process that only trains clients (`fedweave client` and
+/// `worker` of a networked `graph-rule` run): the rule runs where `serve`
+/// runs, so this one is never asked and says so if it is.
+pub struct TrainOnly;
+
+impl Rule for TrainOnly {
+    fn weights(&self, _: &RuleInput, _: &str) -> Result<(Weights, String), String> {
+        Err("this process only trains clients: the graph rule runs where the server runs".into())
     }
 }
 
 static RULE: Mutex<Option<Arc<dyn Rule>>> = Mutex::new(None);
+
+/// Installs `rule` unless a rule is installed already (a process that
+/// hosts clients next to a server keeps the server's).
+pub fn install_if_absent(rule: Arc<dyn Rule>) {
+    RULE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert(rule);
+}
 
 /// Makes `rule` the graph rule of `graph-rule` runs in this process
 /// (`None` removes it).
@@ -144,6 +177,76 @@ pub fn check_weights(w: &[Vec<f64>], n: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// `Err` unless `w` is one row-stochastic W over `n` participants, or one
+/// per layer of `layers` (the message names the layer).
+pub fn check(
+    w: &Weights,
+    layers: &[(String, std::ops::Range<usize>)],
+    n: usize,
+) -> Result<(), String> {
+    match w {
+        Weights::Whole(w) => check_weights(w, n),
+        Weights::Layers(w) => {
+            if w.len() != layers.len() {
+                return Err(format!(
+                    "per-layer W has {} layers, the model has {} ({})",
+                    w.len(),
+                    layers.len(),
+                    layers
+                        .iter()
+                        .map(|(name, _)| name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+            w.iter().zip(layers).try_for_each(|(w, (name, _))| {
+                check_weights(w, n).map_err(|e| format!("layer {name}: {e}"))
+            })
+        }
+    }
+}
+
+/// Σ_j W_ij θ_j for every row i of a checked `w` over `models` (one blocked
+/// product, [`Kernels::mix`]), layer by layer on the element ranges of
+/// `layers` for a per-layer W: the mixing of `graph-rule` and of the Python
+/// binding's rule adapter (`fedweave.servers.mix`).
+pub fn mix_weights(
+    kernels: &Kernels,
+    w: &Weights,
+    layers: &[(String, std::ops::Range<usize>)],
+    models: &[&[f32]],
+) -> Vec<Vec<f32>> {
+    match w {
+        Weights::Whole(w) => kernels.mix(w, models).into_rows(),
+        Weights::Layers(w) => {
+            let d = models.first().map_or(0, |m| m.len());
+            let mut mixed = vec![vec![0.0f32; d]; w.first().map_or(0, Vec::len)];
+            for (rows, (_, range)) in w.iter().zip(layers) {
+                let slices: Vec<&[f32]> = models.iter().map(|m| &m[range.clone()]).collect();
+                let layer = kernels.mix(rows, &slices);
+                for (k, out) in mixed.iter_mut().enumerate() {
+                    out[range.clone()].copy_from_slice(layer.row(k));
+                }
+            }
+            mixed
+        }
+    }
+}
+
+/// The graph over all `n` clients with the participants' rows as given
+/// (checked stochastic) and identity rows elsewhere.
+fn embed_exact(n: usize, participants: &[usize], rows: &[Vec<f64>]) -> CollaborationGraph {
+    let mut graph = CollaborationGraph::identity(n);
+    for (row, &i) in rows.iter().zip(participants) {
+        let mut full = vec![0.0; n];
+        for (x, &j) in row.iter().zip(participants) {
+            full[j] = *x;
+        }
+        graph.put_row(i, &full);
+    }
+    graph
+}
+
 impl Algorithm for GraphRule {
     const NAMES: &'static [Info] = &[Info {
         name: "graph-rule",
@@ -194,6 +297,7 @@ impl Algorithm for GraphRule {
     ) -> RoundOutcome<Vec<f32>> {
         let participants = ids_of(uploads);
         let models = models_of(uploads);
+        let groups = crate::layer_groups(env);
         let input = RuleInput {
             round,
             participants: &participants,
@@ -202,10 +306,7 @@ impl Algorithm for GraphRule {
                 .iter()
                 .map(|&i| env.sizes[i])
                 .collect::<Vec<_>>(),
-            layers: env
-                .spec
-                .layout()
-                .groups()
+            layers: groups
                 .iter()
                 .map(|g| (g.name.clone(), g.range.clone()))
                 .collect(),
@@ -213,23 +314,33 @@ impl Algorithm for GraphRule {
         let (w, json) = self
             .rule
             .weights(&input, &state.json)
-            .and_then(|(w, json)| check_weights(&w, participants.len()).map(|()| (w, json)))
+            .and_then(|(w, json)| check(&w, &input.layers, participants.len()).map(|()| (w, json)))
             // The protocol has no error path out of a round: the run stops
             // here, before the round is committed, and the driver reports it.
             .unwrap_or_else(|e| panic!("graph_rule, round {round}: {e}"));
         state.json = json;
         // W as the rule gave it (checked within 1e-6 of stochastic rows), not
         // renormalised: FedAvg's p in numpy must give FedAvg's graph bits.
-        let mut graph = CollaborationGraph::identity(env.clients());
-        for (row, &i) in w.iter().zip(&participants) {
-            let mut full = vec![0.0; env.clients()];
-            for (x, &j) in row.iter().zip(&participants) {
-                full[j] = *x;
+        let n = env.clients();
+        let mixed = mix_weights(env.kernels, &w, &input.layers, &models);
+        let downloads = participants.iter().copied().zip(mixed).collect();
+        match w {
+            Weights::Whole(w) => RoundOutcome::new(embed_exact(n, &participants, &w), downloads),
+            Weights::Layers(w) => {
+                let layers: Vec<(String, CollaborationGraph)> = groups
+                    .iter()
+                    .zip(&w)
+                    .map(|(g, rows)| (g.name.clone(), embed_exact(n, &participants, rows)))
+                    .collect();
+                let graphs: Vec<CollaborationGraph> =
+                    layers.iter().map(|(_, g)| g.clone()).collect();
+                RoundOutcome {
+                    graph: CollaborationGraph::mean(&graphs),
+                    layers,
+                    downloads,
+                }
             }
-            graph.put_row(i, &full);
         }
-        let downloads = mix_rows(env.kernels, &graph, &participants, &models);
-        RoundOutcome::new(graph, downloads)
     }
 
     fn receive(&self, _: &Env, model: &mut Model, mixed: Vec<f32>) {
@@ -258,5 +369,19 @@ mod tests {
         assert!(e(&[vec![1.0, 0.0], vec![f64::NAN, 1.0]]).contains("W[1][0] = NaN"));
         assert!(e(&[vec![1.5, -0.5], vec![0.0, 1.0]]).contains("W[0][1] = -0.5"));
         assert!(e(&[vec![0.5, 0.4], vec![0.0, 1.0]]).contains("row 0 of W sums to 0.9"));
+    }
+
+    #[test]
+    fn per_layer_weights_are_checked_layer_by_layer() {
+        let layers = vec![("fc1".to_string(), 0..6), ("fc2".to_string(), 6..9)];
+        let good = vec![vec![0.5, 0.5], vec![0.0, 1.0]];
+        let bad = vec![vec![0.5, 0.5], vec![0.2, 0.2]];
+        let ok = Weights::Layers(vec![good.clone(), good.clone()]);
+        assert_eq!(check(&ok, &layers, 2), Ok(()));
+        let e = check(&Weights::Layers(vec![good.clone(), bad]), &layers, 2).unwrap_err();
+        assert!(e.starts_with("layer fc2: row 1 of W sums to 0.4"), "{e}");
+        let e = check(&Weights::Layers(vec![good.clone()]), &layers, 2).unwrap_err();
+        assert!(e.contains("1 layers, the model has 2 (fc1, fc2)"), "{e}");
+        assert_eq!(check(&Weights::Whole(good), &layers, 2), Ok(()));
     }
 }

@@ -89,7 +89,7 @@ use fedweave_core::{CollaborationGraph, LayerGroup};
 
 pub use contract::{
     Algorithm, ClientCx, ClientData, Env, EvalPoint, Info, Message, Model, ModelRef, PeerNet,
-    PeerStep, RoundOutcome, Topology, Trained,
+    PeerStep, RoundOutcome, Topology, Trained, size_weights,
 };
 pub use params::{AlgoError, Checked, ParamError, Validate};
 pub use registry::{Visitor, catalogue, check_params, dispatch};

@@ -30,8 +30,8 @@ use crate::{
     embed_rows, ids_of, mix_rows, models_of,
 };
 use fedweave_core::pairwise::{Kernels, View};
-use fedweave_core::project_to_simplex;
 use fedweave_core::vecmath::norm;
+use fedweave_core::{CollaborationGraph, project_to_simplex};
 use fedweave_nn::CosinePull;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -192,6 +192,49 @@ pub fn infer_graph(similarity: &[Vec<f64>], p: &[f64], alpha: f64) -> Vec<Vec<f6
         .collect()
 }
 
+/// What pFedGraph's server step needs besides the uploads.
+pub struct ServerInput<'a> {
+    /// θ_init, the round-0 model the similarity is measured from.
+    pub init: &'a [f32],
+    /// The element ranges the similarity is computed on.
+    pub ranges: &'a [Range<usize>],
+    /// Similarities above this become 1.
+    pub threshold: f64,
+    /// The participants' data-size weights (summing to 1).
+    pub p: &'a [f64],
+    /// The QP's alpha.
+    pub alpha: f64,
+}
+
+/// The result of [`server_step`].
+pub struct ServerStep {
+    /// W's rows over the participants as inferred (before embedding).
+    pub rows: Vec<Vec<f64>>,
+    /// The graph over all clients (identity rows for absent ones).
+    pub graph: CollaborationGraph,
+    /// (participant, θ̃_i = Σ_j W_ij θ_j), in the participants' order.
+    pub mixed: Vec<(usize, Vec<f32>)>,
+}
+
+/// pFedGraph's server step, the one implementation behind
+/// [`Algorithm::aggregate`] and the Python binding (`fedweave.servers`,
+/// the Flower strategy): the similarity of the `participants`' `uploads`
+/// (indices among `n` clients, ascending), the graph rows
+/// ([`infer_graph`]) embedded over all clients, and the mixed models.
+pub fn server_step(
+    kernels: &Kernels,
+    n: usize,
+    participants: &[usize],
+    uploads: &[&[f32]],
+    input: &ServerInput,
+) -> ServerStep {
+    let s = similarity_matrix(kernels, uploads, input.init, input.ranges, input.threshold);
+    let rows = infer_graph(&s, input.p, input.alpha);
+    let graph = embed_rows(n, participants, &rows);
+    let mixed = mix_rows(kernels, &graph, participants, uploads);
+    ServerStep { rows, graph, mixed }
+}
+
 holds_model!(PFedGraphClient: model);
 
 /// Its messages are models: it takes a personal part ([`crate::personal`]).
@@ -273,17 +316,19 @@ impl Algorithm for PFedGraph {
             SimilarityOn::All => std::iter::once(0..env.init.len()).collect(),
             SimilarityOn::Fc => env.spec.layout().ranges_with_prefix("fc"),
         };
-        let s = similarity_matrix(
+        let ServerStep { rows, graph, mixed } = server_step(
             env.kernels,
+            env.clients(),
+            &participants,
             uploads,
-            env.init,
-            &ranges,
-            self.params.threshold,
+            &ServerInput {
+                init: env.init,
+                ranges: &ranges,
+                threshold: self.params.threshold,
+                p: &env.size_weights(&participants),
+                alpha: self.alpha,
+            },
         );
-        let p = env.size_weights(&participants);
-        let rows = infer_graph(&s, &p, self.alpha);
-        let graph = embed_rows(env.clients(), &participants, &rows);
-        let mixed = mix_rows(env.kernels, &graph, &participants, uploads);
         let normalized: Option<Vec<Vec<f32>>> = (self.params.reg_target == RegTarget::Normalized)
             .then(|| {
                 let unit: Vec<Vec<f32>> = uploads

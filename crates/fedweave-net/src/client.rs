@@ -86,6 +86,8 @@ pub fn run_clients(opts: ClientOptions) -> Result<(), NetError> {
     }
     let derived = Arc::new(Derived::load_hosted(&opts.cfg, &opts.ids)?);
     let cfg = derived.cfg().clone();
+    // `graph-rule` clients train only; the rule runs in the server's process.
+    fedweave_algos::graph_rule::install_if_absent(Arc::new(fedweave_algos::graph_rule::TrainOnly));
     let runner = Runner {
         derived: derived.clone(),
         opts,

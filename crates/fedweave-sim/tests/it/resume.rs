@@ -36,14 +36,10 @@ fn results(dir: &Path, summary: &Summary) -> (String, Vec<serde_json::Value>) {
 /// Every registered algorithm; `graph-rule` gets FedAvg's W and a state
 /// that counts its rounds, so resume must carry the rule's state too.
 fn algorithms() -> Vec<&'static str> {
-    use fedweave_algos::graph_rule::{Rule, RuleInput, install};
+    use fedweave_algos::graph_rule::{Rule, RuleInput, Weights, install};
     struct Counting;
     impl Rule for Counting {
-        fn weights(
-            &self,
-            input: &RuleInput,
-            state: &str,
-        ) -> Result<(Vec<Vec<f64>>, String), String> {
+        fn weights(&self, input: &RuleInput, state: &str) -> Result<(Weights, String), String> {
             let seen: serde_json::Value = serde_json::from_str(state).map_err(|e| e.to_string())?;
             let before = seen.get("rounds").and_then(|v| v.as_u64()).unwrap_or(0);
             if before + 1 != input.round as u64 {
@@ -52,10 +48,9 @@ fn algorithms() -> Vec<&'static str> {
                     input.round
                 ));
             }
-            let total: f64 = input.sizes.iter().map(|&n| n as f64).sum();
-            let p: Vec<f64> = input.sizes.iter().map(|&n| n as f64 / total).collect();
+            let p = fedweave_algos::size_weights(input.sizes);
             let next = serde_json::json!({ "rounds": input.round }).to_string();
-            Ok((vec![p; input.sizes.len()], next))
+            Ok((Weights::Whole(vec![p; input.sizes.len()]), next))
         }
     }
     install(Some(std::sync::Arc::new(Counting)));
