@@ -326,6 +326,7 @@ impl<'a> LocalTrainer<'a> {
         objective: Option<&dyn Objective>,
     ) {
         let loss = self.backward_prepared(data, batch, terms, objective);
+        debug_assert_eq!(loss.dims(), [1], "a loss is one value");
         self.losses.push(loss);
     }
 
