@@ -327,12 +327,24 @@ def sweep(
     *,
     jobs: int = 1,
     quiet: bool = False,
+    graph_rule: Optional[GraphRule] = None,
 ) -> "pandas.DataFrame":  # noqa: F821
     """Runs the grid file ``grid`` (finished runs are skipped) and returns
-    its ``results.csv`` as a DataFrame (one row per run)."""
+    its ``results.csv`` as a DataFrame (one row per run).
+
+    ``graph_rule`` (as in :func:`run`) is the rule of the grid's
+    ``algorithm.name = "graph-rule"`` runs; each run keeps its own
+    ``state``, and with ``jobs > 1`` the rule is called from several runs
+    at once (one at a time: it holds the GIL)."""
     import pandas
 
-    where = _fedweave.sweep(os.fspath(grid), out=None if out is None else os.fspath(out), jobs=jobs, quiet=quiet)
+    where = _fedweave.sweep(
+        os.fspath(grid),
+        out=None if out is None else os.fspath(out),
+        jobs=jobs,
+        quiet=quiet,
+        rule=None if graph_rule is None else _rule_adapter(graph_rule),
+    )
     return pandas.read_csv(Path(where) / "results.csv")
 
 

@@ -34,8 +34,10 @@ def resume(
 ) -> str:
     """Continues the run in `dir`; returns its directory."""
 
-def sweep(grid: str, out: Optional[str] = None, jobs: int = 1, quiet: bool = False) -> str:
-    """Runs a grid file; returns the sweep's directory."""
+def sweep(
+    grid: str, out: Optional[str] = None, jobs: int = 1, quiet: bool = False, rule: Optional[Callable[..., Any]] = None
+) -> str:
+    """Runs a grid file (``rule``: the graph rule of its ``graph-rule`` runs); returns the sweep's directory."""
 
 def models(dir: str, which: str = "best") -> List[Tuple[int, List[Tuple[str, List[int], str, bytes]]]]:
     """Each client's kept model: (client, [(name, shape, dtype, little-endian bytes)])."""

@@ -333,15 +333,17 @@ fn serve(
 }
 
 /// Runs the sweep `grid` into `out` (`None`: next to the grid file) with
-/// `jobs` runs at once; returns the sweep's directory.
+/// `jobs` runs at once, `rule` as the graph rule of its `graph-rule` runs;
+/// returns the sweep's directory.
 #[pyfunction]
-#[pyo3(signature = (grid, out=None, jobs=1, quiet=false))]
+#[pyo3(signature = (grid, out=None, jobs=1, quiet=false, rule=None))]
 fn sweep(
     py: Python<'_>,
     grid: PathBuf,
     out: Option<PathBuf>,
     jobs: usize,
     quiet: bool,
+    rule: Option<Py<PyAny>>,
 ) -> PyResult<String> {
     if jobs == 0 {
         return Err(err("jobs must be at least 1"));
@@ -353,10 +355,12 @@ fn sweep(
         ..fedweave_sweep::ExecOptions::default()
     };
     let at = out.clone();
-    drive(py, &Progress::Quiet, move |_| {
-        fedweave_sweep::sweep(&grid, &at, &opts).map(|_| ())
-    })?
-    .map_err(err)?;
+    with_rule(rule, || {
+        drive(py, &Progress::Quiet, move |_| {
+            fedweave_sweep::sweep(&grid, &at, &opts).map(|_| ())
+        })?
+        .map_err(err)
+    })?;
     Ok(out.display().to_string())
 }
 

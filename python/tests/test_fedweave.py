@@ -227,11 +227,6 @@ def test_sweep_returns_its_results_table(tmp_path):
     assert again["mean_test_acc"].tolist() == table["mean_test_acc"].tolist()
 
 
-def test_algorithms_lists_the_registry():
-    names = set(fedweave.algorithms()["name"])
-    assert {"pfedgraph", "sfl", "feddwa", "fedaghn", "dpfl", "fedavg"} <= names
-
-
 def fedavg_rule(uploads, sizes, round, state):
     """FedAvg's W: every row the data-size weights p; counts its rounds in
     its state, which must survive between rounds (and resumes)."""
@@ -257,6 +252,43 @@ def test_a_python_rule_with_fedavg_weights_is_fedavg(tmp_path):
     assert resumed.summary["per_client_test_acc"] == ours.summary["per_client_test_acc"]
     with pytest.raises(fedweave.FedweaveError, match="no graph rule is installed"):
         fedweave.resume(part.dir, rounds=4, quiet=True)
+
+
+def test_a_python_rule_gets_the_attacks_and_defences_of_every_server_method(tmp_path):
+    # Sign-flipping attackers and norm clipping wrap the messages around the
+    # rule as around fedavg: FedAvg's W in numpy gives fedavg's run.
+    hostile = {"attack.kind": "sign_flip", "attack.ratio": 0.34, "aggregator.kind": "norm_clip", "aggregator.clip": 2.0}
+    ours = fedweave.run(
+        SMALL, tmp_path / "rule", graph_rule=fedavg_rule, quiet=True, **{"algorithm.evaluate": "received"}, **hostile
+    )
+    theirs = small(tmp_path, "fedavg", **{"algorithm.name": "fedavg"}, **hostile)
+    assert ours.summary["per_client_test_acc"] == theirs.summary["per_client_test_acc"]
+    assert numpy.array_equal(ours.graphs, theirs.graphs)
+    clean = small(tmp_path, "clean", **{"algorithm.name": "fedavg"})
+    assert ours.summary["per_client_test_acc"] != clean.summary["per_client_test_acc"], "the attack changed nothing"
+
+
+def test_a_sweep_runs_a_python_rule(tmp_path):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        f'base = {json.dumps(str(QUICKSTART))}\nseeds = [1, 2]\n[set]\nrounds = 2\nclients = 4\n'
+        '"train.local_iterations" = 2\n'
+        '[[case]]\n"algorithm.name" = "graph-rule"\n"algorithm.evaluate" = "received"\n'
+        '[[case]]\n"algorithm.name" = "fedavg"\n'
+    )
+    calls = []
+
+    def rule(uploads, sizes, round, state):
+        calls.append(round)
+        return fedavg_rule(uploads, sizes, round, state)
+
+    table = fedweave.sweep(grid, tmp_path / "sweep", jobs=2, quiet=True, graph_rule=rule)
+    assert sorted(calls) == [1, 1, 2, 2], "each seed's run calls the rule once a round, with its own state"
+    by = {(r["algorithm.name"], r["seed"]): r["mean_test_acc"] for _, r in table.iterrows()}
+    assert set(by) == {("graph-rule", 1), ("graph-rule", 2), ("fedavg", 1), ("fedavg", 2)}
+    for seed in (1, 2):
+        assert by[("graph-rule", seed)] == by[("fedavg", seed)]
+    assert by[("fedavg", 1)] != by[("fedavg", 2)], "the seeds made no difference"
 
 
 @pytest.mark.parametrize(
