@@ -208,11 +208,7 @@ def run(
     ``**{"algorithm.evaluate": "received"}`` scores the mixed models
     instead of the trained ones.
     """
-    text, path, base = _config(config)
-    sets = base + _overrides(overrides)
-    if graph_rule is not None:
-        sets.append('algorithm.name="graph-rule"')
-    total = _rounds_of(sets, text, path) if progress and not quiet else 0
+    text, path, sets, total = _prepare(config, overrides, graph_rule, progress and not quiet)
     where = _drive(
         _fedweave.run,
         _progress_bar(total, 0, progress, quiet),
@@ -224,6 +220,16 @@ def run(
         rule=None if graph_rule is None else _rule_adapter(graph_rule),
     )
     return Run(where)
+
+
+def _prepare(config: Config, overrides: Mapping[str, Any], graph_rule: Optional[GraphRule], bar: bool) -> tuple:
+    """The config's text and path, its ``--set`` lines (``graph-rule`` as
+    the method when a rule is given) and, for a progress bar, its rounds."""
+    text, path, base = _config(config)
+    sets = base + _overrides(overrides)
+    if graph_rule is not None:
+        sets.append('algorithm.name="graph-rule"')
+    return text, path, sets, _rounds_of(sets, text, path) if bar else 0
 
 
 def _rounds_of(sets: list, text: str, path: Optional[str]) -> int:
@@ -296,11 +302,7 @@ def serve(
     directory's last checkpoint. Serving a non-loopback address needs TLS
     and credentials: use the command line for that.
     """
-    text, path, base = _config(config)
-    sets = base + _overrides(overrides)
-    if graph_rule is not None:
-        sets.append('algorithm.name="graph-rule"')
-    total = _rounds_of(sets, text, path) if progress and not quiet else 0
+    text, path, sets, total = _prepare(config, overrides, graph_rule, progress and not quiet)
     where = _drive(
         _fedweave.serve,
         _progress_bar(total, 0, progress, quiet),

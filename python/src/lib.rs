@@ -223,6 +223,20 @@ fn with_rule<T>(rule: Option<Py<PyAny>>, job: impl FnOnce() -> PyResult<T>) -> P
     out
 }
 
+/// The experiment of `text` (read from `path` when given, which also
+/// anchors its relative paths) with `overrides` applied.
+fn load_config(
+    text: &str,
+    path: Option<&Path>,
+    overrides: &[String],
+) -> PyResult<ExperimentConfig> {
+    match path {
+        Some(p) => ExperimentConfig::from_file(p, overrides),
+        None => ExperimentConfig::from_toml_str(text, overrides),
+    }
+    .map_err(err)
+}
+
 /// Runs an experiment; returns its directory. `text` is the config's TOML
 /// (`path` the file it came from, for messages and relative paths), with
 /// `overrides` (`dotted.key=value`) applied.
@@ -240,11 +254,7 @@ fn run(
     rule: Option<Py<PyAny>>,
     on_round: Option<Py<PyAny>>,
 ) -> PyResult<String> {
-    let cfg = match &path {
-        Some(p) => ExperimentConfig::from_file(p, &overrides),
-        None => ExperimentConfig::from_toml_str(&text, &overrides),
-    }
-    .map_err(err)?;
+    let cfg = load_config(&text, path.as_deref(), &overrides)?;
     let out = out.unwrap_or_else(|| fedweave_sim::default_out_dir(&cfg));
     fedweave_sim::claim_out_dir(&out, overwrite).map_err(err)?;
     let dir = out.clone();
@@ -304,11 +314,7 @@ fn serve(
     rule: Option<Py<PyAny>>,
     on_round: Option<Py<PyAny>>,
 ) -> PyResult<String> {
-    let cfg = match &path {
-        Some(p) => ExperimentConfig::from_file(p, &overrides),
-        None => ExperimentConfig::from_toml_str(&text, &overrides),
-    }
-    .map_err(err)?;
+    let cfg = load_config(&text, path.as_deref(), &overrides)?;
     let listen: std::net::SocketAddr = listen.parse().map_err(|e| {
         err(format!(
             "listen: {listen:?} is not an address like 127.0.0.1:7070 ({e})"
@@ -449,11 +455,7 @@ fn initial_model(
     path: Option<PathBuf>,
     overrides: Vec<String>,
 ) -> PyResult<Py<PyBytes>> {
-    let cfg = match &path {
-        Some(p) => ExperimentConfig::from_file(p, &overrides),
-        None => ExperimentConfig::from_toml_str(&text, &overrides),
-    }
-    .map_err(err)?;
+    let cfg = load_config(&text, path.as_deref(), &overrides)?;
     let init = drive(py, &Progress::Quiet, move |_| {
         Derived::load(&cfg).map(|fed| fed.env().init.to_vec())
     })?

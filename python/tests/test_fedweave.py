@@ -188,7 +188,10 @@ def test_bad_input_is_a_clear_error(tmp_path):
 def test_ctrl_c_stops_at_a_safe_point_and_resume_finishes_the_run(tmp_path):
     out = tmp_path / "stopped"
     script = (
-        "import sys, fedweave\n"
+        # Python installs its Ctrl-C handler only where SIGINT is not ignored,
+        # and a shell's background jobs inherit it ignored: install it here.
+        "import signal, sys, fedweave\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         f"cfg = {SMALL!r}\n"
         "try:\n"
         f"    fedweave.run(cfg, {str(out)!r}, rounds=40, **{{'train.local_iterations': 40}})\n"
