@@ -287,7 +287,7 @@ pub fn server_step(
         .map(|(&i, &new)| {
             let sent = server.sent[i].as_ref();
             let personal: &[f32] = sent.map_or(init, |s| &s.model);
-            let update: Vec<f32> = new.iter().zip(personal).map(|(a, b)| a - b).collect();
+            let mut update: Vec<f32> = new.iter().zip(personal).map(|(a, b)| a - b).collect();
             let pq = sent.map(|s| {
                 let own = server.models[i].as_deref().unwrap_or(init);
                 groups
@@ -313,9 +313,11 @@ pub fn server_step(
                     })
                     .collect()
             });
+            // Δ_i = −update, negated in place (exact).
+            update.iter_mut().for_each(|u| *u = -*u);
             Stored {
                 pq,
-                delta: update.iter().map(|u| -u).collect(),
+                delta: update,
                 model: new.to_vec(),
             }
         })
@@ -358,18 +360,12 @@ pub fn server_step(
             })
             .unzip();
         let slices: Vec<&[f32]> = models.iter().map(|x| &x[rg.clone()]).collect();
-        let (mixed, dq) = rayon::join(
-            || kernels.mix(&alpha, &slices),
-            || kernels.mix(&beta, &slices),
+        let mut bars: Vec<&mut [f32]> = models_bar.iter_mut().map(|b| &mut b[rg.clone()]).collect();
+        let mut grads: Vec<&mut [f32]> = grads_q.iter_mut().map(|g| &mut g[rg.clone()]).collect();
+        rayon::join(
+            || kernels.mix_into(&alpha, &slices, &mut bars),
+            || kernels.mix_into(&beta, &slices, &mut grads),
         );
-        models_bar
-            .par_iter_mut()
-            .zip(grads_q.par_iter_mut())
-            .enumerate()
-            .for_each(|(k, (bar, grad))| {
-                bar[rg.clone()].copy_from_slice(mixed.row(k));
-                grad[rg.clone()].copy_from_slice(dq.row(k));
-            });
         layer_rows.push(alpha);
     }
 

@@ -155,8 +155,10 @@ impl crate::personal::ModelMessage for Mixed {
 
 /// S_ij = cos(θ_i − θ_init, θ_j − θ_init) over the `ranges` of each model,
 /// with values above `threshold` set to 1 (so S_ii = 1): one blocked Gram
-/// matrix ([`Kernels::cosine_matrix_sym`]) in `f64`, the differences taken on
-/// the fly (no N×d buffer of deltas), deterministic at any thread count.
+/// matrix ([`Kernels::cosine_matrix_sym`], exact `f64` products below 64
+/// models, `f32` blocks from there under the default precision), the
+/// differences taken on the fly (no N×d buffer of deltas), deterministic at
+/// any thread count.
 pub fn similarity_matrix<R: AsRef<[f32]> + Sync>(
     kernels: &Kernels,
     models: &[R],

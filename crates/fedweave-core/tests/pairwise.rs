@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
 use fedweave_core::pairwise::{
-    Columns, DeviceGram, Kernels, MIX_SPARSE_MIN_MODELS, Matrix, Offload, OffloadError,
-    SQ_DIST_REL_TOL, View, gram_error_factor,
+    Columns, DeviceGram, F32_MIN_MODELS, Kernels, MIX_SPARSE_MIN_MODELS, Matrix, Offload,
+    OffloadError, Precision, SQ_DIST_REL_TOL, View, gram_error_factor, gram_error_factor_f32,
 };
 use fedweave_core::vecmath::{cosine, dot, sq_dist, weighted_sum};
 use rand::{Rng, SeedableRng};
@@ -62,12 +62,17 @@ fn bits(m: &Matrix) -> Vec<u64> {
     m.as_slice().iter().map(|x| x.to_bits()).collect()
 }
 
+/// The host kernels with exact products at every size.
+fn exact() -> Kernels {
+    Kernels::cpu().clone().with_precision(Precision::F64)
+}
+
 #[test]
 fn gram_matches_naive_dot_across_tiles() {
     // 300 rows cross the 256-row tile; 1500 columns cross the 512-column chunk.
     let a = rows(1, 300, 1500, 0.0);
     let b = rows(2, 7, 1500, 0.3);
-    let g = Kernels::cpu().gram(&a, &b, &View::all());
+    let g = exact().gram(&a, &b, &View::all());
     assert_eq!((g.rows(), g.cols()), (300, 7));
     for i in 0..300 {
         for j in 0..7 {
@@ -85,7 +90,7 @@ fn gram_matches_naive_dot_across_tiles() {
         }
     }
     // 150 rows: the one symmetric tile is cut in halves.
-    let half = Kernels::cpu().gram_sym(&a[..150], &View::all());
+    let half = exact().gram_sym(&a[..150], &View::all());
     for i in 0..150 {
         for j in 0..150 {
             let naive = dot(&a[i], &a[j]);
@@ -96,13 +101,165 @@ fn gram_matches_naive_dot_across_tiles() {
             assert_eq!(half.get(i, j).to_bits(), half.get(j, i).to_bits());
         }
     }
-    let s = Kernels::cpu().gram_sym(&a, &View::all());
+    let s = exact().gram_sym(&a, &View::all());
     for i in 0..300 {
         for j in 0..300 {
             assert_eq!(s.get(i, j).to_bits(), s.get(j, i).to_bits());
         }
         let naive = dot(&a[i], &a[(i * 7) % 300]);
         assert!((s.get(i, (i * 7) % 300) - naive).abs() <= 1e-12 * dot(&a[i], &a[i]));
+    }
+}
+
+#[test]
+fn f32_blocks_from_64_models_stay_within_their_bound() {
+    // 300 rows with an offset and a shift (Σ|a·b| ≫ |⟨a,b⟩|, as for deltas
+    // θ − θ_init), 1500 columns: several 512-column chunks of 64-column blocks.
+    let d = 1500;
+    let a = rows(60, 300, d, 0.05);
+    let b = rows(61, 70, d, 0.02);
+    let init = rows(62, 1, d, 0.04).remove(0);
+    let view = View::all().with_shift(&init);
+    let auto = Kernels::cpu();
+    assert_eq!(auto.precision(), Precision::Auto);
+    let gamma = gram_error_factor_f32(d);
+    assert!(gamma > 1e-6 && gamma < 5e-6, "{gamma}");
+    let shifted = |x: &[f32]| viewed(x, std::slice::from_ref(&(0..d)), Some(&init));
+    let (xa, xb): (Vec<_>, Vec<_>) = (
+        a.iter().map(|r| shifted(r)).collect(),
+        b.iter().map(|r| shifted(r)).collect(),
+    );
+    let check = |g: &Matrix, left: &[Vec<f64>], right: &[Vec<f64>]| {
+        let mut worst = 0.0f64;
+        for (i, x) in left.iter().enumerate() {
+            for (j, y) in right.iter().enumerate() {
+                let exact = dot64(x, y);
+                let abs: f64 = x.iter().zip(y).map(|(p, q)| (p * q).abs()).sum();
+                let err = (g.get(i, j) - exact).abs();
+                assert!(err <= gamma * abs, "({i},{j}): {} vs {exact}", g.get(i, j));
+                worst = worst.max(err / abs);
+            }
+        }
+        worst
+    };
+    let worst = check(&auto.gram(&a, &b, &view), &xa, &xb);
+    // The f32 path is taken: coarser than f64's 1e-13, far inside its bound.
+    assert!(worst > 1e-10 && worst < gamma / 4.0, "{worst}");
+    let sym = auto.gram_sym(&a, &view);
+    check(&sym, &xa, &xa);
+    for i in 0..300 {
+        for j in 0..300 {
+            assert_eq!(sym.get(i, j).to_bits(), sym.get(j, i).to_bits());
+        }
+    }
+    // Cosines: within the bound's share of 1, the diagonal exactly 1.
+    let cos = auto.cosine_matrix_sym(&a, &view);
+    for i in (0..300).step_by(7) {
+        assert_eq!(cos.get(i, i), 1.0);
+        for j in (0..300).step_by(11) {
+            let want = dot64(&xa[i], &xa[j]) / (norm64(&xa[i]) * norm64(&xa[j]));
+            assert!((cos.get(i, j) - want).abs() <= 2.0 * gamma, "({i},{j})");
+        }
+    }
+    // Below the gate the default is the exact path, bit for bit.
+    let few = &a[..F32_MIN_MODELS - 1];
+    assert_eq!(
+        bits(&auto.gram_sym(few, &view)),
+        bits(&exact().gram_sym(few, &view))
+    );
+    assert_eq!(
+        bits(&auto.gram(few, &b[..3], &view)),
+        bits(&exact().gram(few, &b[..3], &view))
+    );
+    let at_gate = &a[..F32_MIN_MODELS];
+    assert_ne!(
+        bits(&auto.gram_sym(at_gate, &view)),
+        bits(&exact().gram_sym(at_gate, &view))
+    );
+    // Distances keep exact products (their 1e-9 bound needs them): from 64
+    // models with gemm's f64 kernels, other last bits than matrixmultiply's.
+    let (fast, slow) = (
+        auto.sq_dist_matrix(&a, &b, &View::all()),
+        exact().sq_dist_matrix(&a, &b, &View::all()),
+    );
+    assert_rel(&fast, |i, j| slow.get(i, j), 2.0 * SQ_DIST_REL_TOL);
+    let (fast, slow) = (
+        auto.sq_dist_matrix(few, &b[..3], &View::all()),
+        exact().sq_dist_matrix(few, &b[..3], &View::all()),
+    );
+    assert_eq!(bits(&fast), bits(&slow));
+}
+
+#[test]
+fn f32_mixing_from_64_models_stays_within_its_bound() {
+    // 300 distinct dense rows over 100 models: the GEMM path in f32 blocks of
+    // 64 models (one full block, one partial), added in f64.
+    let models = rows(63, 100, 700, 0.1);
+    let refs: Vec<&[f32]> = models.iter().map(Vec::as_slice).collect();
+    let w = weight_rows(64, 300, 100);
+    let mixed = Kernels::cpu().mix(&w, &models);
+    let f64_mixed = exact().mix(&w, &models);
+    let gamma = gram_error_factor_f32(100);
+    let (mut same, mut exact_same) = (0usize, 0usize);
+    for (i, wi) in w.iter().enumerate() {
+        let mut want = vec![0.0f32; 700];
+        weighted_sum(wi, &refs, &mut want);
+        for (c, r) in want.iter().enumerate() {
+            let bound: f64 = wi
+                .iter()
+                .zip(&models)
+                .map(|(wj, mj)| (wj * f64::from(mj[c])).abs())
+                .sum();
+            let g = mixed.row(i)[c];
+            let tol = f64::from(f32::EPSILON) * f64::from(r.abs()) + gamma * bound;
+            assert!((f64::from(g) - f64::from(*r)).abs() <= tol, "({i},{c})");
+            same += usize::from(g.to_bits() == r.to_bits());
+            exact_same += usize::from(f64_mixed.row(i)[c].to_bits() == r.to_bits());
+        }
+    }
+    // f64 products round like weighted_sum nearly always; f32 blocks often not.
+    assert!(exact_same as f64 >= 0.99 * 210_000.0, "{exact_same}");
+    assert!(same < exact_same, "{same} vs {exact_same}");
+    // Same bits at any thread count.
+    let at = |threads| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| {
+                let a = rows(65, 130, 900, 0.0);
+                (
+                    Kernels::cpu().mix(&weight_rows(66, 90, 130), &a),
+                    bits(&Kernels::cpu().gram_sym(&a, &View::all())),
+                )
+            })
+    };
+    assert_eq!(at(1), at(3));
+}
+
+#[test]
+fn mixing_into_slices_gives_the_rows_of_mix_bit_for_bit() {
+    // Dense rows over 100 models (f32 blocks), the same over 20 (f64), a
+    // duplicated row, a zero row, and the direct path (three rows).
+    let big = rows(70, 100, 600, 0.0);
+    let small = rows(71, 20, 600, 0.0);
+    for (models, mut w) in [
+        (&big, weight_rows(72, 40, 100)),
+        (&small, weight_rows(73, 40, 20)),
+    ] {
+        w[7] = w[3].clone();
+        w[9] = vec![0.0; models.len()];
+        for w in [w.clone(), w[..3].to_vec()] {
+            let want = Kernels::cpu().mix(&w, models);
+            let mut flat = vec![f32::NAN; w.len() * 700];
+            // Each output is the middle of a longer row, as a layer's range is.
+            let mut outs: Vec<&mut [f32]> = flat.chunks_mut(700).map(|c| &mut c[50..650]).collect();
+            Kernels::cpu().mix_into(&w, models, &mut outs);
+            for (i, row) in flat.chunks(700).enumerate() {
+                assert_eq!(&row[50..650], want.row(i), "row {i}");
+                assert!(row[..50].iter().chain(&row[650..]).all(|x| x.is_nan()));
+            }
+        }
     }
 }
 

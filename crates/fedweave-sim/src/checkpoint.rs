@@ -11,8 +11,8 @@
 //! bit-identically.
 
 use crate::engine::RunError;
-use crate::models::{sync_dir, write_atomic};
-use crate::packed::{Unpacked, pack};
+use crate::models::{sync_dir, write_atomic_with};
+use crate::packed::{Unpacked, pack_to_file};
 use crate::round::RunState;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -70,8 +70,10 @@ pub(crate) fn save<S: Serialize, C: Serialize>(
         ("round".to_string(), state.round.to_string()),
         ("wall_seconds".to_string(), wall_seconds.to_string()),
     ]);
-    let bytes = pack(state, metadata).map_err(|e| fail(&target, e))?;
-    write_atomic(&target, &bytes).map_err(|e| fail(&target, e.to_string()))?;
+    write_atomic_with(&target, |tmp| {
+        pack_to_file(state, metadata, tmp).map_err(std::io::Error::other)
+    })
+    .map_err(|e| fail(&target, e.to_string()))?;
     // The rename itself is durable once the folder is synced.
     sync_dir(folder).map_err(|e| fail(folder, e.to_string()))
 }

@@ -31,9 +31,11 @@
 
 use crate::ExperimentConfig;
 use crate::engine::RunError;
+use crate::packed::le_bytes;
 use crate::protocol::{Score, Trackers};
 use fedweave_algos::Algorithm;
 use fedweave_nn::{InputValues, ModelInput, ModelKind, ModelSpec, SequentialConfig};
+use rayon::prelude::*;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -176,11 +178,19 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelsError + '_ {
 /// synced and renamed over it: a crash leaves the old file or the new one,
 /// never a torn one.
 pub(crate) fn write_atomic(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_with(target, |tmp| std::fs::write(tmp, bytes))
+}
+
+/// [`write_atomic`] for a file that `write` creates at the path it is given.
+pub(crate) fn write_atomic_with(
+    target: &Path,
+    write: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let name = target
         .file_name()
         .map_or_else(|| "file".into(), |n| n.to_string_lossy().into_owned());
     let tmp = target.with_file_name(format!("{name}.tmp"));
-    std::fs::write(&tmp, bytes)?;
+    write(&tmp)?;
     std::fs::File::open(&tmp).and_then(|f| f.sync_all())?;
     std::fs::rename(&tmp, target)
 }
@@ -313,10 +323,6 @@ pub struct KeptModel {
     pub exact: bool,
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 /// Writes client `client`'s `which` model (atomically; the folder is not
 /// synced, see [`keep`]).
 fn write_model(
@@ -341,8 +347,8 @@ fn write_model(
         META_KEY.to_string(),
         serde_json::to_string(&header).unwrap_or_default(),
     )]);
-    let params = f32_bytes(&kept.model.params);
-    let buffers = f32_bytes(&kept.model.buffers);
+    let params = le_bytes(&kept.model.params);
+    let buffers = le_bytes(&kept.model.buffers);
     let mut views = vec![(
         "params",
         TensorView::new(Dtype::F32, vec![kept.model.params.len()], &params),
@@ -383,7 +389,9 @@ pub(crate) fn keep(
         };
         let folder = models_dir(dir, which);
         std::fs::create_dir_all(&folder).map_err(|e| models_io(&folder, e))?;
-        for (client, model) in models {
+        // In parallel: each file is synced, and hundreds of syncs one after
+        // the other would cost seconds a round.
+        models.into_par_iter().try_for_each(|(client, model)| {
             let kept = KeptModel {
                 model,
                 round,
@@ -393,8 +401,8 @@ pub(crate) fn keep(
             write_model(dir, which, client, &kept).map_err(|e| RunError::Checkpoint {
                 path: model_path(dir, which, client).display().to_string(),
                 message: e.to_string(),
-            })?;
-        }
+            })
+        })?;
         sync_dir(&folder).map_err(|e| models_io(&folder, e))?;
     }
     Ok(())

@@ -8,26 +8,68 @@ use fedweave_core::stash::Stash;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::path::Path;
 
 /// The metadata key that holds the value's JSON.
 const BODY: &str = "state";
 
 /// Packs `value` with the extra `meta` entries (format, version, ...).
 pub fn pack<T: Serialize>(value: &T, mut meta: HashMap<String, String>) -> Result<Vec<u8>, String> {
+    let vectors = split(value, &mut meta)?;
+    let bytes: Vec<Cow<[u8]>> = vectors.iter().map(|v| le_bytes(v)).collect();
+    safetensors::tensor::serialize(views(&vectors, &bytes)?, Some(meta)).map_err(|e| e.to_string())
+}
+
+/// [`pack`] written straight to the file `path` (streamed: no second copy
+/// of the state in memory, which at hundreds of clients is gigabytes).
+pub fn pack_to_file<T: Serialize>(
+    value: &T,
+    mut meta: HashMap<String, String>,
+    path: &Path,
+) -> Result<(), String> {
+    let vectors = split(value, &mut meta)?;
+    let bytes: Vec<Cow<[u8]>> = vectors.iter().map(|v| le_bytes(v)).collect();
+    safetensors::tensor::serialize_to_file(views(&vectors, &bytes)?, Some(meta), path)
+        .map_err(|e| e.to_string())
+}
+
+/// The stashed vectors of `value`; its JSON goes into `meta`.
+fn split<T: Serialize>(
+    value: &T,
+    meta: &mut HashMap<String, String>,
+) -> Result<Vec<Vec<f32>>, String> {
     let (json, vectors) = Stash::collect(|| serde_json::to_string(value));
     let json = json.map_err(|e| format!("cannot serialize: {e}"))?;
-    let bytes: Vec<Vec<u8>> = vectors
-        .iter()
-        .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
-        .collect();
-    let mut views = Vec::with_capacity(bytes.len());
-    for (k, (v, b)) in vectors.iter().zip(&bytes).enumerate() {
-        let view = TensorView::new(Dtype::F32, vec![v.len()], b).map_err(|e| e.to_string())?;
-        views.push((format!("v{k:07}"), view));
-    }
     meta.insert(BODY.to_string(), json);
-    safetensors::tensor::serialize(views, Some(meta)).map_err(|e| e.to_string())
+    Ok(vectors)
+}
+
+/// One named 1-D F32 tensor per vector, over its little-endian bytes.
+fn views<'a>(
+    vectors: &[Vec<f32>],
+    bytes: &'a [Cow<'a, [u8]>],
+) -> Result<Vec<(String, TensorView<'a>)>, String> {
+    vectors
+        .iter()
+        .zip(bytes)
+        .enumerate()
+        .map(|(k, (v, b))| {
+            let view = TensorView::new(Dtype::F32, vec![v.len()], b).map_err(|e| e.to_string())?;
+            Ok((format!("v{k:07}"), view))
+        })
+        .collect()
+}
+
+/// `v` as little-endian bytes: a view of its memory on little-endian
+/// machines (no copy), converted elsewhere.
+pub(crate) fn le_bytes(v: &[f32]) -> Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        Cow::Borrowed(bytemuck::cast_slice(v))
+    } else {
+        Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
 }
 
 /// A packed buffer's metadata and vectors, checked to be well formed but
@@ -102,5 +144,11 @@ mod tests {
         assert_eq!(bits(&back.model), bits(&m.model));
         assert!(Unpacked::parse(&buf[..buf.len() - 1]).is_err());
         assert!(Unpacked::parse(b"").is_err());
+        // Streamed to a file: the same bytes.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("m.safetensors");
+        let meta = HashMap::from([("format".to_string(), "x".to_string())]);
+        pack_to_file(&m, meta, &file).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), buf);
     }
 }

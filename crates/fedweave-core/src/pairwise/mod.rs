@@ -24,7 +24,8 @@
 //! **Blocking.** Models stay separate `Vec<f32>`s. A task gathers at most
 //! `TILE` (256) rows × `KC` (512) columns of them (optionally restricted to
 //! index ranges and shifted) into an `f64` buffer and hands it to
-//! single-threaded `matrixmultiply::dgemm`; memory is O(threads·TILE·KC)
+//! single-threaded `matrixmultiply::dgemm` (or, in `f32` blocks,
+//! `gemm`'s `f32` kernels); memory is O(threads·TILE·KC)
 //! plus the outputs, never an `f64` copy of Θ. A Gram matrix is cut into
 //! TILE×TILE output tiles (upper triangle only when symmetric; a symmetric
 //! matrix of 128–256 rows is cut in two halves instead) and, when there
@@ -37,10 +38,18 @@
 //! only error is the `f64` summation along a tree of depth at most
 //! `h = 2·KC + 2·chunks + 136` (chunks = ⌈k/KC⌉, k the number of columns):
 //! |Ĝ − G| ≤ γ_h·Σ|a_c·b_c| ≤ γ_h·‖a‖‖b‖ with γ_h = h·u/(1 − h·u), u = 2⁻⁵³;
-//! ≈ 3.8e-13·‖a‖‖b‖ at k = 582k ([`gram_error_factor`]). An `f32` GEMM
-//! (rounded products, `f32` sums) would lose ~1e-6–1e-4 relative at these
-//! lengths: too coarse to reproduce `cos > 0.9` decisions of the `f64` loops
-//! and hopeless for small distances, so we pay the 2× of `f64` GEMM.
+//! ≈ 3.8e-13·‖a‖‖b‖ at k = 582k ([`gram_error_factor`]). A plain `f32` GEMM
+//! (rounded products, `f32` sums along all k) would lose ~1e-6–1e-4
+//! relative at these lengths, hopeless for small distances. What
+//! [`Precision::Auto`] (the default) does from [`F32_MIN_MODELS`] models on,
+//! for Gram matrices (cosines) and mixings, is `f32` GEMMs (`gemm`, ~2.4×
+//! the `f64` rate) over blocks of [`F32_BLOCK`] columns or models whose
+//! results are added in `f64`: every entry within [`gram_error_factor_f32`]
+//! (≈ 4e-6)·Σ|a_c·b_c| whatever k is, which moves a cosine by at most ~4e-6.
+//! Below that size, and with [`Precision::F64`], products are exact as
+//! above, so small federations (and every recorded golden) keep the exact
+//! kernels. Distances always take exact products (from 64 models on with
+//! `gemm`'s `f64` kernels, ~1.2× `matrixmultiply`'s here, same bound).
 //! Squared distances use ‖a′‖² + ‖b′‖² − 2⟨a′,b′⟩ on rows centred at their
 //! mean (a′ = a − c), which keeps the norms at the spread of the set rather
 //! than the size of the models; every entry whose rounding bound
@@ -53,7 +62,8 @@
 //! degrade to pair-by-pair cost, never to a worse result. Mixing accumulates in
 //! `f64` and rounds once to `f32`, like `weighted_sum`; the two agree to one
 //! `f32` ulp (bit-identical for at most [`MIX_DIRECT_ROWS`] distinct rows,
-//! which use `weighted_sum`'s own loop).
+//! which use `weighted_sum`'s own loop); in `f32` blocks, to one ulp plus
+//! [`gram_error_factor_f32`]·Σ_j|W_ij·θ_j|.
 //!
 //! **Determinism.** Every cut (tiles, chunks, segments, column blocks)
 //! depends only on the shapes, never on the number of threads; rayon runs
@@ -82,6 +92,12 @@ const TILE: usize = 256;
 const SPLIT_MIN: usize = 128;
 /// Columns gathered per GEMM call.
 const KC: usize = 512;
+/// Columns one `f32` GEMM sums over before its result is added in `f64`
+/// (bounds the `f32` rounding: see [`gram_error_factor_f32`]).
+const F32_BLOCK: usize = 64;
+/// Models from which [`Precision::Auto`] multiplies in `f32` blocks; the
+/// recorded goldens (at most 20 clients) keep the `f64` products.
+pub const F32_MIN_MODELS: usize = 64;
 /// A Gram matrix is split into at least this many tasks when it has enough
 /// columns (tiles × column segments).
 const TARGET_TASKS: usize = 128;
@@ -285,8 +301,9 @@ impl<'a> Columns<'a> {
         });
     }
 
-    /// out[..k1 − k0] ← x − shift on logical columns k0..k1, in f64.
-    fn gather(&self, x: &[f32], k0: usize, k1: usize, out: &mut [f64]) {
+    /// out[..k1 − k0] ← x − shift on logical columns k0..k1, subtracted in
+    /// f64 and rounded once to `T` (exact for `f64`).
+    fn gather<T: Elem>(&self, x: &[f32], k0: usize, k1: usize, out: &mut [T]) {
         self.pieces(k0, k1, |lo, take, o| {
             let src = &x[lo..lo + take];
             let dst = &mut out[o..o + take];
@@ -294,12 +311,12 @@ impl<'a> Columns<'a> {
                 None => dst
                     .iter_mut()
                     .zip(src)
-                    .for_each(|(d, v)| *d = f64::from(*v)),
+                    .for_each(|(d, v)| *d = T::from_f32(*v)),
                 Some(sh) => dst
                     .iter_mut()
                     .zip(src)
                     .zip(&sh[lo..lo + take])
-                    .for_each(|((d, v), c)| *d = f64::from(*v) - f64::from(*c)),
+                    .for_each(|((d, v), c)| *d = T::narrow(f64::from(*v) - f64::from(*c))),
             }
         });
     }
@@ -331,6 +348,36 @@ fn dot4(x: &[f64], y: &[f64]) -> f64 {
         s += a * b;
     }
     s
+}
+
+/// Bound factor of the Gram kernels in [`Precision::Auto`]'s `f32` blocks
+/// on `k` columns: |Ĝ − G| ≤ factor·Σ|a_c·b_c|. Each input is rounded once
+/// to `f32` (a shifted one after its `f64` subtraction: 2u₃₂ per product),
+/// a block of [`F32_BLOCK`] products is summed in `f32` (γ₃₂ of depth
+/// `F32_BLOCK` + 1, with or without fused multiply-adds), and the blocks in
+/// `f64` ([`gram_error_factor`]): ≈ 4.0e-6 at any `k`.
+pub fn gram_error_factor_f32(k: usize) -> f64 {
+    let h = (F32_BLOCK + 3) as f64;
+    let u = f64::from(f32::EPSILON) / 2.0;
+    h * u / (1.0 - h * u) + gram_error_factor(k)
+}
+
+/// How the host multiplies models in [`Kernels`]' Gram and mixing
+/// products. Distances always take exact `f64` products (their error bound
+/// needs them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Exact `f32·f32` products summed in `f64` everywhere: every entry
+    /// within [`gram_error_factor`] (~1e-13) of the exact value.
+    F64,
+    /// `f64` below [`F32_MIN_MODELS`] models; from there, Gram and mixing
+    /// products in `f32` blocks of [`F32_BLOCK`] columns (or models) whose
+    /// results are added in `f64`, at ~2.4× the `f64` GEMM rate: within
+    /// [`gram_error_factor_f32`] (~4e-6 relative to Σ|a_c·b_c|), which moves
+    /// a cosine by at most ~4e-6 and a mixed model by a few `f32` ulps.
+    #[default]
+    Auto,
 }
 
 /// Bound factor γ_h of the Gram kernels on `k` columns: every Gram entry
@@ -367,8 +414,262 @@ fn dims<A: AsRef<[f32]>, B: AsRef<[f32]>>(a: &[A], b: &[B]) -> Option<usize> {
     da.or(db)
 }
 
+/// How the host multiplies a Gram's blocks (see the module's "Precision").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arith {
+    /// Exact `f32·f32` products, `f64` sums (`matrixmultiply::dgemm`): the
+    /// kernels the goldens were recorded with.
+    F64,
+    /// The same arithmetic with `gemm`'s `f64` kernels (~1.2× faster here;
+    /// other bits): distances from [`F32_MIN_MODELS`] models on.
+    F64Gemm,
+    /// `f32` GEMMs over [`F32_BLOCK`] columns (`gemm`), their results added
+    /// in `f64`: ~2.4× the `f64` rate.
+    F32Blocks,
+}
+
+/// An element type the pairwise GEMMs multiply in.
+trait Elem: Copy + Default + Send + 'static {
+    const ONE: Self;
+    fn from_f32(x: f32) -> Self;
+    fn narrow(x: f64) -> Self;
+}
+
+impl Elem for f64 {
+    const ONE: Self = 1.0;
+
+    fn from_f32(x: f32) -> Self {
+        f64::from(x)
+    }
+
+    fn narrow(x: f64) -> Self {
+        x
+    }
+}
+
+impl Elem for f32 {
+    const ONE: Self = 1.0;
+
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+
+    fn narrow(x: f64) -> Self {
+        x as f32
+    }
+}
+
+/// One way to multiply a Gram tile's column chunk.
+trait BlockGemm {
+    type E: Elem;
+    /// acc (ni × nj, row-major) += a·bᵀ, where `a` holds `ni` rows and `b`
+    /// `nj` rows of `kc` columns (row stride `kc`); `scratch` is reusable.
+    ///
+    /// # Safety
+    /// `a` and `b` point at `ni·kc` and `nj·kc` readable elements.
+    unsafe fn accumulate(
+        ni: usize,
+        nj: usize,
+        kc: usize,
+        a: *const Self::E,
+        b: *const Self::E,
+        acc: &mut [f64],
+        scratch: &mut Vec<Self::E>,
+    );
+}
+
+/// `gemm` on `ni × kb` rows of `a` and `nj × kb` rows of `b` (row stride
+/// `kc`) into the row-major `dst` (overwritten).
+///
+/// # Safety
+/// As [`BlockGemm::accumulate`], with `dst` holding `ni·nj` elements.
+unsafe fn gemm_abt<T: Elem>(
+    ni: usize,
+    nj: usize,
+    kb: usize,
+    kc: usize,
+    a: *const T,
+    b: *const T,
+    dst: *mut T,
+) {
+    // SAFETY: the caller's; lhs rows of stride kc, rhs the transpose of nj
+    // rows of stride kc, dst row-major (read_dst = false).
+    unsafe {
+        gemm::gemm(
+            ni,
+            nj,
+            kb,
+            dst,
+            1,
+            nj as isize,
+            false,
+            a,
+            1,
+            kc as isize,
+            b,
+            kc as isize,
+            1,
+            T::default(),
+            T::ONE,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// [`Arith::F64`].
+struct ExactMm;
+/// [`Arith::F64Gemm`].
+struct ExactGemm;
+/// [`Arith::F32Blocks`].
+struct F32Gemm;
+
+impl BlockGemm for ExactMm {
+    type E = f64;
+
+    unsafe fn accumulate(
+        ni: usize,
+        nj: usize,
+        kc: usize,
+        a: *const f64,
+        b: *const f64,
+        acc: &mut [f64],
+        _: &mut Vec<f64>,
+    ) {
+        debug_assert!(acc.len() >= ni * nj);
+        // SAFETY: the caller's a and b; the right operand is the kc×nj
+        // transpose of nj rows (row stride 1, column stride kc); acc is
+        // ni×nj row-major.
+        unsafe {
+            matrixmultiply::dgemm(
+                ni,
+                kc,
+                nj,
+                1.0,
+                a,
+                kc as isize,
+                1,
+                b,
+                1,
+                kc as isize,
+                1.0,
+                acc.as_mut_ptr(),
+                nj as isize,
+                1,
+            );
+        }
+    }
+}
+
+impl BlockGemm for ExactGemm {
+    type E = f64;
+
+    unsafe fn accumulate(
+        ni: usize,
+        nj: usize,
+        kc: usize,
+        a: *const f64,
+        b: *const f64,
+        acc: &mut [f64],
+        scratch: &mut Vec<f64>,
+    ) {
+        scratch.resize(ni * nj, 0.0);
+        // SAFETY: the caller's; scratch holds ni·nj.
+        unsafe { gemm_abt(ni, nj, kc, kc, a, b, scratch.as_mut_ptr()) };
+        for (s, v) in acc.iter_mut().zip(scratch.iter()) {
+            *s += v;
+        }
+    }
+}
+
+impl BlockGemm for F32Gemm {
+    type E = f32;
+
+    unsafe fn accumulate(
+        ni: usize,
+        nj: usize,
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        acc: &mut [f64],
+        scratch: &mut Vec<f32>,
+    ) {
+        scratch.resize(ni * nj, 0.0);
+        for k0 in (0..kc).step_by(F32_BLOCK) {
+            let kb = F32_BLOCK.min(kc - k0);
+            // SAFETY: columns k0..k0 + kb of the caller's rows; scratch
+            // holds ni·nj.
+            unsafe { gemm_abt(ni, nj, kb, kc, a.add(k0), b.add(k0), scratch.as_mut_ptr()) };
+            for (s, v) in acc.iter_mut().zip(scratch.iter()) {
+                *s += f64::from(*v);
+            }
+        }
+    }
+}
+
+/// The right operand of one Gram tile.
+enum Right<'a, A, B> {
+    /// The left rows themselves (a diagonal tile of a symmetric Gram).
+    Same,
+    /// Other rows of the left set (an off-diagonal symmetric tile).
+    Left(&'a [A]),
+    Other(&'a [B]),
+}
+
+/// One task of a Gram: rows × rows over a run of column chunks.
+struct GramTile<'a, A, B> {
+    left: &'a [A],
+    right: Right<'a, A, B>,
+    cols: &'a Columns<'a>,
+    chunks: Range<usize>,
+}
+
+impl<A: AsRef<[f32]>, B: AsRef<[f32]>> GramTile<'_, A, B> {
+    /// The tile's partial sums, chunk by chunk in order.
+    fn product<G: BlockGemm>(&self) -> Vec<f64> {
+        let ni = self.left.len();
+        let nj = match &self.right {
+            Right::Same => ni,
+            Right::Left(r) => r.len(),
+            Right::Other(r) => r.len(),
+        };
+        let mut acc = vec![0.0f64; ni * nj];
+        let mut bufa = vec![G::E::default(); ni * KC];
+        let same = matches!(self.right, Right::Same);
+        let mut bufb = vec![G::E::default(); if same { 0 } else { nj * KC }];
+        let mut scratch = Vec::new();
+        let cols = self.cols;
+        for c in self.chunks.clone() {
+            let k0 = c * KC;
+            let k1 = (k0 + KC).min(cols.k);
+            let kc = k1 - k0;
+            let fill = |rows: &mut dyn Iterator<Item = &[f32]>, buf: &mut [G::E]| {
+                for (r, row) in rows.enumerate() {
+                    cols.gather(row, k0, k1, &mut buf[r * kc..(r + 1) * kc]);
+                }
+            };
+            fill(&mut self.left.iter().map(AsRef::as_ref), &mut bufa);
+            match &self.right {
+                Right::Same => {}
+                Right::Left(r) => fill(&mut r.iter().map(AsRef::as_ref), &mut bufb),
+                Right::Other(r) => fill(&mut r.iter().map(AsRef::as_ref), &mut bufb),
+            }
+            let bp = if matches!(self.right, Right::Same) {
+                bufa.as_ptr()
+            } else {
+                bufb.as_ptr()
+            };
+            // SAFETY: bufa holds ni rows of kc, bp nj rows of kc.
+            unsafe { G::accumulate(ni, nj, kc, bufa.as_ptr(), bp, &mut acc, &mut scratch) };
+        }
+        acc
+    }
+}
+
 /// The (symmetric when `b` is `None`) Gram matrix of the views of `a` and `b`.
-fn gram_impl<A, B>(a: &[A], b: Option<&[B]>, cols: &Columns) -> Matrix
+fn gram_impl<A, B>(a: &[A], b: Option<&[B]>, cols: &Columns, arith: Arith) -> Matrix
 where
     A: AsRef<[f32]> + Sync,
     B: AsRef<[f32]> + Sync,
@@ -414,57 +715,26 @@ where
         .par_iter()
         .map(|&(p, s)| {
             let ((i0, i1), (j0, j1)) = pairs[p];
-            let (ni, nj) = (i1 - i0, j1 - j0);
             // A diagonal tile of a symmetric Gram multiplies one buffer by itself.
             let same = b.is_none() && i0 == j0;
-            let mut acc = vec![0.0f64; ni * nj];
-            let mut bufa = vec![0.0f64; ni * KC];
-            let mut bufb = vec![0.0f64; if same { 0 } else { nj * KC }];
-            for c in s * nchunks / nseg..(s + 1) * nchunks / nseg {
-                let k0 = c * KC;
-                let k1 = (k0 + KC).min(cols.k);
-                let kc = k1 - k0;
-                for (r, row) in a[i0..i1].iter().enumerate() {
-                    cols.gather(row.as_ref(), k0, k1, &mut bufa[r * kc..(r + 1) * kc]);
-                }
-                if !same {
-                    match b {
-                        Some(b) => {
-                            for (r, row) in b[j0..j1].iter().enumerate() {
-                                cols.gather(row.as_ref(), k0, k1, &mut bufb[r * kc..(r + 1) * kc]);
-                            }
-                        }
-                        None => {
-                            for (r, row) in a[j0..j1].iter().enumerate() {
-                                cols.gather(row.as_ref(), k0, k1, &mut bufb[r * kc..(r + 1) * kc]);
-                            }
-                        }
-                    }
-                }
-                let bp = if same { bufa.as_ptr() } else { bufb.as_ptr() };
-                // SAFETY: bufa holds ni rows of kc (row stride kc); the
-                // right operand is the kc×nj transpose of nj rows of kc
-                // (row stride 1, column stride kc); acc is ni×nj row-major.
-                unsafe {
-                    matrixmultiply::dgemm(
-                        ni,
-                        kc,
-                        nj,
-                        1.0,
-                        bufa.as_ptr(),
-                        kc as isize,
-                        1,
-                        bp,
-                        1,
-                        kc as isize,
-                        1.0,
-                        acc.as_mut_ptr(),
-                        nj as isize,
-                        1,
-                    );
-                }
+            let other = b.map_or(&[] as &[B], |b| &b[j0..j1]);
+            let tile = GramTile {
+                left: &a[i0..i1],
+                right: if same {
+                    Right::Same
+                } else if b.is_some() {
+                    Right::Other(other)
+                } else {
+                    Right::Left(&a[j0..j1])
+                },
+                cols,
+                chunks: s * nchunks / nseg..(s + 1) * nchunks / nseg,
+            };
+            match arith {
+                Arith::F64 => tile.product::<ExactMm>(),
+                Arith::F64Gemm => tile.product::<ExactGemm>(),
+                Arith::F32Blocks => tile.product::<F32Gemm>(),
             }
-            acc
         })
         .collect();
     for (p, &((i0, i1), (j0, j1))) in pairs.iter().enumerate() {
@@ -519,6 +789,8 @@ struct GramParts {
 #[derive(Clone)]
 pub struct Kernels {
     offload: Option<Arc<dyn Offload>>,
+    /// How the host multiplies.
+    precision: Precision,
     /// Products of fewer flops stay on the host.
     min_flops: f64,
     /// Set once a device failure has been logged.
@@ -529,6 +801,7 @@ impl fmt::Debug for Kernels {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Kernels")
             .field("offload", &self.device_name())
+            .field("precision", &self.precision)
             .field("min_flops", &self.min_flops)
             .finish()
     }
@@ -546,6 +819,7 @@ impl Kernels {
         static CPU: OnceLock<Kernels> = OnceLock::new();
         CPU.get_or_init(|| Kernels {
             offload: None,
+            precision: Precision::Auto,
             min_flops: 0.0,
             warned: Arc::new(AtomicBool::new(false)),
         })
@@ -557,8 +831,31 @@ impl Kernels {
     pub fn offloaded(device: Arc<dyn Offload>, min_flops: f64) -> Self {
         Self {
             offload: Some(device),
+            precision: Precision::Auto,
             min_flops,
             warned: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The same kernels with the host multiplying at `precision`.
+    #[must_use]
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// How the host multiplies.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The host's arithmetic for a product over `models` rows (the larger
+    /// side); distances keep exact products (their bound needs them).
+    fn arith(&self, models: usize, distances: bool) -> Arith {
+        match self.precision {
+            Precision::Auto if models >= F32_MIN_MODELS && distances => Arith::F64Gemm,
+            Precision::Auto if models >= F32_MIN_MODELS => Arith::F32Blocks,
+            _ => Arith::F64,
         }
     }
 
@@ -581,8 +878,9 @@ impl Kernels {
         }
     }
 
-    /// G of `a` and `b` (`None`: symmetric), on the device when it pays.
-    fn gram_parts<A, B>(&self, a: &[A], b: Option<&[B]>, cols: &Columns) -> GramParts
+    /// G of `a` and `b` (`None`: symmetric), on the device when it pays,
+    /// else on the host in `arith`.
+    fn gram_parts<A, B>(&self, a: &[A], b: Option<&[B]>, cols: &Columns, arith: Arith) -> GramParts
     where
         A: AsRef<[f32]> + Sync,
         B: AsRef<[f32]> + Sync,
@@ -636,9 +934,12 @@ impl Kernels {
             }
         }
         GramParts {
-            g: gram_impl(a, b, cols),
+            g: gram_impl(a, b, cols, arith),
             norms: None,
-            gamma: gram_error_factor(cols.k),
+            gamma: match arith {
+                Arith::F64 | Arith::F64Gemm => gram_error_factor(cols.k),
+                Arith::F32Blocks => gram_error_factor_f32(cols.k),
+            },
         }
     }
 
@@ -650,14 +951,16 @@ impl Kernels {
         B: AsRef<[f32]> + Sync,
     {
         let cols = Columns::new(view.ranges, view.shift, dims(a, b));
-        self.gram_parts(a, Some(b), &cols).g
+        let arith = self.arith(a.len().max(b.len()), false);
+        self.gram_parts(a, Some(b), &cols, arith).g
     }
 
     /// G_ij = ⟨view(a_i), view(a_j)⟩, exactly symmetric, at half the cost
     /// of [`Kernels::gram`]`(a, a, view)`.
     pub fn gram_sym<R: AsRef<[f32]> + Sync>(&self, a: &[R], view: &View) -> Matrix {
         let cols = Columns::new(view.ranges, view.shift, row_len(&[a]));
-        self.gram_parts::<R, R>(a, None, &cols).g
+        self.gram_parts::<R, R>(a, None, &cols, self.arith(a.len(), false))
+            .g
     }
 
     /// ‖view(a_i)‖² for each row (memory-bound: always on the host).
@@ -674,7 +977,8 @@ impl Kernels {
         B: AsRef<[f32]> + Sync,
     {
         let cols = Columns::new(view.ranges, view.shift, dims(a, b));
-        let GramParts { mut g, norms, .. } = self.gram_parts(a, Some(b), &cols);
+        let arith = self.arith(a.len().max(b.len()), false);
+        let GramParts { mut g, norms, .. } = self.gram_parts(a, Some(b), &cols, arith);
         let (na, nb) = norms.unwrap_or_else(|| (sq_norms_impl(a, &cols), sq_norms_impl(b, &cols)));
         let m = g.cols;
         for (idx, v) in g.data.iter_mut().enumerate() {
@@ -733,28 +1037,63 @@ impl Kernels {
         W: AsRef<[f64]>,
         R: AsRef<[f32]> + Sync,
     {
-        let m = models.len();
         let d = row_len(&[models]).unwrap_or(0);
-        // Distinct weight rows, by bits.
-        let mut seen: HashMap<Vec<u64>, usize> = HashMap::new();
-        let mut which = Vec::with_capacity(weights.len());
-        let mut distinct_w: Vec<&[f64]> = Vec::new();
-        for w in weights {
-            let w = w.as_ref();
-            assert_eq!(
-                w.len(),
-                m,
-                "weight row length differs from the number of models"
-            );
-            let key: Vec<u64> = w.iter().map(|x| x.to_bits()).collect();
-            let next = distinct_w.len();
-            let k = *seen.entry(key).or_insert(next);
-            if k == next {
-                distinct_w.push(w);
+        let (distinct_w, which) = distinct_rows(weights, models.len());
+        let mut distinct = vec![vec![0.0f32; d]; distinct_w.len()];
+        let mut outs: Vec<&mut [f32]> = distinct.iter_mut().map(Vec::as_mut_slice).collect();
+        self.mix_distinct(&distinct_w, models, &mut outs);
+        Mixed { distinct, which }
+    }
+
+    /// [`Kernels::mix`] written into `outs` (one slice of the models' length
+    /// per weight row): the same numbers, without allocating the rows, for
+    /// callers that assemble them into larger vectors (per-layer mixing).
+    ///
+    /// # Panics
+    ///
+    /// When `outs` and `weights` differ in number, or a slice's length
+    /// differs from the models'.
+    pub fn mix_into<W, R>(&self, weights: &[W], models: &[R], outs: &mut [&mut [f32]])
+    where
+        W: AsRef<[f64]>,
+        R: AsRef<[f32]> + Sync,
+    {
+        let d = row_len(&[models]).unwrap_or(0);
+        assert_eq!(outs.len(), weights.len(), "one output per weight row");
+        assert!(
+            outs.iter().all(|o| o.len() == d),
+            "outputs of the models' length"
+        );
+        let (distinct_w, which) = distinct_rows(weights, models.len());
+        // Each distinct row is computed into its first user, then copied.
+        let mut firsts: Vec<&mut [f32]> = Vec::with_capacity(distinct_w.len());
+        let mut taken = vec![false; distinct_w.len()];
+        for (out, &k) in outs.iter_mut().zip(&which) {
+            if !std::mem::replace(&mut taken[k], true) {
+                firsts.push(&mut **out);
             }
-            which.push(k);
         }
-        let p = distinct_w.len();
+        self.mix_distinct(&distinct_w, models, &mut firsts);
+        let mut first_of = vec![usize::MAX; distinct_w.len()];
+        for (i, &k) in which.iter().enumerate() {
+            if first_of[k] == usize::MAX {
+                first_of[k] = i;
+            } else {
+                let row = outs[first_of[k]].to_vec();
+                outs[i].copy_from_slice(&row);
+            }
+        }
+    }
+
+    /// Σ_j W_rj·θ_j into `outs[r]` for each distinct weight row.
+    fn mix_distinct<R: AsRef<[f32]> + Sync>(
+        &self,
+        distinct_w: &[&[f64]],
+        models: &[R],
+        outs: &mut [&mut [f32]],
+    ) {
+        let (m, p) = (models.len(), distinct_w.len());
+        let d = row_len(&[models]).unwrap_or(0);
         // Models some row uses; the others are never read.
         let active: Vec<usize> = (0..m)
             .filter(|&j| distinct_w.iter().any(|w| w[j] != 0.0))
@@ -765,36 +1104,43 @@ impl Kernels {
             .flat_map(|w| active.iter().map(move |&j| w[j]))
             .collect();
         let used: Vec<&[f32]> = active.iter().map(|&j| models[j].as_ref()).collect();
-        let mut distinct = vec![vec![0.0f32; d]; p];
         if na == 0 || d == 0 {
-            return Mixed { distinct, which };
+            outs.iter_mut().for_each(|o| o.fill(0.0));
+            return;
         }
         let flops = 2.0 * (p * na * d) as f64;
         let gemm = p > MIX_DIRECT_ROWS && !sparse_pays(&wd, na);
         if let Some(dev) = self.device(flops).filter(|_| gemm) {
             let rows: Vec<&[f64]> = wd.chunks(na).collect();
             match dev.mix(&rows, &used) {
-                Ok(out) if out.len() == p && out.iter().all(|r| r.len() == d) => {
-                    distinct = out;
+                Ok(got) if got.len() == p && got.iter().all(|r| r.len() == d) => {
                     // A non-finite entry may come from 0·∞ of a skipped
                     // model: such rows take the reference loop.
                     let mut acc = vec![0.0f64; d];
-                    for (r, row) in distinct.iter_mut().enumerate() {
+                    for (r, (out, row)) in outs.iter_mut().zip(got).enumerate() {
+                        out.copy_from_slice(&row);
                         if !row.iter().all(|x| x.is_finite()) {
-                            weighted_block(rows[r], &used, 0, row, &mut acc);
+                            weighted_block(rows[r], &used, 0, out, &mut acc);
                         }
                     }
-                    return Mixed { distinct, which };
+                    return;
                 }
-                Ok(out) => self.fell_back(
+                Ok(got) => self.fell_back(
                     "a mixing",
-                    &OffloadError(format!("the device returned {} rows for {p}", out.len())),
+                    &OffloadError(format!("the device returned {} rows for {p}", got.len())),
                 ),
                 Err(e) => self.fell_back("a mixing", &e),
             }
         }
-        mix_host(&wd, &used, !gemm, &mut distinct);
-        Mixed { distinct, which }
+        let how = if !gemm {
+            MixBy::Direct
+        } else {
+            match self.arith(na, false) {
+                Arith::F32Blocks => MixBy::Gemm32,
+                _ => MixBy::Gemm64,
+            }
+        };
+        mix_host(&wd, &used, how, outs);
     }
 }
 
@@ -873,7 +1219,12 @@ where
         mut g,
         norms,
         gamma,
-    } = kernels.gram_parts(a, b, &cols);
+    } = kernels.gram_parts(
+        a,
+        b,
+        &cols,
+        kernels.arith(a.len().max(b.map_or(0, <[B]>::len)), true),
+    );
     let (na, nb) = match (norms, b) {
         (Some(norms), _) => norms,
         (None, Some(b)) => (sq_norms_impl(a, &cols), sq_norms_impl(b, &cols)),
@@ -927,6 +1278,30 @@ where
         }
     }
     g
+}
+
+/// The distinct weight rows (by bits, in order of first appearance) and
+/// each row's index among them.
+fn distinct_rows<W: AsRef<[f64]>>(weights: &[W], m: usize) -> (Vec<&[f64]>, Vec<usize>) {
+    let mut seen: HashMap<Vec<u64>, usize> = HashMap::new();
+    let mut which = Vec::with_capacity(weights.len());
+    let mut distinct: Vec<&[f64]> = Vec::new();
+    for w in weights {
+        let w = w.as_ref();
+        assert_eq!(
+            w.len(),
+            m,
+            "weight row length differs from the number of models"
+        );
+        let key: Vec<u64> = w.iter().map(|x| x.to_bits()).collect();
+        let next = distinct.len();
+        let k = *seen.entry(key).or_insert(next);
+        if k == next {
+            distinct.push(w);
+        }
+        which.push(k);
+    }
+    (distinct, which)
 }
 
 /// The result of [`Kernels::mix`]: one row per weight row, stored once per distinct
@@ -1035,19 +1410,30 @@ fn sparse_pays(wd: &[f64], na: usize) -> bool {
     na >= MIX_SPARSE_MIN_MODELS && (nnz as f64) <= MIX_SPARSE_DENSITY * wd.len() as f64
 }
 
+/// How the host computes one mixing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MixBy {
+    /// `weighted_block` row by row: few rows, or sparse ones.
+    Direct,
+    /// `f64` GEMMs on Θ converted to `f64`.
+    Gemm64,
+    /// `f32` GEMMs over [`F32_BLOCK`] models at a time, added in `f64`.
+    Gemm32,
+}
+
 /// The host's W·Θ on `p` distinct rows `wd` (row-major, `models.len()`
-/// columns) into `distinct`: blocks of columns in parallel, each a GEMM
-/// (or `weighted_block` row by row when `direct`: few rows, or sparse ones).
-fn mix_host(wd: &[f64], models: &[&[f32]], direct: bool, distinct: &mut [Vec<f32>]) {
+/// columns) into `distinct`: blocks of columns in parallel, each computed
+/// as `how` says.
+fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [f32]]) {
     let (p, na) = (distinct.len(), models.len());
-    let d = distinct.first().map_or(0, Vec::len);
+    let d = distinct.first().map_or(0, |r| r.len());
     // Few rows: long blocks stream each model; sparse rows: blocks whose
     // models all fit in L2 while the rows gather from them; dense rows:
     // short blocks keep the converted block of Θ in cache across the GEMM's
     // row tiles. Widths depend on the shapes only.
     let width = if p <= MIX_DIRECT_ROWS {
         DIRECT_DC
-    } else if direct {
+    } else if how == MixBy::Direct {
         (SPARSE_BLOCK_BYTES / (4 * na) / 64 * 64).clamp(64, DIRECT_DC)
     } else {
         DC
@@ -1059,6 +1445,10 @@ fn mix_host(wd: &[f64], models: &[&[f32]], direct: bool, distinct: &mut [Vec<f32
         }
     }
     let w_row = |r: usize| &wd[r * na..(r + 1) * na];
+    let wf: Vec<f32> = match how {
+        MixBy::Gemm32 => wd.iter().map(|w| *w as f32).collect(),
+        _ => Vec::new(),
+    };
     blocks
         .into_par_iter()
         .enumerate()
@@ -1066,62 +1456,132 @@ fn mix_host(wd: &[f64], models: &[&[f32]], direct: bool, distinct: &mut [Vec<f32
             let c0 = c * width;
             let dc = outs[0].len();
             let mut acc = vec![0.0f64; TILE.min(p) * dc];
-            if direct {
-                for (r, out) in outs.iter_mut().enumerate() {
-                    weighted_block(w_row(r), models, c0, out, &mut acc);
-                }
-                return;
-            }
-            let mut theta = vec![0.0f64; na * dc];
-            for (jj, x) in models.iter().enumerate() {
-                for (t, v) in theta[jj * dc..(jj + 1) * dc]
-                    .iter_mut()
-                    .zip(&x[c0..c0 + dc])
-                {
-                    *t = f64::from(*v);
-                }
-            }
-            for i0 in (0..p).step_by(TILE) {
-                let ni = TILE.min(p - i0);
-                // SAFETY: wd holds p rows of na (row stride na), theta na rows of
-                // dc (row stride dc), acc at least ni rows of dc.
-                unsafe {
-                    matrixmultiply::dgemm(
-                        ni,
-                        na,
-                        dc,
-                        1.0,
-                        wd[i0 * na..].as_ptr(),
-                        na as isize,
-                        1,
-                        theta.as_ptr(),
-                        dc as isize,
-                        1,
-                        0.0,
-                        acc.as_mut_ptr(),
-                        dc as isize,
-                        1,
-                    );
-                }
-                let mut redo = Vec::new();
-                for r in 0..ni {
-                    let out = &mut *outs[i0 + r];
-                    let mut finite = true;
-                    for (o, s) in out.iter_mut().zip(&acc[r * dc..(r + 1) * dc]) {
-                        *o = *s as f32;
-                        finite &= o.is_finite();
-                    }
-                    if !finite {
-                        redo.push(i0 + r);
+            let tiles = (0..p).step_by(TILE);
+            match how {
+                MixBy::Direct => {
+                    for (r, out) in outs.iter_mut().enumerate() {
+                        weighted_block(w_row(r), models, c0, out, &mut acc);
                     }
                 }
-                // A non-finite entry may come from 0·∞ of a skipped model:
-                // such rows take the reference loop.
-                for r in redo {
-                    weighted_block(w_row(r), models, c0, outs[r], &mut acc);
+                MixBy::Gemm64 => {
+                    let theta = theta_block(models, c0, dc, f64::from);
+                    for i0 in tiles {
+                        let ni = TILE.min(p - i0);
+                        // SAFETY: wd holds p rows of na (row stride na), theta
+                        // na rows of dc (row stride dc), acc at least ni rows of dc.
+                        unsafe {
+                            matrixmultiply::dgemm(
+                                ni,
+                                na,
+                                dc,
+                                1.0,
+                                wd[i0 * na..].as_ptr(),
+                                na as isize,
+                                1,
+                                theta.as_ptr(),
+                                dc as isize,
+                                1,
+                                0.0,
+                                acc.as_mut_ptr(),
+                                dc as isize,
+                                1,
+                            );
+                        }
+                        round_rows(&mut outs, i0, ni, &acc, |r, out, acc| {
+                            weighted_block(w_row(r), models, c0, out, acc)
+                        });
+                    }
+                }
+                MixBy::Gemm32 => {
+                    let theta = theta_block(models, c0, dc, |x| x);
+                    let mut scratch = vec![0.0f32; TILE.min(p) * dc];
+                    for i0 in tiles {
+                        let ni = TILE.min(p - i0);
+                        acc[..ni * dc].fill(0.0);
+                        for j0 in (0..na).step_by(F32_BLOCK) {
+                            let kb = F32_BLOCK.min(na - j0);
+                            // SAFETY: wf holds p rows of na, theta na rows of
+                            // dc; scratch ni rows of dc, overwritten.
+                            unsafe {
+                                gemm::gemm(
+                                    ni,
+                                    dc,
+                                    kb,
+                                    scratch.as_mut_ptr(),
+                                    1,
+                                    dc as isize,
+                                    false,
+                                    wf[i0 * na + j0..].as_ptr(),
+                                    1,
+                                    na as isize,
+                                    theta[j0 * dc..].as_ptr(),
+                                    1,
+                                    dc as isize,
+                                    0.0,
+                                    1.0,
+                                    false,
+                                    false,
+                                    false,
+                                    gemm::Parallelism::None,
+                                );
+                            }
+                            for (s, v) in acc[..ni * dc].iter_mut().zip(&scratch) {
+                                *s += f64::from(*v);
+                            }
+                        }
+                        round_rows(&mut outs, i0, ni, &acc, |r, out, acc| {
+                            weighted_block(w_row(r), models, c0, out, acc)
+                        });
+                    }
                 }
             }
         });
+}
+
+/// Columns `c0..c0 + dc` of every model, one row each, converted by `conv`.
+fn theta_block<T: Copy + Default>(
+    models: &[&[f32]],
+    c0: usize,
+    dc: usize,
+    conv: impl Fn(f32) -> T,
+) -> Vec<T> {
+    let mut theta = vec![T::default(); models.len() * dc];
+    for (row, x) in theta.chunks_exact_mut(dc).zip(models) {
+        for (t, v) in row.iter_mut().zip(&x[c0..c0 + dc]) {
+            *t = conv(*v);
+        }
+    }
+    theta
+}
+
+/// Rounds output rows `i0..i0 + ni` of a column block from `acc` (`ni`
+/// rows of the block's width); a row with a non-finite entry, which may
+/// come from 0·∞ of a skipped model, is recomputed by `reference(row,
+/// out, acc)`, the `weighted_sum` loop.
+fn round_rows(
+    outs: &mut [&mut [f32]],
+    i0: usize,
+    ni: usize,
+    acc: &[f64],
+    mut reference: impl FnMut(usize, &mut [f32], &mut [f64]),
+) {
+    let dc = outs[0].len();
+    let mut redo = Vec::new();
+    for r in 0..ni {
+        let out = &mut *outs[i0 + r];
+        let mut finite = true;
+        for (o, s) in out.iter_mut().zip(&acc[r * dc..(r + 1) * dc]) {
+            *o = *s as f32;
+            finite &= o.is_finite();
+        }
+        if !finite {
+            redo.push(i0 + r);
+        }
+    }
+    let mut scratch = vec![0.0f64; dc];
+    for r in redo {
+        reference(r, &mut *outs[r], &mut scratch);
+    }
 }
 
 /// This machine's matrix-multiply throughput with the same crate the
