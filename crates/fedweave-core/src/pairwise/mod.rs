@@ -1120,7 +1120,7 @@ impl Kernels {
                     for (r, (out, row)) in outs.iter_mut().zip(got).enumerate() {
                         out.copy_from_slice(&row);
                         if !row.iter().all(|x| x.is_finite()) {
-                            weighted_block(rows[r], &used, 0, out, &mut acc);
+                            weighted_block(&terms(rows[r], &used), 0, out, &mut acc);
                         }
                     }
                     return;
@@ -1365,25 +1365,34 @@ impl Mixed {
     }
 }
 
-/// `weighted_sum` on one block of one output row: the reference semantics.
-/// Four models per pass with the same per-element order of additions, so
-/// the result is bit-identical to `weighted_sum` with a quarter of the
-/// traffic on the accumulator. `w[j]` weighs `models[j]`; zero weights are
-/// skipped.
-fn weighted_block(w: &[f64], models: &[&[f32]], c0: usize, out: &mut [f32], acc: &mut [f64]) {
+/// The non-zero terms (weight, model) of one weight row, in model order:
+/// what [`weighted_block`] sums.
+fn terms<'a>(w: &[f64], models: &[&'a [f32]]) -> Vec<(f64, &'a [f32])> {
+    w.iter()
+        .zip(models)
+        .filter(|(w, _)| **w != 0.0)
+        .map(|(w, x)| (*w, *x))
+        .collect()
+}
+
+/// `weighted_sum` on one block (columns `c0..c0 + out.len()`) of one output
+/// row, over its non-zero `terms`: the reference semantics. Four models per
+/// pass with the same per-element order of additions, so the result is
+/// bit-identical to `weighted_sum` with a quarter of the traffic on the
+/// accumulator.
+fn weighted_block(terms: &[(f64, &[f32])], c0: usize, out: &mut [f32], acc: &mut [f64]) {
     let len = out.len();
     let acc = &mut acc[..len];
     acc.fill(0.0);
-    let terms: Vec<(f64, &[f32])> = w
-        .iter()
-        .zip(models)
-        .filter(|(w, _)| **w != 0.0)
-        .map(|(w, x)| (*w, &x[c0..c0 + len]))
-        .collect();
     let mut quads = terms.chunks_exact(4);
     for q in &mut quads {
         let [(w0, x0), (w1, x1), (w2, x2), (w3, x3)] = [q[0], q[1], q[2], q[3]];
-        let (x0, x1, x2, x3) = (&x0[..len], &x1[..len], &x2[..len], &x3[..len]);
+        let (x0, x1, x2, x3) = (
+            &x0[c0..c0 + len],
+            &x1[c0..c0 + len],
+            &x2[c0..c0 + len],
+            &x3[c0..c0 + len],
+        );
         for e in 0..len {
             let mut s = acc[e];
             s += w0 * f64::from(x0[e]);
@@ -1394,7 +1403,7 @@ fn weighted_block(w: &[f64], models: &[&[f32]], c0: usize, out: &mut [f32], acc:
         }
     }
     for &(w, x) in quads.remainder() {
-        for (s, v) in acc.iter_mut().zip(x) {
+        for (s, v) in acc.iter_mut().zip(&x[c0..c0 + len]) {
             *s += w * f64::from(*v);
         }
     }
@@ -1444,7 +1453,15 @@ fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [f32
             blocks[c].push(chunk);
         }
     }
-    let w_row = |r: usize| &wd[r * na..(r + 1) * na];
+    // Each row's non-zero terms, once (not once per column block: at
+    // 1000 models and 9000 blocks that filtering cost seconds).
+    let row_terms: Vec<Vec<(f64, &[f32])>> = match how {
+        MixBy::Direct => (0..p)
+            .map(|r| terms(&wd[r * na..(r + 1) * na], models))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let w_row = |r: usize| terms(&wd[r * na..(r + 1) * na], models);
     let wf: Vec<f32> = match how {
         MixBy::Gemm32 => wd.iter().map(|w| *w as f32).collect(),
         _ => Vec::new(),
@@ -1460,7 +1477,7 @@ fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [f32
             match how {
                 MixBy::Direct => {
                     for (r, out) in outs.iter_mut().enumerate() {
-                        weighted_block(w_row(r), models, c0, out, &mut acc);
+                        weighted_block(&row_terms[r], c0, out, &mut acc);
                     }
                 }
                 MixBy::Gemm64 => {
@@ -1488,7 +1505,7 @@ fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [f32
                             );
                         }
                         round_rows(&mut outs, i0, ni, &acc, |r, out, acc| {
-                            weighted_block(w_row(r), models, c0, out, acc)
+                            weighted_block(&w_row(r), c0, out, acc)
                         });
                     }
                 }
@@ -1530,7 +1547,7 @@ fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [f32
                             }
                         }
                         round_rows(&mut outs, i0, ni, &acc, |r, out, acc| {
-                            weighted_block(w_row(r), models, c0, out, acc)
+                            weighted_block(&w_row(r), c0, out, acc)
                         });
                     }
                 }
