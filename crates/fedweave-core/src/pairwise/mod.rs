@@ -431,12 +431,20 @@ enum Arith {
 /// An element type the pairwise GEMMs multiply in.
 trait Elem: Copy + Default + Send + 'static {
     const ONE: Self;
+    /// Columns one GEMM sums over in this type before `f64` takes over.
+    const BLOCK: usize;
+    fn widen(self) -> f64;
     fn from_f32(x: f32) -> Self;
     fn narrow(x: f64) -> Self;
 }
 
 impl Elem for f64 {
     const ONE: Self = 1.0;
+    const BLOCK: usize = usize::MAX;
+
+    fn widen(self) -> f64 {
+        self
+    }
 
     fn from_f32(x: f32) -> Self {
         f64::from(x)
@@ -449,6 +457,11 @@ impl Elem for f64 {
 
 impl Elem for f32 {
     const ONE: Self = 1.0;
+    const BLOCK: usize = F32_BLOCK;
+
+    fn widen(self) -> f64 {
+        f64::from(self)
+    }
 
     fn from_f32(x: f32) -> Self {
         x
@@ -521,10 +534,9 @@ unsafe fn gemm_abt<T: Elem>(
 
 /// [`Arith::F64`].
 struct ExactMm;
-/// [`Arith::F64Gemm`].
-struct ExactGemm;
-/// [`Arith::F32Blocks`].
-struct F32Gemm;
+/// `gemm` in `E` over blocks of `E::BLOCK` columns, added in `f64`:
+/// [`Arith::F64Gemm`] (`f64`, one block) and [`Arith::F32Blocks`] (`f32`).
+struct GemmIn<E>(std::marker::PhantomData<E>);
 
 impl BlockGemm for ExactMm {
     type E = f64;
@@ -563,47 +575,26 @@ impl BlockGemm for ExactMm {
     }
 }
 
-impl BlockGemm for ExactGemm {
-    type E = f64;
+impl<E: Elem> BlockGemm for GemmIn<E> {
+    type E = E;
 
     unsafe fn accumulate(
         ni: usize,
         nj: usize,
         kc: usize,
-        a: *const f64,
-        b: *const f64,
+        a: *const E,
+        b: *const E,
         acc: &mut [f64],
-        scratch: &mut Vec<f64>,
+        scratch: &mut Vec<E>,
     ) {
-        scratch.resize(ni * nj, 0.0);
-        // SAFETY: the caller's; scratch holds ni·nj.
-        unsafe { gemm_abt(ni, nj, kc, kc, a, b, scratch.as_mut_ptr()) };
-        for (s, v) in acc.iter_mut().zip(scratch.iter()) {
-            *s += v;
-        }
-    }
-}
-
-impl BlockGemm for F32Gemm {
-    type E = f32;
-
-    unsafe fn accumulate(
-        ni: usize,
-        nj: usize,
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        acc: &mut [f64],
-        scratch: &mut Vec<f32>,
-    ) {
-        scratch.resize(ni * nj, 0.0);
-        for k0 in (0..kc).step_by(F32_BLOCK) {
-            let kb = F32_BLOCK.min(kc - k0);
+        scratch.resize(ni * nj, E::default());
+        for k0 in (0..kc).step_by(E::BLOCK.clamp(1, kc.max(1))) {
+            let kb = E::BLOCK.min(kc - k0);
             // SAFETY: columns k0..k0 + kb of the caller's rows; scratch
             // holds ni·nj.
             unsafe { gemm_abt(ni, nj, kb, kc, a.add(k0), b.add(k0), scratch.as_mut_ptr()) };
             for (s, v) in acc.iter_mut().zip(scratch.iter()) {
-                *s += f64::from(*v);
+                *s += v.widen();
             }
         }
     }
@@ -732,8 +723,8 @@ where
             };
             match arith {
                 Arith::F64 => tile.product::<ExactMm>(),
-                Arith::F64Gemm => tile.product::<ExactGemm>(),
-                Arith::F32Blocks => tile.product::<F32Gemm>(),
+                Arith::F64Gemm => tile.product::<GemmIn<f64>>(),
+                Arith::F32Blocks => tile.product::<GemmIn<f32>>(),
             }
         })
         .collect();
