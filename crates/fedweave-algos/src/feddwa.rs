@@ -113,8 +113,10 @@ impl crate::personal::ModelMessage for Guided {
 /// Rows of P over the participants: row i ∝ 1/max(‖guidance_i − models_j‖²,
 /// [`MIN_SQ_DIST`]), normalised, cut to its `top_k` largest entries (ties go
 /// to the lower index, so the result is deterministic) and renormalised.
-/// The distances are one blocked GEMM ([`Kernels::sq_dist_matrix`], each within 1e-9
-/// relative of the exact value).
+/// The distances are one blocked GEMM ([`Kernels::sq_dist_nearest`]: every
+/// distance that can reach the top-k within 1e-9 relative of the exact value;
+/// from 64 models on the others are `f32`-block estimates, which only enter
+/// the normalisation that the top-k cut undoes).
 pub fn dwa_rows(
     kernels: &Kernels,
     guidance: &[&[f32]],
@@ -122,7 +124,7 @@ pub fn dwa_rows(
     top_k: usize,
 ) -> Vec<Vec<f64>> {
     kernels
-        .sq_dist_matrix(guidance, models, &View::all())
+        .sq_dist_nearest(guidance, models, &View::all(), top_k, MIN_SQ_DIST)
         .into_rows()
         .into_par_iter()
         .map(|dist| {

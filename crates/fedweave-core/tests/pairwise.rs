@@ -264,6 +264,71 @@ fn mixing_into_slices_gives_the_rows_of_mix_bit_for_bit() {
 }
 
 #[test]
+fn nearest_distances_are_exact_where_a_top_k_can_see_them() {
+    // 100 models in 4 groups, 30 guidance models each near its own model:
+    // f32 blocks for the Gram, exact recomputation of each row's candidates.
+    let d = 3000;
+    let centres = rows(80, 4, d, 0.0);
+    let noise = rows(81, 100, d, 0.0);
+    let models: Vec<Vec<f32>> = (0..100)
+        .map(|j| {
+            centres[j % 4]
+                .iter()
+                .zip(&noise[j])
+                .map(|(c, e)| c + 0.05 * e)
+                .collect()
+        })
+        .collect();
+    let step = rows(82, 30, d, 0.0);
+    let guidance: Vec<Vec<f32>> = (0..30)
+        .map(|i| {
+            models[i]
+                .iter()
+                .zip(&step[i])
+                .map(|(x, e)| x + 0.01 * e)
+                .collect()
+        })
+        .collect();
+    let (k, floor) = (5, 1e-12);
+    let got = Kernels::cpu().sq_dist_nearest(&guidance, &models, &View::all(), k, floor);
+    let want = exact().sq_dist_matrix(&guidance, &models, &View::all());
+    let smallest = |m: &Matrix, i: usize| {
+        let mut idx: Vec<usize> = (0..100).collect();
+        idx.sort_by(|&x, &y| m.get(i, x).max(floor).total_cmp(&m.get(i, y).max(floor)));
+        idx.truncate(k);
+        idx
+    };
+    let mut estimates = 0;
+    for i in 0..30 {
+        let top = smallest(&want, i);
+        assert_eq!(smallest(&got, i), top, "row {i}");
+        let kth = want.get(i, top[k - 1]);
+        for j in 0..100 {
+            let (g, w) = (got.get(i, j), want.get(i, j));
+            if top.contains(&j) {
+                assert!((g - w).abs() <= 2.0 * SQ_DIST_REL_TOL * w, "({i},{j})");
+            } else {
+                assert!(g >= kth, "({i},{j}): {g} below the k-th {kth}");
+                assert!((g - w).abs() <= 1e-4 * w, "({i},{j})");
+            }
+            estimates += usize::from((g - w).abs() > 2.0 * SQ_DIST_REL_TOL * w);
+        }
+    }
+    // Most entries are f32-block estimates; below 64 models, or with f64
+    // products, this is sq_dist_matrix bit for bit.
+    assert!(estimates > 1000, "{estimates}");
+    assert_eq!(
+        bits(&exact().sq_dist_nearest(&guidance, &models, &View::all(), k, floor)),
+        bits(&want)
+    );
+    let few = &models[..F32_MIN_MODELS - 1];
+    assert_eq!(
+        bits(&Kernels::cpu().sq_dist_nearest(&guidance, few, &View::all(), k, floor)),
+        bits(&exact().sq_dist_matrix(&guidance, few, &View::all()))
+    );
+}
+
+#[test]
 fn gram_on_long_rows_stays_within_its_bound() {
     // Many chunks and column segments; an offset makes Σ|a·b| ≫ |⟨a,b⟩|.
     let d = 100_003;

@@ -1008,6 +1008,78 @@ impl Kernels {
         sq_dist_impl(self, a, Some(b), view)
     }
 
+    /// [`Kernels::sq_dist_matrix`] for callers that only use each row's `k`
+    /// smallest entries after clamping at `floor` (FedDWA's top-k): those
+    /// entries, and every entry that could tie with them, are within
+    /// [`SQ_DIST_REL_TOL`] of the exact value as there, so each row's `k`
+    /// smallest (clamped) entries are the exact matrix's. The others are
+    /// estimates within [`gram_error_factor_f32`]·(‖a′‖ + ‖b′‖)² (centred
+    /// rows), never below the `k`-th smallest. Where [`Precision::Auto`]
+    /// takes `f32` blocks (64 models on, host kernels) the Gram runs in them
+    /// and only the candidates are recomputed directly; otherwise this is
+    /// `sq_dist_matrix`.
+    pub fn sq_dist_nearest<A, B>(
+        &self,
+        a: &[A],
+        b: &[B],
+        view: &View,
+        k: usize,
+        floor: f64,
+    ) -> Matrix
+    where
+        A: AsRef<[f32]> + Sync,
+        B: AsRef<[f32]> + Sync,
+    {
+        let m = b.len();
+        let blocks = self.arith(a.len().max(m), false) == Arith::F32Blocks;
+        if k == 0 || k >= m || !blocks || self.offload.is_some() {
+            return self.sq_dist_matrix(a, b, view);
+        }
+        let d = dims(a, b);
+        let plain = Columns::new(view.ranges, None, d);
+        let center = mean_center(a, b, &plain, d.unwrap_or(0));
+        let cols = Columns::new(view.ranges, Some(&center), d);
+        let GramParts { mut g, gamma, .. } = self.gram_parts(a, Some(b), &cols, Arith::F32Blocks);
+        let (na, nb) = (sq_norms_impl(a, &cols), sq_norms_impl(b, &cols));
+        // The bound is on exact norms; computed ones are within γ₆₄ of them.
+        let gamma = gamma * (1.0 + 1e-6);
+        let mut candidates = Vec::new();
+        let mut hi = vec![0.0f64; m];
+        for (i, ni) in na.iter().enumerate() {
+            let mut lo = vec![0.0f64; m];
+            for (j, nj) in nb.iter().enumerate() {
+                let v = ni + nj - 2.0 * g.get(i, j);
+                let s = ni.sqrt() + nj.sqrt();
+                let e = gamma * s * s;
+                g.set(i, j, v);
+                // Non-finite estimates are always recomputed (and never set
+                // the threshold).
+                (lo[j], hi[j]) = if v.is_finite() && e.is_finite() {
+                    ((v - e).max(floor), (v + e).max(floor))
+                } else {
+                    (f64::NEG_INFINITY, f64::INFINITY)
+                };
+            }
+            // The k-th smallest upper bound: k entries are at most this, so
+            // an entry whose lower bound exceeds it is not among the k.
+            let mut order = hi.clone();
+            let (_, kth, _) = order.select_nth_unstable_by(k - 1, f64::total_cmp);
+            let threshold = *kth;
+            candidates.extend((0..m).filter(|&j| lo[j] <= threshold).map(|j| (i, j)));
+        }
+        let exact: Vec<f64> = candidates
+            .par_iter()
+            .map_init(
+                || vec![0.0f64; 2 * KC],
+                |buf, &(i, j)| direct_sq_dist(a[i].as_ref(), b[j].as_ref(), &plain, buf),
+            )
+            .collect();
+        for (&(i, j), v) in candidates.iter().zip(exact) {
+            g.set(i, j, v);
+        }
+        g
+    }
+
     /// D_ij = ‖view(a_i) − view(a_j)‖², exactly symmetric with a zero
     /// diagonal, at half the cost of [`Kernels::sq_dist_matrix`]`(a, a, view)`.
     pub fn sq_dist_matrix_sym<R: AsRef<[f32]> + Sync>(&self, a: &[R], view: &View) -> Matrix {
