@@ -647,11 +647,7 @@ impl<A: AsRef<[f32]>, B: AsRef<[f32]>> GramTile<'_, A, B> {
                 Right::Left(r) => fill(&mut r.iter().map(AsRef::as_ref), &mut bufb),
                 Right::Other(r) => fill(&mut r.iter().map(AsRef::as_ref), &mut bufb),
             }
-            let bp = if matches!(self.right, Right::Same) {
-                bufa.as_ptr()
-            } else {
-                bufb.as_ptr()
-            };
+            let bp = if same { bufa.as_ptr() } else { bufb.as_ptr() };
             // SAFETY: bufa holds ni rows of kc, bp nj rows of kc.
             unsafe { G::accumulate(ni, nj, kc, bufa.as_ptr(), bp, &mut acc, &mut scratch) };
         }
