@@ -300,6 +300,38 @@ mod tests {
     }
 
     #[test]
+    fn rows_over_many_models_equal_the_exact_kernels_rows() {
+        // 80 models (f32 blocks from 64) on a grid of ties and near-ties:
+        // the top-5 support is the exact one, the weights agree to 1e-9.
+        let models: Vec<Vec<f32>> = (0..80)
+            .map(|j| {
+                (0..300)
+                    .map(|c| ((j / 2) as f32) * 0.01 + (c % 7) as f32)
+                    .collect()
+            })
+            .collect();
+        let guidance: Vec<Vec<f32>> = (0..80)
+            .map(|i| {
+                models[i]
+                    .iter()
+                    .map(|x| x + 0.001 * (i % 3) as f32)
+                    .collect()
+            })
+            .collect();
+        let exact = Kernels::cpu()
+            .clone()
+            .with_precision(fedweave_core::pairwise::Precision::F64);
+        let got = dwa_rows(Kernels::cpu(), &refs(&guidance), &refs(&models), 5);
+        let want = dwa_rows(&exact, &refs(&guidance), &refs(&models), 5);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            for (j, (a, b)) in g.iter().zip(w).enumerate() {
+                assert_eq!(*a == 0.0, *b == 0.0, "support ({i},{j})");
+                assert!((a - b).abs() <= 1e-9 * b.abs(), "({i},{j}): {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
     fn zero_distance_gives_no_nan() {
         let m = vec![vec![1.0f32, 2.0], vec![1.0, 2.0], vec![5.0, 5.0]];
         let g = vec![vec![1.0f32, 2.0]];
