@@ -151,12 +151,33 @@ mod tests {
         assert_eq!(rejoin_round(&mut [9], 2, 2, 10), 3);
         // Two of three: the earliest round they name.
         assert_eq!(rejoin_round(&mut [9, 6], 3, 2, 10), 6);
-        // A majority naming a round past the end stops at the end; one
-        // naming an earlier round (stale) cannot move it backwards.
-        assert_eq!(rejoin_round(&mut [u64::MAX, 40], 3, 2, 10), 11);
+        // A majority naming a round past the end (finished) leaves it the
+        // last round to run; one naming an earlier round (stale) cannot
+        // move it backwards.
+        assert_eq!(rejoin_round(&mut [u64::MAX, 40], 3, 2, 10), 10);
+        assert_eq!(rejoin_round(&mut [11, 11], 2, 10, 10), 11);
         assert_eq!(rejoin_round(&mut [1, 1], 2, 5, 10), 6);
         // The only other peer ahead.
         assert_eq!(rejoin_round(&mut [4], 1, 2, 10), 4);
+    }
+
+    #[test]
+    fn a_peer_is_behind_when_a_post_is_gone_or_two_rounds_are_past() {
+        use super::Found;
+        let published = |latest| Found::Published {
+            payload: bytes::Bytes::new(),
+            latest,
+        };
+        // Asking for round 5: a peer that has posted 6 is in step (it
+        // posts 6 once it has this one's 5); one that has posted 7 went
+        // on without this one.
+        assert_eq!(published(5).ahead_of(5), None);
+        assert_eq!(published(6).ahead_of(5), None);
+        assert_eq!(published(7).ahead_of(5), Some(7));
+        assert_eq!(Found::Nothing { latest: 9 }.ahead_of(5), Some(9));
+        assert_eq!(published(u64::MAX).ahead_of(u64::MAX), None);
+        assert_eq!(Found::Absent { ahead: Some(6) }.ahead_of(5), Some(6));
+        assert_eq!(Found::Absent { ahead: None }.ahead_of(5), None);
     }
 }
 
@@ -344,16 +365,36 @@ impl Peers for PeerService {
     }
 }
 
-/// What asking a peer for its post of a round found.
+/// What asking a peer for its post of a round found; `latest` is the
+/// latest round it says it has posted (hostile: only a majority of peers
+/// naming rounds ahead moves this one, see [`rejoin_round`]).
 #[derive(Clone, Debug)]
 enum Found {
     /// Published (the message, unless it was a probe).
-    Published(Bytes),
+    Published { payload: Bytes, latest: u64 },
     /// It published nothing that round.
-    Nothing,
+    Nothing { latest: u64 },
     /// Not reached in time, or it refused us; `ahead` = its latest round
     /// when it is past the one asked for.
     Absent { ahead: Option<u64> },
+}
+
+impl Found {
+    /// The round the peer asked for `round` is at, when that shows this
+    /// peer is behind: its post of `round` gone, or a later round than
+    /// `round + 1` posted. A peer posts `round + 2` only after finishing
+    /// `round + 1` without this one, so a peer that restarted from round 1
+    /// learns where the others are even while its rounds' posts are still
+    /// held.
+    fn ahead_of(&self, round: u64) -> Option<u64> {
+        match *self {
+            Self::Absent { ahead } => ahead,
+            Self::Published { latest, .. } | Self::Nothing { latest } => round
+                .checked_add(2)
+                .is_some_and(|r| latest >= r)
+                .then_some(latest),
+        }
+    }
 }
 
 /// How this peer asks another.
@@ -397,8 +438,17 @@ impl Asker {
                 Ok(post) => {
                     let post = post.into_inner();
                     match PostState::try_from(post.state) {
-                        Ok(PostState::Published) => return Found::Published(post.payload),
-                        Ok(PostState::Nothing) => return Found::Nothing,
+                        Ok(PostState::Published) => {
+                            return Found::Published {
+                                payload: post.payload,
+                                latest: post.latest,
+                            };
+                        }
+                        Ok(PostState::Nothing) => {
+                            return Found::Nothing {
+                                latest: post.latest,
+                            };
+                        }
                         Ok(PostState::Gone) => {
                             return Found::Absent {
                                 ahead: Some(post.latest),
@@ -676,7 +726,7 @@ impl<A: Algorithm> PeerNet<A::Up> for GrpcNet<'_, A> {
             let r = self.runner;
             let deadline = Instant::now() + r.round_timeout;
             let found = r.ask_all(&[peer], self.round, false, deadline);
-            let Some(Found::Published(bytes)) = found.into_iter().next() else {
+            let Some(Found::Published { payload: bytes, .. }) = found.into_iter().next() else {
                 tracing::warn!(peer, "its model could not be fetched");
                 return None;
             };
@@ -782,13 +832,11 @@ impl<A: Algorithm> HostedPeers<A> for PeerHost<'_, A> {
                 continue;
             }
             let k = others.binary_search(&j).unwrap_or_default();
+            self.ahead.extend(found[k].ahead_of(round as u64));
             match &found[k] {
-                Found::Published(_) => published.push(j),
-                Found::Nothing => {}
-                Found::Absent { ahead } => {
-                    absent.push(j);
-                    self.ahead.extend(*ahead);
-                }
+                Found::Published { .. } => published.push(j),
+                Found::Nothing { .. } => {}
+                Found::Absent { .. } => absent.push(j),
             }
         }
         if !absent.is_empty() {
@@ -827,15 +875,16 @@ impl<A: Algorithm> HostedPeers<A> for PeerHost<'_, A> {
 }
 
 /// The round a peer runs after `round` (of `rounds`), given the rounds
-/// named by the other participants that were past `round` (`ahead`) out
+/// named by the other participants that were ahead of it (`ahead`) out
 /// of the `asked` ones: the next round, unless most of those asked are
-/// ahead — then the earliest round they name (never past the end), so
-/// one peer's word alone cannot make this one skip rounds.
+/// ahead — then the earliest round they name, so one peer's word alone
+/// cannot make this one skip rounds. A peer behind runs the last round
+/// even when the others have finished: their last posts are still held.
 fn rejoin_round(ahead: &mut [u64], asked: usize, round: usize, rounds: usize) -> usize {
     ahead.sort_unstable();
     if 2 * ahead.len() > asked {
         let earliest = usize::try_from(ahead[0]).unwrap_or(usize::MAX);
-        earliest.clamp(round + 1, rounds + 1)
+        earliest.min(rounds).max(round + 1)
     } else {
         round + 1
     }
