@@ -297,7 +297,9 @@ pub struct PartitionConfig {
     pub dominant_classes: usize,
     /// `feddwa_groups`: samples (train + validation, or the whole share
     /// with `split = "merged"`) of every client; default (unset) the largest
-    /// size the data allows.
+    /// size the data allows. Every other kind but `natural`: a cap — a
+    /// client whose share is larger keeps a seeded random `n` of it (the
+    /// rest is left unused), as pFedGraph's paper samples 3,072 per client.
     pub samples_per_client: Option<usize>,
     /// `dirichlet`: every client must get at least this many samples
     /// (train + validation); `dpfl_patho`: every holder of a class must get
@@ -457,16 +459,20 @@ impl PartitionConfig {
                         ));
                     }
                     at_least_one("partition.dominant_classes", self.dominant_classes)?;
-                    if self.samples_per_client == Some(0) {
-                        return Err(DataError::config(
-                            "partition.samples_per_client",
-                            "must be at least 1 (omit it for the largest feasible size)",
-                        ));
-                    }
                 }
             }
         }
-        Ok(())
+        match self.samples_per_client {
+            Some(_) if self.kind == PartitionKind::Natural => Err(DataError::config(
+                "partition.samples_per_client",
+                "natural clients keep the samples they come with; subsample their files beforehand",
+            )),
+            Some(0) => Err(DataError::config(
+                "partition.samples_per_client",
+                "must be at least 1 (omit it to keep every client's whole share)",
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// A one-line description of the partition with the keys its kind uses,
@@ -510,6 +516,12 @@ impl PartitionConfig {
                 "pfllib_exdir(classes_per_client={}, beta={})",
                 self.classes_per_client, self.beta
             ),
+        };
+        let kind = match self.samples_per_client {
+            Some(n) if self.kind != PartitionKind::FeddwaGroups => {
+                format!("{kind}, at most {n} samples per client")
+            }
+            _ => kind,
         };
         match self.split {
             SplitKind::Given => kind,

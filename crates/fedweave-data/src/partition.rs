@@ -372,6 +372,27 @@ pub(crate) fn label_shares(
     clients: usize,
     rng: &mut RngStream,
 ) -> Result<(Shares, Option<Vec<usize>>), DataError> {
+    let (mut shares, groups) = uncapped_shares(labels, num_classes, cfg, clients, rng)?;
+    if let Some(cap) = cfg.samples_per_client
+        && cfg.kind != PartitionKind::FeddwaGroups
+    {
+        for share in shares.iter_mut().filter(|s| s.len() > cap) {
+            share.shuffle(rng);
+            share.truncate(cap);
+            share.sort_unstable();
+        }
+    }
+    Ok((shares, groups))
+}
+
+/// [`label_shares`] before `samples_per_client` caps them.
+fn uncapped_shares(
+    labels: &[u32],
+    num_classes: usize,
+    cfg: &PartitionConfig,
+    clients: usize,
+    rng: &mut RngStream,
+) -> Result<(Shares, Option<Vec<usize>>), DataError> {
     let by_class = by_class(labels, num_classes);
     let n = labels.len();
     // PFLlib's least_samples: int(min(batch_size / (1 - train_ratio), N / clients / 2)).

@@ -103,6 +103,86 @@ fn err(r: Result<impl std::fmt::Debug, fedweave_data::DataError>) -> String {
     r.unwrap_err().to_string()
 }
 
+// ------------------------------------------------------ samples_per_client
+
+/// pFedGraph's paper samples a fixed number per client: with the cap, a
+/// client whose share is larger keeps a seeded subset of exactly `n` of it
+/// (split 80/20 as before) and a smaller one keeps all.
+#[test]
+fn samples_per_client_caps_every_kind_but_feddwa_s_and_natural() {
+    let ds = &*DIGITS;
+    let capped = |kind, n| PartitionConfig {
+        kind,
+        beta: 0.1,
+        samples_per_client: Some(n),
+        ..PartitionConfig::default()
+    };
+    // IID over 10 clients: every share is larger than 50.
+    let whole = partition(ds, &cfg(PartitionKind::Iid), 10, 7).unwrap();
+    let p = partition(ds, &capped(PartitionKind::Iid, 50), 10, 7).unwrap();
+    for (i, (c, w)) in p.clients.iter().zip(&whole.clients).enumerate() {
+        assert_eq!((c.train.len(), c.val.len()), (40, 10), "client {i}");
+        let (s, ws): (BTreeSet<usize>, BTreeSet<usize>) = (
+            share(c).into_iter().collect(),
+            share(w).into_iter().collect(),
+        );
+        assert!(s.is_subset(&ws), "client {i} keeps part of its own share");
+    }
+    check_disjoint(ds, &p);
+    assert_eq!(
+        p,
+        partition(ds, &capped(PartitionKind::Iid, 50), 10, 7).unwrap()
+    );
+    assert_ne!(
+        p,
+        partition(ds, &capped(PartitionKind::Iid, 50), 10, 8).unwrap()
+    );
+    // Dirichlet(0.1): sizes vary; only the shares above the cap shrink.
+    let whole = partition(ds, &capped(PartitionKind::Dirichlet, usize::MAX), 10, 3).unwrap();
+    let sizes: Vec<usize> = whole.clients.iter().map(|c| share(c).len()).collect();
+    let cap = sizes.iter().copied().max().unwrap() / 2;
+    assert!(sizes.iter().any(|&s| s <= cap), "{sizes:?}");
+    let p = partition(ds, &capped(PartitionKind::Dirichlet, cap), 10, 3).unwrap();
+    for (i, (c, w)) in p.clients.iter().zip(&whole.clients).enumerate() {
+        if sizes[i] <= cap {
+            // (Its test set may change: test sets follow all the shares.)
+            assert_eq!(
+                (&c.train, &c.val),
+                (&w.train, &w.val),
+                "client {i} under the cap"
+            );
+        } else {
+            assert_eq!(share(c).len(), cap, "client {i}");
+        }
+    }
+    // Without the cap nothing changes (no extra draw).
+    assert_eq!(
+        whole,
+        partition(
+            ds,
+            &PartitionConfig {
+                samples_per_client: None,
+                ..capped(PartitionKind::Dirichlet, 1)
+            },
+            10,
+            3
+        )
+        .unwrap()
+    );
+    assert!(
+        capped(PartitionKind::Iid, 50)
+            .describe()
+            .contains("at most 50 samples per client")
+    );
+    let e = err(partition(ds, &capped(PartitionKind::Iid, 0), 10, 7));
+    assert!(e.contains("partition.samples_per_client"), "{e}");
+    let e = err(capped(PartitionKind::Natural, 50).validate(10));
+    assert!(
+        e.contains("partition.samples_per_client") && e.contains("natural"),
+        "{e}"
+    );
+}
+
 // ---------------------------------------------------------------- FedDWA 1
 
 #[test]
