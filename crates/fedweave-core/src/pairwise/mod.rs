@@ -1031,9 +1031,7 @@ impl Kernels {
         if k == 0 || k >= m || !blocks || self.offload.is_some() {
             return self.sq_dist_matrix(a, b, view);
         }
-        let d = dims(a, b);
-        let plain = Columns::new(view.ranges, None, d);
-        let center = mean_center(a, b, &plain, d.unwrap_or(0));
+        let (d, plain, center) = centring(a, b, view);
         let cols = Columns::new(view.ranges, Some(&center), d);
         let GramParts { mut g, gamma, .. } = self.gram_parts(a, Some(b), &cols, Arith::F32Blocks);
         let (na, nb) = (sq_norms_impl(a, &cols), sq_norms_impl(b, &cols));
@@ -1063,16 +1061,7 @@ impl Kernels {
             let threshold = *kth;
             candidates.extend((0..m).filter(|&j| lo[j] <= threshold).map(|j| (i, j)));
         }
-        let exact: Vec<f64> = candidates
-            .par_iter()
-            .map_init(
-                || vec![0.0f64; 2 * KC],
-                |buf, &(i, j)| direct_sq_dist(a[i].as_ref(), b[j].as_ref(), &plain, buf),
-            )
-            .collect();
-        for (&(i, j), v) in candidates.iter().zip(exact) {
-            g.set(i, j, v);
-        }
+        set_direct(&mut g, &candidates, a, b, &plain);
         g
     }
 
@@ -1247,6 +1236,39 @@ where
     center
 }
 
+/// What the Gram-based distances share: the rows' length, `view`'s plain
+/// columns (for direct recomputation) and the mean of the rows of `a` and
+/// `b` on them, the shift that keeps the Gram's error small.
+fn centring<A, B>(a: &[A], b: &[B], view: &View) -> (Option<usize>, Columns<'static>, Vec<f32>)
+where
+    A: AsRef<[f32]> + Sync,
+    B: AsRef<[f32]> + Sync,
+{
+    let d = dims(a, b);
+    let plain = Columns::new(view.ranges, None, d);
+    let center = mean_center(a, b, &plain, d.unwrap_or(0));
+    (d, plain, center)
+}
+
+/// Sets each listed entry (i, j) of `g` to ‖x_i − y_j‖² on `plain`'s
+/// columns, computed directly (in parallel).
+fn set_direct<X, Y>(g: &mut Matrix, pairs: &[(usize, usize)], x: &[X], y: &[Y], plain: &Columns)
+where
+    X: AsRef<[f32]> + Sync,
+    Y: AsRef<[f32]> + Sync,
+{
+    let exact: Vec<f64> = pairs
+        .par_iter()
+        .map_init(
+            || vec![0.0f64; 2 * KC],
+            |buf, &(i, j)| direct_sq_dist(x[i].as_ref(), y[j].as_ref(), plain, buf),
+        )
+        .collect();
+    for (&(i, j), v) in pairs.iter().zip(exact) {
+        g.set(i, j, v);
+    }
+}
+
 /// Σ_c (x_c − y_c)² on the view's columns (no shift), blocked like the GEMMs.
 fn direct_sq_dist(x: &[f32], y: &[f32], cols: &Columns, buf: &mut [f64]) -> f64 {
     let (bx, by) = buf.split_at_mut(KC);
@@ -1270,9 +1292,7 @@ where
     B: AsRef<[f32]> + Sync,
 {
     let empty: &[B] = &[];
-    let d = dims(a, b.unwrap_or(empty));
-    let plain = Columns::new(view.ranges, None, d);
-    let center = mean_center(a, b.unwrap_or(empty), &plain, d.unwrap_or(0));
+    let (d, plain, center) = centring(a, b.unwrap_or(empty), view);
     let cols = Columns::new(view.ranges, Some(&center), d);
     let GramParts {
         mut g,
@@ -1311,21 +1331,9 @@ where
             g.set(i, j, v);
         }
     }
-    let exact: Vec<f64> = direct
-        .par_iter()
-        .map_init(
-            || vec![0.0f64; 2 * KC],
-            |buf, &(i, j)| {
-                let y = match b {
-                    Some(b) => b[j].as_ref(),
-                    None => a[j].as_ref(),
-                };
-                direct_sq_dist(a[i].as_ref(), y, &plain, buf)
-            },
-        )
-        .collect();
-    for (&(i, j), v) in direct.iter().zip(exact) {
-        g.set(i, j, v);
+    match b {
+        Some(b) => set_direct(&mut g, &direct, a, b, &plain),
+        None => set_direct(&mut g, &direct, a, a, &plain),
     }
     if b.is_none() {
         for i in 0..g.rows {
