@@ -549,6 +549,15 @@ pub trait Algorithm: Sized + Send + Sync + 'static {
         EvalPoint::AfterTraining
     }
 
+    /// Whether the model a client holds before local training is one the
+    /// method reports, so `eval.when = "before_and_after"` scores it too.
+    /// FedAvg-FT's is the global model it has not fine-tuned yet, which
+    /// pFedGraph's authors never score for it (`fedavg_ft.py` scores the
+    /// fine-tuned model only).
+    fn scores_before_training(&self) -> bool {
+        true
+    }
+
     /// Whether the server checks an upload's vectors against the full model
     /// length; methods uploading part of a model override it.
     fn check_upload(&self, env: &Env, up: &Self::Up) -> Result<(), String> {

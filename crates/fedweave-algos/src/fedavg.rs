@@ -138,6 +138,10 @@ impl Algorithm for FedAvg {
             EvalPoint::AfterReceive
         }
     }
+
+    fn scores_before_training(&self) -> bool {
+        !self.fine_tuned
+    }
 }
 
 /// FedAvg's server rule, shared by the methods that keep a FedAvg global

@@ -251,7 +251,9 @@ pub enum EvalWhen {
     Algorithm,
     /// Also before local training, on the model the client holds then (the
     /// received mix): each client's best validation is taken over both
-    /// points, as pFedGraph's code does.
+    /// points, as pFedGraph's code does. Methods whose model before
+    /// training is not one they report (FedAvg-FT, FedProx-FT:
+    /// `Algorithm::scores_before_training`) are scored after only.
     BeforeAndAfter,
 }
 

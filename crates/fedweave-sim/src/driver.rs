@@ -101,7 +101,7 @@ pub fn server_round<A: Algorithm, C: Clients<A>>(
     let ask = TrainAsk {
         round,
         participants: choose_participants(cfg, round),
-        before: cfg.eval.when == EvalWhen::BeforeAndAfter,
+        before: cfg.eval.when == EvalWhen::BeforeAndAfter && algo.scores_before_training(),
         after: algo.eval_point() == EvalPoint::AfterTraining,
         origin: wants_origins(cfg),
     };
@@ -259,7 +259,8 @@ pub(crate) fn peer_round<A: Algorithm, P: HostedPeers<A>>(
         let (clients, scores): (Vec<usize>, Vec<Score>) = scores.into_iter().unzip();
         Scores::checked(&clients, scores, setup.regression, round)
     };
-    let before = (cfg.eval.when == EvalWhen::BeforeAndAfter).then(|| checked(peers.scores()));
+    let before = (cfg.eval.when == EvalWhen::BeforeAndAfter && algo.scores_before_training())
+        .then(|| checked(peers.scores()));
     let uploads = peers.train(round, &participants, wants_origins(cfg));
     let Screened {
         sound,

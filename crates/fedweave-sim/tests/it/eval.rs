@@ -29,6 +29,33 @@ fn scoring_before_training_too_changes_no_training() {
     assert_ne!(plain.mean_test_acc, None);
 }
 
+/// FedAvg-FT reports the global model fine-tuned: the model it holds
+/// before training (the global one, not fine-tuned) is never scored, as in
+/// pFedGraph's `fedavg_ft.py`, so `before_and_after` leaves its whole
+/// summary as it is; plain FedAvg's global model is scored at both points.
+#[test]
+fn fedavg_ft_is_scored_after_fine_tuning_only() {
+    let o = ["algorithm.name=fedavg-ft", "rounds=4"];
+    let (after, r0) = run(&o);
+    let (both, r1) = run(&[o[0], o[1], "eval.when=before_and_after"]);
+    let untimed = |rounds: Vec<serde_json::Value>| -> Vec<serde_json::Value> {
+        rounds
+            .into_iter()
+            .map(|mut r| {
+                r.as_object_mut().unwrap().remove("seconds");
+                r
+            })
+            .collect()
+    };
+    let r1 = untimed(r1);
+    assert_eq!(untimed(r0), r1);
+    assert!(r1.iter().all(|r| r.get("mean_test_acc_before").is_none()));
+    assert_eq!(after.mean_test_acc, both.mean_test_acc);
+    assert_eq!(after.per_client_best_round, both.per_client_best_round);
+    let (_, r2) = run(&["algorithm.name=fedavg", o[1], "eval.when=before_and_after"]);
+    assert!(r2.iter().all(|r| r.get("mean_test_acc_before").is_some()));
+}
+
 #[test]
 fn every_selection_rule_is_reported_and_the_chosen_one_is_selected() {
     let mut figures = Vec::new();
