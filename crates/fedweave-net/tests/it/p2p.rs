@@ -255,3 +255,59 @@ fn a_missing_peer_is_absent_and_the_others_finish_with_results() {
         assert!(out.path().join(format!("peer-{}.json", r.id)).exists());
     }
 }
+
+/// A fourth "peer" that answers every fetch with "gone, I am at round
+/// u64::MAX": one peer's word is a minority, so the three honest peers
+/// run every round (none skips to the end), find it absent, and finish.
+#[test]
+fn a_peer_lying_about_its_round_moves_no_one() {
+    use fedweave_net::proto::peers_server::{Peers, PeersServer};
+    use fedweave_net::wire::{Post, PostState};
+    use tonic::{Request, Response, Status};
+
+    struct Liar;
+    #[tonic::async_trait]
+    impl Peers for Liar {
+        async fn fetch(&self, _: Request<FetchRequest>) -> Result<Response<Post>, Status> {
+            Ok(Response::new(Post {
+                state: PostState::Gone as i32,
+                payload: Default::default(),
+                latest: u64::MAX,
+            }))
+        }
+    }
+
+    let cfg = config("dpfl", &["algorithm.init_epochs=1", "round_timeout=1.0"]);
+    let out = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let results = run_peers(
+        &cfg,
+        out.path(),
+        &[0, 1, 2],
+        |_, _| {},
+        |urls| {
+            let port = urls[&3].rsplit(':').next().unwrap().to_string();
+            let listener = rt
+                .block_on(tokio::net::TcpListener::bind(format!("127.0.0.1:{port}")))
+                .unwrap();
+            rt.spawn(
+                tonic::transport::Server::builder()
+                    .add_service(PeersServer::new(Liar))
+                    .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+            );
+        },
+    );
+    for r in results {
+        let r = r.expect("an honest peer finishes");
+        let rounds: Vec<usize> = r.rounds.iter().map(|pr| pr.round).collect();
+        assert_eq!(
+            rounds,
+            (1..=cfg.rounds).collect::<Vec<_>>(),
+            "peer {}",
+            r.id
+        );
+        for pr in &r.rounds {
+            assert_eq!(pr.absent, [3], "peer {} round {}", r.id, pr.round);
+        }
+    }
+}
