@@ -55,6 +55,7 @@
 #![allow(clippy::needless_range_loop)] // index loops mirror the matrix formulas
 
 use crate::Checked;
+use crate::class_mean::{Normalise, weighted_class_means};
 use crate::contract::check_parts;
 use crate::contract::holds_model;
 use crate::params::params;
@@ -571,33 +572,21 @@ fn dense_rows(packed: &[f32], counts: &[usize], d: usize) -> Vec<f32> {
 
 /// c_k = Σ_j n_jk c_jk / Σ_j n_jk over the uploads holding class k.
 fn aggregate_prototypes(uploads: &[(usize, FedPacUp)], classes: usize, d: usize) -> Prototypes {
-    let mut sums = vec![0.0f64; classes * d];
-    let mut totals = vec![0usize; classes];
-    for (_, u) in uploads {
-        let dense = dense_rows(&u.prototypes, &u.counts, d);
-        for (c, &n) in u.counts.iter().enumerate().filter(|(_, n)| **n > 0) {
-            totals[c] += n;
-            for (s, &x) in sums[c * d..(c + 1) * d]
-                .iter_mut()
-                .zip(&dense[c * d..(c + 1) * d])
-            {
-                *s += n as f64 * x as f64;
-            }
-        }
-    }
-    let values = (0..classes * d)
-        .map(|j| {
-            let t = totals[j / d.max(1)];
-            if t > 0 {
-                (sums[j] / t as f64) as f32
-            } else {
-                0.0
-            }
+    let rows: Vec<(usize, f64, &[f32])> = uploads
+        .iter()
+        .flat_map(|(_, u)| {
+            u.counts
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n > 0)
+                .zip(u.prototypes.chunks_exact(d.max(1)))
+                .map(|((c, &n), row)| (c, n as f64, row))
         })
         .collect();
+    let (means, totals) = weighted_class_means(&rows, classes, d, Normalise::AtEnd);
     Prototypes {
-        values,
-        known: totals.iter().map(|&t| t > 0).collect(),
+        values: means.iter().map(|&m| m as f32).collect(),
+        known: totals.iter().map(|&t| t > 0.0).collect(),
     }
 }
 

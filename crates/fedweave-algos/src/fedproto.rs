@@ -48,6 +48,7 @@
 //!   other fedweave method is scored with.
 
 use crate::Checked;
+use crate::class_mean::{Normalise, weighted_class_means};
 use crate::contract::holds_model;
 use crate::params::params;
 use crate::params::{Validate, non_negative};
@@ -198,30 +199,6 @@ pub fn class_means(
     out
 }
 
-/// Per class c, the weighted mean Σ_j (ω_j / Σ_l ω_l) v_j of the rows
-/// `(c, ω_j, v_j)` given for it, `classes × dim` row-major (0 for a class
-/// with no row), and the normalisers Σ_l ω_l per class. Rows of classes ≥
-/// `classes` are ignored. (FedPAC's aggregation sums before it normalises,
-/// which rounds differently: sharing this one would move its results.)
-pub(crate) fn weighted_class_means(
-    rows: &[(usize, f64, &[f32])],
-    classes: usize,
-    dim: usize,
-) -> (Vec<f64>, Vec<f64>) {
-    let mut total = vec![0.0f64; classes];
-    for &(c, w, _) in rows.iter().filter(|r| r.0 < classes) {
-        total[c] += w;
-    }
-    let mut sums = vec![0.0f64; classes * dim];
-    for &(c, w, v) in rows.iter().filter(|r| r.0 < classes) {
-        let w = w / total[c];
-        for (s, &x) in sums[c * dim..(c + 1) * dim].iter_mut().zip(v) {
-            *s += w * x as f64;
-        }
-    }
-    (sums, total)
-}
-
 /// The server rule: global prototypes and each participant's graph row
 /// (entries over the participants, in upload order).
 pub fn aggregate_prototypes(
@@ -249,7 +226,7 @@ pub fn aggregate_prototypes(
                 .map(|((&c, &n), v)| (c as usize, raw(n), v))
         })
         .collect();
-    let (means, total) = weighted_class_means(&rows, classes, dim);
+    let (means, total) = weighted_class_means(&rows, classes, dim, Normalise::EachTerm);
     let mut global = GlobalPrototypes {
         classes: Vec::new(),
         values: Vec::new(),

@@ -38,6 +38,7 @@ pub mod apple;
 pub mod attack;
 pub mod batching;
 pub mod cfl;
+mod class_mean;
 pub mod contract;
 pub mod ditto;
 pub mod dpfl;
