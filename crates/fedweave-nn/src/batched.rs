@@ -39,12 +39,12 @@
 use crate::NnError;
 use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
+use crate::kernels::conv2d;
 use crate::model::{BN_EPS, ModelSpec};
 use crate::resident::{BatchStats, LossLog, RunningStats};
 use crate::train::{TrainConfig, TrainStats};
 use crate::trainer::{BatchSampler, SgdConfig};
 use burn::tensor::activation::log_softmax;
-use burn::tensor::module::conv2d;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Bool, Device, Tensor, TensorData};
 use rand::Rng;

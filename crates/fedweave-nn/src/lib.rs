@@ -28,6 +28,7 @@ mod batch;
 pub mod batched;
 pub mod conditional;
 pub mod extra;
+mod kernels;
 pub mod model;
 pub mod objective;
 pub mod offload;

@@ -5,9 +5,10 @@
 
 use super::{BuildCx, Built, Draw, LayerDesc, ModelInfo, Net};
 use crate::NnError;
+use crate::kernels::conv2d;
 use crate::model::{InputValues, Norm, ParamTensor, TEXTCNN_EMBED_DIM};
 use burn::tensor::activation::relu;
-use burn::tensor::module::{conv2d, embedding};
+use burn::tensor::module::embedding;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Int, Tensor};
 use fedweave_core::{ParamLayout, TensorSpec};

@@ -1,0 +1,443 @@
+//! 2-d convolution on `f32` slices, forward and backward: im2col into a
+//! cache-sized block of images, one `gemm` per block.
+//!
+//! Layouts are burn's: input `[batch, c_in, h, w]`, weight `[c_out, c_in,
+//! kh, kw]`, output `[batch, c_out, oh, ow]`, all row-major. The column
+//! matrix of a block of images is `K × N` (K = c_in·kh·kw rows in the
+//! weight's order, N = images·oh·ow), so a stride-1 row of it is a run of
+//! an input row: im2col and its inverse copy runs, not elements.
+//!
+//! Every block has the same size whatever the thread count, and each `gemm`
+//! runs on the calling thread, so results are a function of the shapes only.
+
+/// Floats of one block's column matrix: with its `gemm` operands this stays
+/// within a 1 MiB L2 cache.
+const BLOCK_FLOATS: usize = 128 * 1024;
+
+/// The shape of one convolution (no dilation, one group, the same stride and
+/// padding on both axes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ConvGeom {
+    pub batch: usize,
+    pub c_in: usize,
+    pub h: usize,
+    pub w: usize,
+    pub c_out: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub stride: usize,
+    pub pad: usize,
+    pub oh: usize,
+    pub ow: usize,
+}
+
+impl ConvGeom {
+    /// The geometry of `x` (`[b, c, h, w]`) under `weight` (`[o, c, kh,
+    /// kw]`), or `None` when the shapes do not fit together or the output is
+    /// empty.
+    pub fn new(x: [usize; 4], weight: [usize; 4], stride: usize, pad: usize) -> Option<Self> {
+        let [batch, c_in, h, w] = x;
+        let [c_out, wc, kh, kw] = weight;
+        if wc != c_in || stride == 0 || kh == 0 || kw == 0 {
+            return None;
+        }
+        let out = |n: usize, k: usize| (n + 2 * pad).checked_sub(k).map(|d| d / stride + 1);
+        let (oh, ow) = (out(h, kh)?, out(w, kw)?);
+        (batch * c_in * c_out * oh * ow > 0).then_some(Self {
+            batch,
+            c_in,
+            h,
+            w,
+            c_out,
+            kh,
+            kw,
+            stride,
+            pad,
+            oh,
+            ow,
+        })
+    }
+
+    /// Rows of the column matrix: c_in·kh·kw.
+    fn k(&self) -> usize {
+        self.c_in * self.kh * self.kw
+    }
+
+    /// Output positions per image.
+    fn ohw(&self) -> usize {
+        self.oh * self.ow
+    }
+
+    /// Output elements: batch·c_out·oh·ow.
+    pub fn out_len(&self) -> usize {
+        self.batch * self.c_out * self.ohw()
+    }
+
+    /// The blocks of images, each a range of image indices.
+    fn blocks(&self) -> impl Iterator<Item = std::ops::Range<usize>> + use<> {
+        let per = (BLOCK_FLOATS / (self.k() * self.ohw()).max(1)).max(1);
+        let batch = self.batch;
+        (0..batch)
+            .step_by(per)
+            .map(move |b| b..(b + per).min(batch))
+    }
+
+    /// Output columns `ow` whose input column `ow·s + j − p` lies inside
+    /// `0..w`, as a range.
+    fn inside(&self, j: usize) -> std::ops::Range<usize> {
+        let (s, p) = (self.stride, self.pad);
+        // ow·s + j ≥ p  ⇔  ow ≥ ⌈(p − j) / s⌉
+        let lo = p.saturating_sub(j).div_ceil(s);
+        // ow·s + j − p ≤ w − 1  ⇔  ow ≤ ⌊(w − 1 + p − j) / s⌋
+        let hi = match (self.w + p).checked_sub(j + 1) {
+            Some(top) => (top / s + 1).min(self.ow),
+            None => 0,
+        };
+        lo.min(hi)..hi
+    }
+
+    /// Visits every (column-matrix run, input run) pair of `images`: `f(col,
+    /// x, len, x_step)` pairs `len` column entries starting at `col` (unit
+    /// stride) with inputs starting at `x`, `x_step` apart. Entries of the
+    /// column matrix no call covers are padding (zero).
+    fn runs(&self, images: std::ops::Range<usize>, mut f: impl FnMut(usize, usize, usize, usize)) {
+        let (n_cols, ohw) = (images.len() * self.ohw(), self.ohw());
+        let (s, p) = (self.stride, self.pad);
+        for c in 0..self.c_in {
+            for i in 0..self.kh {
+                for j in 0..self.kw {
+                    let row = ((c * self.kh + i) * self.kw + j) * n_cols;
+                    let cols = self.inside(j);
+                    if cols.is_empty() {
+                        continue;
+                    }
+                    for (bi, b) in images.clone().enumerate() {
+                        let plane = (b * self.c_in + c) * self.h * self.w;
+                        for oh in 0..self.oh {
+                            let ih = oh * s + i;
+                            if ih < p || ih - p >= self.h {
+                                continue;
+                            }
+                            let col = row + bi * ohw + oh * self.ow + cols.start;
+                            let x = plane + (ih - p) * self.w + cols.start * s + j - p;
+                            f(col, x, cols.len(), s);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The column matrix of `images` (K × images·oh·ow) into `cols`.
+    fn im2col(&self, x: &[f32], images: std::ops::Range<usize>, cols: &mut Vec<f32>) {
+        cols.clear();
+        cols.resize(self.k() * images.len() * self.ohw(), 0.0);
+        self.runs(images, |col, at, len, step| {
+            let dst = &mut cols[col..col + len];
+            if step == 1 {
+                dst.copy_from_slice(&x[at..at + len]);
+            } else {
+                for (d, v) in dst.iter_mut().zip(x[at..].iter().step_by(step)) {
+                    *d = *v;
+                }
+            }
+        });
+    }
+
+    /// Adds the column matrix `cols` of `images` back into `dx`.
+    fn col2im(&self, cols: &[f32], images: std::ops::Range<usize>, dx: &mut [f32]) {
+        self.runs(images, |col, at, len, step| {
+            let src = &cols[col..col + len];
+            if step == 1 {
+                for (d, v) in dx[at..at + len].iter_mut().zip(src) {
+                    *d += v;
+                }
+            } else {
+                for (d, v) in dx[at..].iter_mut().step_by(step).zip(src) {
+                    *d += v;
+                }
+            }
+        });
+    }
+}
+
+/// `dst (m × n) = [dst +] lhs · rhs` for row-major operands given by their
+/// (row, column) strides.
+#[allow(clippy::too_many_arguments)]
+fn gemm_f32(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    accumulate: bool,
+    lhs: &[f32],
+    lhs_strides: (usize, usize),
+    rhs: &[f32],
+    rhs_strides: (usize, usize),
+) {
+    assert!(dst.len() >= m * n);
+    assert!(m == 0 || k == 0 || (m - 1) * lhs_strides.0 + (k - 1) * lhs_strides.1 < lhs.len());
+    assert!(n == 0 || k == 0 || (k - 1) * rhs_strides.0 + (n - 1) * rhs_strides.1 < rhs.len());
+    // SAFETY: the asserts keep every index the strides reach inside the
+    // slices; dst is row-major m × n and does not alias the operands (it is
+    // a distinct &mut).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.as_ptr(),
+            lhs_strides.1 as isize,
+            lhs_strides.0 as isize,
+            rhs.as_ptr(),
+            rhs_strides.1 as isize,
+            rhs_strides.0 as isize,
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// The forward pass: `[batch, c_out, oh, ow]`.
+pub(crate) fn forward(g: &ConvGeom, x: &[f32], weight: &[f32], bias: &[f32]) -> Vec<f32> {
+    let (k, ohw) = (g.k(), g.ohw());
+    let mut out = vec![0.0f32; g.out_len()];
+    let (mut cols, mut prod) = (Vec::new(), Vec::new());
+    for images in g.blocks() {
+        let n = images.len() * ohw;
+        g.im2col(x, images.clone(), &mut cols);
+        prod.resize(g.c_out * n, 0.0);
+        gemm_f32(
+            g.c_out,
+            n,
+            k,
+            &mut prod,
+            false,
+            weight,
+            (k, 1),
+            &cols,
+            (n, 1),
+        );
+        for (bi, b) in images.enumerate() {
+            for (o, &bo) in bias.iter().enumerate() {
+                let dst = &mut out[(b * g.c_out + o) * ohw..][..ohw];
+                let src = &prod[o * n + bi * ohw..][..ohw];
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d = s + bo;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Gradients of one convolution.
+#[derive(Debug)]
+pub(crate) struct ConvGrads {
+    /// With respect to the input, when asked for.
+    pub x: Option<Vec<f32>>,
+    /// With respect to the weight.
+    pub weight: Vec<f32>,
+    /// With respect to the bias.
+    pub bias: Vec<f32>,
+}
+
+/// The backward pass from the output's gradient `dout`.
+pub(crate) fn backward(
+    g: &ConvGeom,
+    x: &[f32],
+    weight: &[f32],
+    dout: &[f32],
+    want_x: bool,
+) -> ConvGrads {
+    let (k, ohw) = (g.k(), g.ohw());
+    let mut dw = vec![0.0f32; g.c_out * k];
+    let mut db = vec![0.0f32; g.c_out];
+    let mut dx = want_x.then(|| vec![0.0f32; x.len()]);
+    let (mut cols, mut gathered, mut dcols) = (Vec::new(), Vec::new(), Vec::new());
+    for (block, images) in g.blocks().enumerate() {
+        let n = images.len() * ohw;
+        // dout of the block as c_out × n (the column order of `cols`): a
+        // block of one image already is.
+        let dmat: &[f32] = if images.len() == 1 {
+            &dout[images.start * g.c_out * ohw..][..g.c_out * ohw]
+        } else {
+            gathered.resize(g.c_out * n, 0.0);
+            for (bi, b) in images.clone().enumerate() {
+                for o in 0..g.c_out {
+                    gathered[o * n + bi * ohw..][..ohw]
+                        .copy_from_slice(&dout[(b * g.c_out + o) * ohw..][..ohw]);
+                }
+            }
+            &gathered
+        };
+        for (o, d) in db.iter_mut().enumerate() {
+            *d += dmat[o * n..(o + 1) * n].iter().sum::<f32>();
+        }
+        // dW += dout · colsᵀ.
+        g.im2col(x, images.clone(), &mut cols);
+        gemm_f32(
+            g.c_out,
+            k,
+            n,
+            &mut dw,
+            block > 0,
+            dmat,
+            (n, 1),
+            &cols,
+            (1, n),
+        );
+        // dcols = Wᵀ · dout, folded back onto the input.
+        if let Some(dx) = dx.as_mut() {
+            dcols.resize(k * n, 0.0);
+            gemm_f32(
+                k,
+                n,
+                g.c_out,
+                &mut dcols,
+                false,
+                weight,
+                (1, k),
+                dmat,
+                (n, 1),
+            );
+            g.col2im(&dcols, images, dx);
+        }
+    }
+    ConvGrads {
+        x: dx,
+        weight: dw,
+        bias: db,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The definition in f64, one (output, tap) pair at a time: the output
+    /// and, for the output gradient `dout`, the three gradients (each term
+    /// y += x·w sends dout·w to dx, dout·x to dw and dout to db).
+    fn direct(
+        g: &ConvGeom,
+        x: &[f32],
+        w: &[f32],
+        b: &[f32],
+        dout: &[f32],
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+        let mut out = vec![0.0f64; g.out_len()];
+        let (mut dx, mut dw) = (vec![0.0f64; x.len()], vec![0.0f64; w.len()]);
+        let mut db = vec![0.0f64; g.c_out];
+        for n in 0..g.batch {
+            for o in 0..g.c_out {
+                for oh in 0..g.oh {
+                    for ow in 0..g.ow {
+                        let at = ((n * g.c_out + o) * g.oh + oh) * g.ow + ow;
+                        let d = dout[at] as f64;
+                        let mut s = b[o] as f64;
+                        db[o] += d;
+                        for c in 0..g.c_in {
+                            for i in 0..g.kh {
+                                for j in 0..g.kw {
+                                    let (ih, iw) = (oh * g.stride + i, ow * g.stride + j);
+                                    if ih < g.pad || iw < g.pad {
+                                        continue;
+                                    }
+                                    let (ih, iw) = (ih - g.pad, iw - g.pad);
+                                    if ih >= g.h || iw >= g.w {
+                                        continue;
+                                    }
+                                    let xi = ((n * g.c_in + c) * g.h + ih) * g.w + iw;
+                                    let wi = ((o * g.c_in + c) * g.kh + i) * g.kw + j;
+                                    s += x[xi] as f64 * w[wi] as f64;
+                                    dx[xi] += d * w[wi] as f64;
+                                    dw[wi] += d * x[xi] as f64;
+                                }
+                            }
+                        }
+                        out[at] = s;
+                    }
+                }
+            }
+        }
+        (out, dx, dw, db)
+    }
+
+    fn filled(len: usize, seed: u32) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                let v = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
+                (v % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Shapes with stride 1 and 2, padding 0–2, kernels wider than the
+    /// padding and blocks of one image and of several.
+    fn cases() -> Vec<ConvGeom> {
+        [
+            ([2, 1, 9, 7], [3, 1, 5, 5], 1, 0),
+            ([3, 2, 8, 8], [4, 2, 3, 3], 1, 1),
+            ([2, 3, 9, 10], [2, 3, 3, 3], 2, 1),
+            ([1, 2, 5, 6], [3, 2, 1, 1], 2, 0),
+            ([2, 2, 4, 4], [2, 2, 3, 3], 1, 2),
+            ([70, 3, 6, 6], [5, 3, 3, 3], 1, 1),
+            ([5, 8, 20, 20], [4, 8, 5, 5], 1, 0),
+        ]
+        .into_iter()
+        .map(|(x, w, s, p)| ConvGeom::new(x, w, s, p).unwrap())
+        .collect()
+    }
+
+    fn close(got: &[f32], want: &[f64], tol: f64, what: &str, g: &ConvGeom) {
+        assert_eq!(got.len(), want.len(), "{what} of {g:?}");
+        for (at, (a, e)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (*a as f64 - e).abs() <= tol * (1.0 + e.abs()),
+                "{what}[{at}] of {g:?}: {a} vs {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn forward_and_backward_match_the_definition() {
+        for g in cases() {
+            let x = filled(g.batch * g.c_in * g.h * g.w, 1);
+            let w = filled(g.c_out * g.k(), 2);
+            let b = filled(g.c_out, 3);
+            let dout = filled(g.out_len(), 4);
+            let (y, dx, dw, db) = direct(&g, &x, &w, &b, &dout);
+            close(&forward(&g, &x, &w, &b), &y, 1e-4, "y", &g);
+            let grads = backward(&g, &x, &w, &dout, true);
+            close(grads.x.as_ref().unwrap(), &dx, 1e-4, "dx", &g);
+            close(&grads.weight, &dw, 1e-4, "dw", &g);
+            close(&grads.bias, &db, 1e-4, "db", &g);
+            assert!(backward(&g, &x, &w, &dout, false).x.is_none());
+        }
+    }
+
+    #[test]
+    fn the_blocks_cover_the_batch_once() {
+        let g = ConvGeom::new([5, 8, 20, 20], [4, 8, 5, 5], 1, 0).unwrap();
+        let blocks: Vec<_> = g.blocks().collect();
+        assert_eq!(blocks, [0..2, 2..4, 4..5]);
+    }
+
+    #[test]
+    fn shapes_that_do_not_fit_have_no_geometry() {
+        assert_eq!(ConvGeom::new([1, 2, 4, 4], [3, 1, 3, 3], 1, 0), None);
+        assert_eq!(ConvGeom::new([1, 1, 2, 2], [3, 1, 3, 3], 1, 0), None);
+        assert_eq!(ConvGeom::new([1, 1, 4, 4], [3, 1, 3, 3], 0, 0), None);
+        assert_eq!(ConvGeom::new([0, 1, 4, 4], [3, 1, 3, 3], 1, 0), None);
+        let g = ConvGeom::new([1, 1, 2, 2], [3, 1, 3, 3], 2, 1).unwrap();
+        assert_eq!((g.oh, g.ow), (1, 1));
+    }
+}

@@ -1,0 +1,364 @@
+//! fedweave's own CPU kernels for the operations that dominate a conv
+//! model's training step: 2-d convolution ([`conv`]: im2col into
+//! cache-sized blocks + one `gemm` per block, forward and backward) and 2×2
+//! max pooling ([`pool`]). burn-flex's versions build the column matrix
+//! element by element and pool through a general 3-d kernel; together they
+//! were half of a `cnn-bn` step.
+//!
+//! They enter burn as a backend extension ([`CpuKernels`]) implemented for
+//! `Flex` (evaluation) and `Autodiff<Flex>` (training, with hand-written
+//! backward steps). [`conv2d`] and [`max_pool2d`] are drop-in replacements
+//! for burn's functions: shapes the kernels do not cover (dilation, groups,
+//! other pool windows) and every other backend (CUDA, wgpu) take burn's own
+//! operation, so GPU runs are unchanged.
+
+mod conv;
+mod pool;
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
+use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
+use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn_flex::FlexTensor;
+use conv::ConvGeom;
+use pool::PoolGeom;
+use std::borrow::Cow;
+use std::sync::Arc;
+
+/// The operations fedweave computes itself on the CPU backend.
+#[backend_extension(Flex, Autodiff)]
+pub trait CpuKernels: Backend {
+    /// Convolution of `x` (`[b, c, h, w]`) by `weight` (`[o, c, kh, kw]`)
+    /// plus `bias` (`[o]`), with `stride` and zero `padding` on both axes.
+    fn conv2d_im2col(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        stride: usize,
+        padding: usize,
+    ) -> FloatTensor<Self>;
+
+    /// k×k max pooling with `stride` and `padding` on both axes (floor
+    /// mode).
+    fn max_pool2d_square(
+        x: FloatTensor<Self>,
+        k: usize,
+        stride: usize,
+        padding: usize,
+    ) -> FloatTensor<Self>;
+}
+
+/// burn's `conv2d`, through [`conv`] where it applies: the CPU backend,
+/// `f32`, no dilation, one group, equal stride and padding on both axes.
+pub(crate) fn conv2d(
+    x: Tensor<4>,
+    weight: Tensor<4>,
+    bias: Option<Tensor<1>>,
+    options: ConvOptions<2>,
+) -> Tensor<4> {
+    let [s, s2] = options.stride;
+    let p = options.padding[0].0;
+    let covered = on_cpu(&x)
+        && x.dtype() == DType::F32
+        && options.dilation == [1, 1]
+        && options.groups == 1
+        && s == s2
+        && options.padding == [(p, p); 2]
+        && ConvGeom::new(x.dims(), weight.dims(), s, p).is_some();
+    if !covered {
+        return burn::tensor::module::conv2d(x, weight, bias, options);
+    }
+    let bias = bias.unwrap_or_else(|| Tensor::zeros([weight.dims()[0]], &weight.device()));
+    Tensor::from_dispatch(<Dispatch as CpuKernels>::conv2d_im2col(
+        x.into_dispatch(),
+        weight.into_dispatch(),
+        bias.into_dispatch(),
+        s,
+        p,
+    ))
+}
+
+/// burn's `max_pool2d`, through [`pool`] where it applies: the CPU
+/// backend, `f32`, square windows, equal stride and padding on both axes,
+/// no dilation, floor mode.
+pub(crate) fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> {
+    let [b, c, h, w] = x.dims();
+    let ([k, k2], [s, s2]) = (options.kernel_size, options.stride);
+    let p = options.padding[0].0;
+    let covered = on_cpu(&x)
+        && x.dtype() == DType::F32
+        && k == k2
+        && s == s2
+        && options.padding == [(p, p); 2]
+        && options.dilation == [1, 1]
+        && !options.ceil_mode
+        && PoolGeom::new(b * c, h, w, k, s, p).is_some();
+    if !covered {
+        return burn::tensor::module::max_pool2d(x, options);
+    }
+    Tensor::from_dispatch(<Dispatch as CpuKernels>::max_pool2d_square(
+        x.into_dispatch(),
+        k,
+        s,
+        p,
+    ))
+}
+
+fn on_cpu(x: &Tensor<4>) -> bool {
+    x.device().inner() == Device::flex()
+}
+
+/// A Flex tensor's `f32` values in row-major order (borrowed when it is
+/// already contiguous).
+fn values(t: &FlexTensor) -> Cow<'_, [f32]> {
+    match t.as_slice::<f32>() {
+        Some(v) => Cow::Borrowed(v),
+        None => Cow::Owned(
+            t.to_contiguous()
+                .as_slice::<f32>()
+                .expect("a contiguous f32 tensor")
+                .to_vec(),
+        ),
+    }
+}
+
+fn dims<const D: usize>(t: &FlexTensor) -> [usize; D] {
+    t.layout().shape().dims::<D>()
+}
+
+fn flex<const D: usize>(v: Vec<f32>, shape: [usize; D]) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(v, shape))
+}
+
+fn geometry(x: &FlexTensor, weight: &FlexTensor, stride: usize, padding: usize) -> ConvGeom {
+    ConvGeom::new(dims(x), dims(weight), stride, padding)
+        .expect("conv2d() admits only shapes with a geometry")
+}
+
+impl CpuKernels for Flex {
+    fn conv2d_im2col(
+        x: FlexTensor,
+        weight: FlexTensor,
+        bias: FlexTensor,
+        stride: usize,
+        padding: usize,
+    ) -> FlexTensor {
+        let g = geometry(&x, &weight, stride, padding);
+        let out = conv::forward(&g, &values(&x), &values(&weight), &values(&bias));
+        flex(out, [g.batch, g.c_out, g.oh, g.ow])
+    }
+
+    fn max_pool2d_square(x: FlexTensor, k: usize, stride: usize, padding: usize) -> FlexTensor {
+        let g = pool_geometry(&x, k, stride, padding);
+        let (out, _) = pool::forward(&g, &values(&x));
+        pooled(&x, &g, out)
+    }
+}
+
+fn pool_geometry(x: &FlexTensor, k: usize, stride: usize, padding: usize) -> PoolGeom {
+    let [b, c, h, w] = dims(x);
+    PoolGeom::new(b * c, h, w, k, stride, padding)
+        .expect("max_pool2d() admits only shapes with a geometry")
+}
+
+/// The pooled output of `x` as a tensor.
+fn pooled(x: &FlexTensor, g: &PoolGeom, out: Vec<f32>) -> FlexTensor {
+    let [b, c, _, _] = dims(x);
+    flex(out, [b, c, g.oh, g.ow])
+}
+
+/// The backward step of [`CpuKernels::conv2d_im2col`]; its state is the
+/// forward's input and weight (shared buffers, not copies).
+#[derive(Debug)]
+struct ConvBackward;
+
+impl Backward<Flex, 3> for ConvBackward {
+    type State = (FlexTensor, FlexTensor, usize, usize);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_w, node_b] = ops.parents;
+        let dout = grads.consume::<Flex>(&ops.node);
+        let (x, weight, stride, padding) = ops.state;
+        let g = geometry(&x, &weight, stride, padding);
+        let d = conv::backward(
+            &g,
+            &values(&x),
+            &values(&weight),
+            &values(&dout),
+            node_x.is_some(),
+        );
+        if let (Some(node), Some(dx)) = (node_x, d.x) {
+            grads.register::<Flex>(node.id, flex(dx, [g.batch, g.c_in, g.h, g.w]));
+        }
+        if let Some(node) = node_w {
+            grads.register::<Flex>(node.id, flex(d.weight, [g.c_out, g.c_in, g.kh, g.kw]));
+        }
+        if let Some(node) = node_b {
+            grads.register::<Flex>(node.id, flex(d.bias, [g.c_out]));
+        }
+    }
+}
+
+/// The backward step of [`CpuKernels::max_pool2d_square`]: each window's
+/// winner and the geometry.
+#[derive(Debug)]
+struct PoolBackward;
+
+impl Backward<Flex, 1> for PoolBackward {
+    type State = (Arc<[u32]>, PoolGeom);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x] = ops.parents;
+        let dout = grads.consume::<Flex>(&ops.node);
+        let (arg, g) = ops.state;
+        if let Some(node) = node_x {
+            let dx = pool::backward(&g, &values(&dout), &arg);
+            let planes = dims::<4>(&dout);
+            grads.register::<Flex>(node.id, flex(dx, [planes[0], planes[1], g.h, g.w]));
+        }
+    }
+}
+
+impl<C: CheckpointStrategy> CpuKernels for Autodiff<Flex, C> {
+    fn conv2d_im2col(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        stride: usize,
+        padding: usize,
+    ) -> FloatTensor<Self> {
+        let prep = ConvBackward
+            .prepare::<C>([x.node(), weight.node(), bias.node()])
+            .compute_bound()
+            .stateful();
+        let (x, weight, bias) = (
+            x.into_primitive(),
+            weight.into_primitive(),
+            bias.into_primitive(),
+        );
+        match prep {
+            OpsKind::Tracked(prep) => {
+                let out = Flex::conv2d_im2col(x.clone(), weight.clone(), bias, stride, padding);
+                prep.finish((x, weight, stride, padding), out)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(Flex::conv2d_im2col(x, weight, bias, stride, padding))
+            }
+        }
+    }
+
+    fn max_pool2d_square(
+        x: FloatTensor<Self>,
+        k: usize,
+        stride: usize,
+        padding: usize,
+    ) -> FloatTensor<Self> {
+        let prep = PoolBackward
+            .prepare::<C>([x.node()])
+            .compute_bound()
+            .stateful();
+        let x = x.into_primitive();
+        match prep {
+            OpsKind::Tracked(prep) => {
+                let g = pool_geometry(&x, k, stride, padding);
+                let (out, arg) = pool::forward(&g, &values(&x));
+                prep.finish((arg.into(), g), pooled(&x, &g, out))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(Flex::max_pool2d_square(x, k, stride, padding)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+    use burn::tensor::activation::relu;
+
+    fn values_of<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().try_to_vec::<f32>().expect("f32")
+    }
+
+    fn close<const D: usize>(a: Tensor<D>, b: Tensor<D>, tol: f32) {
+        let (a, b) = (values_of(a), values_of(b));
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= tol * (1.0 + y.abs()), "{x} vs {y}");
+        }
+    }
+
+    /// The same loss, Σ pool(relu(conv(x)))², through fedweave's kernels and
+    /// burn's: equal outputs and gradients for the input, weight and bias.
+    /// Odd sizes; conv stride 1 and 2, padding 0 and 1; 2×2 pooling and
+    /// FedDWA's 3×3 of stride 2 with padding 1.
+    #[test]
+    fn conv_and_pool_agree_with_burn_forward_and_backward() {
+        let device = Device::flex().autodiff();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let x = Tensor::<4>::random([3, 2, 11, 9], normal, &device).require_grad();
+        let w = Tensor::<4>::random([4, 2, 3, 3], normal, &device).require_grad();
+        let b = Tensor::<1>::random([4], normal, &device).require_grad();
+        for (stride, pad, pool_options) in [
+            (2, 1, MaxPoolOptions::new([2, 2])),
+            (1, 0, MaxPoolOptions::new([2, 2])),
+            (
+                1,
+                1,
+                MaxPoolOptions::new([3, 3])
+                    .with_stride([2, 2])
+                    .with_padding([1, 1]),
+            ),
+        ] {
+            let options = ConvOptions::new([stride, stride], [pad, pad], [1, 1], 1);
+            let run = |ours: bool| {
+                let (x, w, b) = (x.clone(), w.clone(), b.clone());
+                let y = if ours {
+                    let z = conv2d(x.clone(), w.clone(), Some(b.clone()), options.clone());
+                    max_pool2d(relu(z), pool_options.clone())
+                } else {
+                    use burn::tensor::module::{conv2d, max_pool2d};
+                    let z = conv2d(x.clone(), w.clone(), Some(b.clone()), options.clone());
+                    max_pool2d(relu(z), pool_options.clone())
+                };
+                let grads = (y.clone() * y.clone()).sum().backward();
+                let grad = |t: &Tensor<4>| t.grad(&grads).expect("a gradient");
+                (
+                    y.inner(),
+                    grad(&x),
+                    grad(&w),
+                    b.grad(&grads).expect("a gradient"),
+                )
+            };
+            let (y1, dx1, dw1, db1) = run(true);
+            let (y2, dx2, dw2, db2) = run(false);
+            close(y1, y2, 1e-5);
+            close(dx1, dx2, 1e-4);
+            close(dw1, dw2, 1e-4);
+            close(db1, db2, 1e-4);
+        }
+    }
+
+    /// Shapes the kernels do not cover fall back to burn's operations.
+    #[test]
+    fn uncovered_shapes_take_burns_operations() {
+        let device = Device::flex();
+        let x = Tensor::<4>::random([2, 4, 7, 7], Distribution::Default, &device);
+        let w = Tensor::<4>::random([4, 2, 3, 3], Distribution::Default, &device);
+        let grouped = ConvOptions::new([1, 1], [1, 1], [1, 1], 2);
+        close(
+            conv2d(x.clone(), w.clone(), None, grouped.clone()),
+            burn::tensor::module::conv2d(x.clone(), w, None, grouped),
+            0.0,
+        );
+        let ceil = MaxPoolOptions::new([2, 2]).with_ceil_mode(true);
+        close(
+            max_pool2d(x.clone(), ceil.clone()),
+            burn::tensor::module::max_pool2d(x, ceil),
+            0.0,
+        );
+    }
+}
