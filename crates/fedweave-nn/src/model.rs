@@ -6,6 +6,7 @@ use crate::NnError;
 pub use crate::arch::ModelKind;
 use crate::arch::sequential::SequentialConfig;
 use crate::arch::{Draw, LayerDesc, Net};
+use crate::kernels;
 use crate::resident::BatchStats;
 use burn::tensor::{Device, Tensor, TensorData};
 use fedweave_core::{ParamLayout, RngStream};
@@ -403,6 +404,16 @@ impl Norm<'_> {
     ) -> Tensor<4> {
         let device = y.device();
         let [_, _, h, w] = y.dims();
+        // The CPU backend's fused kernel; other backends compose burn's ops.
+        if let Norm::Batch(record, _) = self
+            && kernels::fused_batch_norm(&y)
+        {
+            let (out, mean, var) = kernels::batch_norm_train(y, gamma.t1(), beta.t1(), BN_EPS);
+            debug_assert_eq!(record.len(), which, "batch norms run in order");
+            let (mean, var) = (mean.reshape([1, c, 1, 1]), var.reshape([1, c, 1, 1]));
+            record.push(BatchStats::of(&mean, &var, h * w));
+            return out;
+        }
         let (mean, var): (Tensor<4>, Tensor<4>) = match self {
             Norm::Running(buffers) => {
                 let stat = |range: std::ops::Range<usize>| {

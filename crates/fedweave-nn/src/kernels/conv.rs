@@ -10,6 +10,8 @@
 //! Every block has the same size whatever the thread count, and each `gemm`
 //! runs on the calling thread, so results are a function of the shapes only.
 
+use super::sum_f64;
+
 /// Floats of one block's column matrix: with its `gemm` operands this stays
 /// within a 1 MiB L2 cache.
 const BLOCK_FLOATS: usize = 128 * 1024;
@@ -96,31 +98,34 @@ impl ConvGeom {
         lo.min(hi)..hi
     }
 
-    /// Visits every (column-matrix run, input run) pair of `images`: `f(col,
-    /// x, len, x_step)` pairs `len` column entries starting at `col` (unit
-    /// stride) with inputs starting at `x`, `x_step` apart. Entries of the
-    /// column matrix no call covers are padding (zero).
-    fn runs(&self, images: std::ops::Range<usize>, mut f: impl FnMut(usize, usize, usize, usize)) {
+    /// Visits the column matrix of `images` one output row at a time:
+    /// `f(at, inside, x)` for the `ow` entries from `at`, of which those in
+    /// `inside` read the input from index `x` on, `stride` apart; `x` is
+    /// `None` when the whole row reads padding. The others are padding.
+    fn runs(
+        &self,
+        images: std::ops::Range<usize>,
+        mut f: impl FnMut(usize, std::ops::Range<usize>, Option<usize>),
+    ) {
         let (n_cols, ohw) = (images.len() * self.ohw(), self.ohw());
         let (s, p) = (self.stride, self.pad);
         for c in 0..self.c_in {
             for i in 0..self.kh {
                 for j in 0..self.kw {
                     let row = ((c * self.kh + i) * self.kw + j) * n_cols;
-                    let cols = self.inside(j);
-                    if cols.is_empty() {
-                        continue;
-                    }
+                    let inside = self.inside(j);
                     for (bi, b) in images.clone().enumerate() {
                         let plane = (b * self.c_in + c) * self.h * self.w;
                         for oh in 0..self.oh {
-                            let ih = oh * s + i;
-                            if ih < p || ih - p >= self.h {
-                                continue;
+                            let at = row + bi * ohw + oh * self.ow;
+                            let ih = (oh * s + i).checked_sub(p).filter(|&ih| ih < self.h);
+                            match ih {
+                                Some(ih) if !inside.is_empty() => {
+                                    let x = plane + ih * self.w + inside.start * s + j - p;
+                                    f(at, inside.clone(), Some(x));
+                                }
+                                _ => f(at, 0..0, None),
                             }
-                            let col = row + bi * ohw + oh * self.ow + cols.start;
-                            let x = plane + (ih - p) * self.w + cols.start * s + j - p;
-                            f(col, x, cols.len(), s);
                         }
                     }
                 }
@@ -130,14 +135,21 @@ impl ConvGeom {
 
     /// The column matrix of `images` (K × images·oh·ow) into `cols`.
     fn im2col(&self, x: &[f32], images: std::ops::Range<usize>, cols: &mut Vec<f32>) {
-        cols.clear();
+        let (ow, stride) = (self.ow, self.stride);
         cols.resize(self.k() * images.len() * self.ohw(), 0.0);
-        self.runs(images, |col, at, len, step| {
-            let dst = &mut cols[col..col + len];
-            if step == 1 {
-                dst.copy_from_slice(&x[at..at + len]);
+        self.runs(images, |at, inside, from| {
+            let dst = &mut cols[at..at + ow];
+            let Some(from) = from else {
+                dst.fill(0.0);
+                return;
+            };
+            dst[..inside.start].fill(0.0);
+            dst[inside.end..].fill(0.0);
+            let dst = &mut dst[inside.clone()];
+            if stride == 1 {
+                copy_run(dst, &x[from..from + inside.len()]);
             } else {
-                for (d, v) in dst.iter_mut().zip(x[at..].iter().step_by(step)) {
+                for (d, v) in dst.iter_mut().zip(x[from..].iter().step_by(stride)) {
                     *d = *v;
                 }
             }
@@ -146,18 +158,36 @@ impl ConvGeom {
 
     /// Adds the column matrix `cols` of `images` back into `dx`.
     fn col2im(&self, cols: &[f32], images: std::ops::Range<usize>, dx: &mut [f32]) {
-        self.runs(images, |col, at, len, step| {
-            let src = &cols[col..col + len];
-            if step == 1 {
-                for (d, v) in dx[at..at + len].iter_mut().zip(src) {
+        let stride = self.stride;
+        self.runs(images, |at, inside, from| {
+            let Some(from) = from else { return };
+            let src = &cols[at + inside.start..at + inside.end];
+            if stride == 1 {
+                for (d, v) in dx[from..from + src.len()].iter_mut().zip(src) {
                     *d += v;
                 }
             } else {
-                for (d, v) in dx[at..].iter_mut().step_by(step).zip(src) {
+                for (d, v) in dx[from..].iter_mut().step_by(stride).zip(src) {
                     *d += v;
                 }
             }
         });
+    }
+}
+
+/// `dst = src` for the short runs of im2col (an output row): whole vectors
+/// of 8 inline, where `copy_from_slice` would call `memcpy` per run.
+#[inline]
+fn copy_run(dst: &mut [f32], src: &[f32]) {
+    let mut d = dst.chunks_exact_mut(8);
+    let mut s = src.chunks_exact(8);
+    for (d8, s8) in (&mut d).zip(&mut s) {
+        let s8: &[f32; 8] = s8.try_into().expect("a chunk of 8");
+        let d8: &mut [f32; 8] = d8.try_into().expect("a chunk of 8");
+        *d8 = *s8;
+    }
+    for (a, b) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *a = *b;
     }
 }
 
@@ -280,7 +310,7 @@ pub(crate) fn backward(
             &gathered
         };
         for (o, d) in db.iter_mut().enumerate() {
-            *d += dmat[o * n..(o + 1) * n].iter().sum::<f32>();
+            *d += sum_f64(&dmat[o * n..(o + 1) * n], |v| v) as f32;
         }
         // dW += dout · colsᵀ.
         g.im2col(x, images.clone(), &mut cols);

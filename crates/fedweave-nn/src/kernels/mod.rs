@@ -12,15 +12,17 @@
 //! other pool windows) and every other backend (CUDA, wgpu) take burn's own
 //! operation, so GPU runs are unchanged.
 
+mod batch_norm;
 mod conv;
 mod pool;
 
+use batch_norm::BnGeom;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend, Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use burn_flex::FlexTensor;
@@ -50,6 +52,16 @@ pub trait CpuKernels: Backend {
         stride: usize,
         padding: usize,
     ) -> FloatTensor<Self>;
+
+    /// Training-mode batch norm of `y` (`[b, c, h, w]`) with scale `gamma`
+    /// and shift `beta` (`[c]`): the output, and the batch's mean and
+    /// biased variance (`[c]`, outside the autodiff graph).
+    fn batch_norm_train(
+        y: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
 /// burn's `conv2d`, through [`conv`] where it applies: the CPU backend,
@@ -108,6 +120,48 @@ pub(crate) fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> 
     ))
 }
 
+/// Whether [`batch_norm_train`] takes `y`: the CPU backend, `f32`.
+pub(crate) fn fused_batch_norm(y: &Tensor<4>) -> bool {
+    on_cpu(y) && y.dtype() == DType::F32
+}
+
+/// Training-mode batch norm through [`batch_norm`] (where
+/// [`fused_batch_norm`] says): the output and the batch's mean and variance
+/// (`[c]`, detached).
+pub(crate) fn batch_norm_train(
+    y: Tensor<4>,
+    gamma: Tensor<1>,
+    beta: Tensor<1>,
+    eps: f32,
+) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
+    let (out, mean, var) = <Dispatch as CpuKernels>::batch_norm_train(
+        y.into_dispatch(),
+        gamma.into_dispatch(),
+        beta.into_dispatch(),
+        eps,
+    );
+    (
+        Tensor::from_dispatch(out),
+        Tensor::from_dispatch(mean),
+        Tensor::from_dispatch(var),
+    )
+}
+
+/// Σ f(v) in `f64` over 8 independent lanes (a single running sum is one
+/// long chain of dependent adds, several times slower).
+#[inline]
+pub(crate) fn sum_f64(v: &[f32], f: impl Fn(f32) -> f32) -> f64 {
+    let mut lanes = [0.0f64; 8];
+    let chunks = v.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().map(|&x| f(x) as f64).sum();
+    for chunk in chunks {
+        for (l, &x) in lanes.iter_mut().zip(chunk) {
+            *l += f(x) as f64;
+        }
+    }
+    lanes.iter().sum::<f64>() + tail
+}
+
 fn on_cpu(x: &Tensor<4>) -> bool {
     x.device().inner() == Device::flex()
 }
@@ -157,6 +211,41 @@ impl CpuKernels for Flex {
         let (out, _) = pool::forward(&g, &values(&x));
         pooled(&x, &g, out)
     }
+
+    fn batch_norm_train(
+        y: FlexTensor,
+        gamma: FlexTensor,
+        beta: FlexTensor,
+        eps: f32,
+    ) -> (FlexTensor, FlexTensor, FlexTensor) {
+        let (f, _) = bn_forward(&y, &gamma, &beta, eps);
+        let c = f.mean.len();
+        (
+            flex(f.out, dims::<4>(&y)),
+            flex(f.mean, [c]),
+            flex(f.var, [c]),
+        )
+    }
+}
+
+fn bn_geometry(y: &FlexTensor) -> BnGeom {
+    let [batch, channels, h, w] = dims(y);
+    BnGeom {
+        batch,
+        channels,
+        hw: h * w,
+    }
+}
+
+fn bn_forward(
+    y: &FlexTensor,
+    gamma: &FlexTensor,
+    beta: &FlexTensor,
+    eps: f32,
+) -> (batch_norm::BnForward, BnGeom) {
+    let g = bn_geometry(y);
+    let f = batch_norm::forward(&g, &values(y), &values(gamma), &values(beta), eps);
+    (f, g)
 }
 
 fn pool_geometry(x: &FlexTensor, k: usize, stride: usize, padding: usize) -> PoolGeom {
@@ -223,6 +312,39 @@ impl Backward<Flex, 1> for PoolBackward {
     }
 }
 
+/// The backward step of [`CpuKernels::batch_norm_train`]: the input, the
+/// batch statistics and the scale.
+#[derive(Debug)]
+struct BnBackward;
+
+impl Backward<Flex, 3> for BnBackward {
+    type State = (FlexTensor, Arc<[f32]>, Arc<[f32]>, FlexTensor);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_y, node_gamma, node_beta] = ops.parents;
+        let dout = grads.consume::<Flex>(&ops.node);
+        let (y, mean, inv_std, gamma) = ops.state;
+        let g = bn_geometry(&y);
+        let d = batch_norm::backward(
+            &g,
+            &values(&y),
+            &mean,
+            &inv_std,
+            &values(&gamma),
+            &values(&dout),
+        );
+        if let Some(node) = node_y {
+            grads.register::<Flex>(node.id, flex(d.y, dims::<4>(&y)));
+        }
+        if let Some(node) = node_gamma {
+            grads.register::<Flex>(node.id, flex(d.gamma, [g.channels]));
+        }
+        if let Some(node) = node_beta {
+            grads.register::<Flex>(node.id, flex(d.beta, [g.channels]));
+        }
+    }
+}
+
 impl<C: CheckpointStrategy> CpuKernels for Autodiff<Flex, C> {
     fn conv2d_im2col(
         x: FloatTensor<Self>,
@@ -270,6 +392,33 @@ impl<C: CheckpointStrategy> CpuKernels for Autodiff<Flex, C> {
             }
             OpsKind::UnTracked(prep) => prep.finish(Flex::max_pool2d_square(x, k, stride, padding)),
         }
+    }
+
+    fn batch_norm_train(
+        y: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let prep = BnBackward
+            .prepare::<C>([y.node(), gamma.node(), beta.node()])
+            .compute_bound()
+            .stateful();
+        let (y, gamma, beta) = (
+            y.into_primitive(),
+            gamma.into_primitive(),
+            beta.into_primitive(),
+        );
+        let (f, g) = bn_forward(&y, &gamma, &beta, eps);
+        let stats = |v: Vec<f32>| Self::from_inner(flex(v, [g.channels]));
+        let out = flex(f.out, dims::<4>(&y));
+        let out = match prep {
+            OpsKind::Tracked(prep) => {
+                prep.finish((y, f.mean.as_slice().into(), f.inv_std.into(), gamma), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        };
+        (out, stats(f.mean), stats(f.var))
     }
 }
 
@@ -340,6 +489,42 @@ mod tests {
             close(dw1, dw2, 1e-4);
             close(db1, db2, 1e-4);
         }
+    }
+
+    /// Batch norm through the fused kernel and through burn's composition
+    /// (the one other backends run): equal outputs, statistics and
+    /// gradients.
+    #[test]
+    fn fused_batch_norm_agrees_with_burns_composition() {
+        let device = Device::flex().autodiff();
+        let normal = Distribution::Normal(0.5, 2.0);
+        let y = Tensor::<4>::random([4, 3, 5, 6], normal, &device).require_grad();
+        let gamma = Tensor::<1>::random([3], normal, &device).require_grad();
+        let beta = Tensor::<1>::random([3], normal, &device).require_grad();
+        let w = Tensor::<4>::random([4, 3, 5, 6], normal, &device);
+        assert!(fused_batch_norm(&y));
+        let (out, mean, var) = batch_norm_train(y.clone(), gamma.clone(), beta.clone(), 1e-5);
+        let g1 = (out.clone() * w.clone()).sum().backward();
+        let m = y.clone().mean_dims(&[0, 2, 3]);
+        let v = (y.clone() - m.clone()).square().mean_dims(&[0, 2, 3]);
+        let scale = gamma.clone().reshape([1, 3, 1, 1]);
+        let shift = beta.clone().reshape([1, 3, 1, 1]);
+        let reference = (y.clone() - m.clone()) / (v.clone() + 1e-5).sqrt() * scale + shift;
+        let g2 = (reference.clone() * w).sum().backward();
+        close(out.inner(), reference.inner(), 1e-5);
+        close(mean, m.inner().reshape([3]), 1e-5);
+        close(var, v.inner().reshape([3]), 1e-5);
+        close(y.grad(&g1).expect("dy"), y.grad(&g2).expect("dy"), 1e-4);
+        close(
+            gamma.grad(&g1).expect("dγ"),
+            gamma.grad(&g2).expect("dγ"),
+            1e-4,
+        );
+        close(
+            beta.grad(&g1).expect("dβ"),
+            beta.grad(&g2).expect("dβ"),
+            1e-4,
+        );
     }
 
     /// Shapes the kernels do not cover fall back to burn's operations.

@@ -1,0 +1,213 @@
+//! Training-mode batch norm on `f32` slices, forward and backward, each in
+//! two passes over the activations (burn's composition of mean, centring,
+//! square, mean, add, sqrt, divide, scale and shift, and the autodiff steps
+//! of each, took about twenty). Sums are accumulated in `f64`.
+//!
+//! Layout `[batch, channels, hw]`; statistics per channel over batch·hw
+//! values, the variance biased (PyTorch's normalisation).
+
+use super::sum_f64;
+
+/// The shape of one batch norm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BnGeom {
+    pub batch: usize,
+    pub channels: usize,
+    pub hw: usize,
+}
+
+impl BnGeom {
+    /// The `hw`-long runs of channel `c`, one per image.
+    fn runs(&self, c: usize) -> impl Iterator<Item = std::ops::Range<usize>> + use<> {
+        let (channels, hw) = (self.channels, self.hw);
+        (0..self.batch).map(move |b| (b * channels + c) * hw..(b * channels + c + 1) * hw)
+    }
+
+    fn count(&self) -> f64 {
+        (self.batch * self.hw) as f64
+    }
+}
+
+/// The forward pass's results.
+#[derive(Debug)]
+pub(crate) struct BnForward {
+    /// γ·(y − mean)/√(var + ε) + β, shaped like `y`.
+    pub out: Vec<f32>,
+    /// Per-channel batch mean.
+    pub mean: Vec<f32>,
+    /// Per-channel biased batch variance.
+    pub var: Vec<f32>,
+    /// Per-channel 1/√(var + ε), for the backward pass.
+    pub inv_std: Vec<f32>,
+}
+
+/// Normalises `y` by its own per-channel statistics.
+pub(crate) fn forward(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f32) -> BnForward {
+    let mut out = vec![0.0f32; y.len()];
+    let (mut mean, mut var, mut inv_std) = (Vec::new(), Vec::new(), Vec::new());
+    for c in 0..g.channels {
+        let sum: f64 = g.runs(c).map(|r| sum_f64(&y[r], |v| v)).sum();
+        let m = (sum / g.count()) as f32;
+        let sq: f64 = g
+            .runs(c)
+            .map(|r| sum_f64(&y[r], |v| (v - m) * (v - m)))
+            .sum();
+        let v = (sq / g.count()) as f32;
+        let s = 1.0 / (v + eps).sqrt();
+        let (scale, shift) = (gamma[c] * s, beta[c]);
+        for r in g.runs(c) {
+            for (o, &x) in out[r.clone()].iter_mut().zip(&y[r]) {
+                *o = (x - m) * scale + shift;
+            }
+        }
+        mean.push(m);
+        var.push(v);
+        inv_std.push(s);
+    }
+    BnForward {
+        out,
+        mean,
+        var,
+        inv_std,
+    }
+}
+
+/// Σ a and Σ a·f(b) in `f64` over 8 lanes each.
+#[inline]
+fn sums_f64(a: &[f32], b: &[f32], f: impl Fn(f32) -> f32) -> (f64, f64) {
+    let (mut sa, mut sab) = ([0.0f64; 8], [0.0f64; 8]);
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let mut tail = (0.0, 0.0);
+    for (&x, &y) in ca.remainder().iter().zip(cb.remainder()) {
+        tail.0 += x as f64;
+        tail.1 += (x * f(y)) as f64;
+    }
+    for (xa, xb) in ca.zip(cb) {
+        for i in 0..8 {
+            sa[i] += xa[i] as f64;
+            sab[i] += (xa[i] * f(xb[i])) as f64;
+        }
+    }
+    (
+        sa.iter().sum::<f64>() + tail.0,
+        sab.iter().sum::<f64>() + tail.1,
+    )
+}
+
+/// Gradients of one batch norm.
+#[derive(Debug)]
+pub(crate) struct BnGrads {
+    pub y: Vec<f32>,
+    pub gamma: Vec<f32>,
+    pub beta: Vec<f32>,
+}
+
+/// The backward pass from the output gradient `dout`: with x̂ = (y −
+/// mean)·s, dβ = Σ dout, dγ = Σ dout·x̂ and dy = γ·s·(dout − dβ/M −
+/// x̂·dγ/M) over the M values of each channel.
+pub(crate) fn backward(
+    g: &BnGeom,
+    y: &[f32],
+    mean: &[f32],
+    inv_std: &[f32],
+    gamma: &[f32],
+    dout: &[f32],
+) -> BnGrads {
+    let mut dy = vec![0.0f32; y.len()];
+    let (mut dgamma, mut dbeta) = (Vec::new(), Vec::new());
+    for c in 0..g.channels {
+        let (m, s) = (mean[c], inv_std[c]);
+        let (mut sum_d, mut sum_dx) = (0.0f64, 0.0f64);
+        for r in g.runs(c) {
+            let (d, dx) = sums_f64(&dout[r.clone()], &y[r], |x| (x - m) * s);
+            sum_d += d;
+            sum_dx += dx;
+        }
+        let (db, dg) = (sum_d as f32, sum_dx as f32);
+        let (mean_d, mean_dx) = ((sum_d / g.count()) as f32, (sum_dx / g.count()) as f32);
+        let k = gamma[c] * s;
+        for r in g.runs(c) {
+            let (out, d, x) = (&mut dy[r.clone()], &dout[r.clone()], &y[r]);
+            for ((o, &d), &x) in out.iter_mut().zip(d).zip(x) {
+                *o = k * (d - mean_d - (x - m) * s * mean_dx);
+            }
+        }
+        dgamma.push(dg);
+        dbeta.push(db);
+    }
+    BnGrads {
+        y: dy,
+        gamma: dgamma,
+        beta: dbeta,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loss L = Σ w ⊙ bn(y) in f64 by the definition.
+    fn loss(g: &BnGeom, y: &[f64], gamma: &[f64], beta: &[f64], w: &[f64]) -> f64 {
+        let mut total = 0.0;
+        for c in 0..g.channels {
+            let vals: Vec<(usize, f64)> = g.runs(c).flatten().map(|i| (i, y[i])).collect();
+            let m = vals.iter().map(|v| v.1).sum::<f64>() / g.count();
+            let var = vals.iter().map(|v| (v.1 - m).powi(2)).sum::<f64>() / g.count();
+            for (i, v) in vals {
+                total += w[i] * (gamma[c] * (v - m) / (var + 1e-5).sqrt() + beta[c]);
+            }
+        }
+        total
+    }
+
+    #[test]
+    fn forward_and_backward_match_the_definition() {
+        let g = BnGeom {
+            batch: 3,
+            channels: 2,
+            hw: 5,
+        };
+        let n = g.batch * g.channels * g.hw;
+        let y: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        let w: Vec<f32> = (0..n).map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0).collect();
+        let (gamma, beta) = ([1.5f32, -0.5], [0.25f32, 2.0]);
+        let f = forward(&g, &y, &gamma, &beta, 1e-5);
+        // Each channel of the output has mean β and variance γ²·var/(var+ε).
+        for c in 0..2 {
+            let vals: Vec<f32> = g.runs(c).flat_map(|r| f.out[r].to_vec()).collect();
+            let mean = vals.iter().sum::<f32>() / 15.0;
+            assert!((mean - beta[c]).abs() < 1e-5);
+            let var = vals.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / 15.0;
+            let want = gamma[c].powi(2) * f.var[c] / (f.var[c] + 1e-5);
+            assert!((var - want).abs() < 1e-4, "{var} vs {want}");
+        }
+        let grads = backward(&g, &y, &f.mean, &f.inv_std, &gamma, &w);
+        // Central differences of the f64 definition.
+        let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+        let (y64, g64, b64, w64) = (to64(&y), to64(&gamma), to64(&beta), to64(&w));
+        let h = 1e-6;
+        // Which input a difference moves: 0 = y, 1 = γ, 2 = β.
+        let diff = |which: usize, i: usize| {
+            let at = |step: f64| {
+                let mut v = [y64.clone(), g64.clone(), b64.clone()];
+                v[which][i] += step;
+                loss(&g, &v[0], &v[1], &v[2], &w64)
+            };
+            (at(h) - at(-h)) / (2.0 * h)
+        };
+        for i in 0..n {
+            let want = diff(0, i);
+            assert!(
+                (grads.y[i] as f64 - want).abs() < 1e-3,
+                "dy[{i}]: {} vs {want}",
+                grads.y[i]
+            );
+        }
+        for c in 0..2 {
+            assert!((grads.gamma[c] as f64 - diff(1, c)).abs() < 1e-3, "dγ[{c}]");
+            assert!((grads.beta[c] as f64 - diff(2, c)).abs() < 1e-3, "dβ[{c}]");
+        }
+    }
+}
