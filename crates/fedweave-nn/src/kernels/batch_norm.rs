@@ -83,6 +83,8 @@ fn sums_f64(a: &[f32], b: &[f32], f: impl Fn(f32) -> f32) -> (f64, f64) {
         tail.1 += (x * f(y)) as f64;
     }
     for (xa, xb) in ca.zip(cb) {
+        let xa: &[f32; 8] = xa.try_into().expect("a chunk of 8");
+        let xb: &[f32; 8] = xb.try_into().expect("a chunk of 8");
         for i in 0..8 {
             sa[i] += xa[i] as f64;
             sab[i] += (xa[i] * f(xb[i])) as f64;

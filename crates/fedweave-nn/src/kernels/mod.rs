@@ -155,6 +155,7 @@ pub(crate) fn sum_f64(v: &[f32], f: impl Fn(f32) -> f32) -> f64 {
     let chunks = v.chunks_exact(8);
     let tail: f64 = chunks.remainder().iter().map(|&x| f(x) as f64).sum();
     for chunk in chunks {
+        let chunk: &[f32; 8] = chunk.try_into().expect("a chunk of 8");
         for (l, &x) in lanes.iter_mut().zip(chunk) {
             *l += f(x) as f64;
         }
