@@ -133,10 +133,74 @@ impl ConvGeom {
         }
     }
 
+    /// Stride 1 with "same" padding: the output plane has the input's
+    /// shape, so each column-matrix row of an image is the input plane
+    /// shifted, copied in one run.
+    fn same_shape(&self) -> bool {
+        self.stride == 1 && (self.oh, self.ow) == (self.h, self.w)
+    }
+
     /// The column matrix of `images` (K × images·oh·ow) into `cols`.
     fn im2col(&self, x: &[f32], images: std::ops::Range<usize>, cols: &mut Vec<f32>) {
-        let (ow, stride) = (self.ow, self.stride);
         cols.resize(self.k() * images.len() * self.ohw(), 0.0);
+        if self.same_shape() {
+            self.im2col_shifted(x, images, cols);
+        } else {
+            self.im2col_rows(x, images, cols);
+        }
+    }
+
+    /// [`ConvGeom::im2col`] for [`ConvGeom::same_shape`]: row (c, i, j) of
+    /// image b is plane (b, c) moved by (i − p, j − p), zero where that
+    /// leaves the plane. One copy of the rows that stay inside, then the
+    /// entries the flat copy wrapped across a row edge are zeroed.
+    fn im2col_shifted(&self, x: &[f32], images: std::ops::Range<usize>, cols: &mut [f32]) {
+        let (h, w, p) = (self.h, self.w, self.pad as isize);
+        let hw = h * w;
+        let n_cols = images.len() * hw;
+        for c in 0..self.c_in {
+            for i in 0..self.kh {
+                let dr = i as isize - p;
+                // Output rows whose source row is inside the plane.
+                let (r_lo, r_hi) = (
+                    ((-dr).max(0) as usize).min(h),
+                    (h as isize - dr).min(h as isize),
+                );
+                let r_hi = r_hi.max(r_lo as isize) as usize;
+                for j in 0..self.kw {
+                    let dc = j as isize - p;
+                    let row = ((c * self.kh + i) * self.kw + j) * n_cols;
+                    // Output columns whose source column is outside.
+                    let edge = if dc < 0 {
+                        0..((-dc) as usize).min(w)
+                    } else {
+                        w.saturating_sub(dc as usize)..w
+                    };
+                    let off = dr * w as isize + dc;
+                    for (bi, b) in images.clone().enumerate() {
+                        let plane = &x[(b * self.c_in + c) * hw..][..hw];
+                        let dst = &mut cols[row + bi * hw..][..hw];
+                        dst[..r_lo * w].fill(0.0);
+                        dst[r_hi * w..].fill(0.0);
+                        // dst[q] = plane[q + off] where that index exists.
+                        let qa = (r_lo * w).max((-off).max(0) as usize);
+                        let qb = (r_hi * w).min((hw as isize - off).max(0) as usize);
+                        if qa < qb {
+                            let from = (qa as isize + off) as usize;
+                            dst[qa..qb].copy_from_slice(&plane[from..from + (qb - qa)]);
+                        }
+                        for r in r_lo..r_hi {
+                            dst[r * w + edge.start..r * w + edge.end].fill(0.0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`ConvGeom::im2col`] one output row at a time.
+    fn im2col_rows(&self, x: &[f32], images: std::ops::Range<usize>, cols: &mut [f32]) {
+        let (ow, stride) = (self.ow, self.stride);
         self.runs(images, |at, inside, from| {
             let dst = &mut cols[at..at + ow];
             let Some(from) = from else {
@@ -463,6 +527,29 @@ mod tests {
             close(&grads.weight, &dw, 1e-4, "dw", &g);
             close(&grads.bias, &db, 1e-4, "db", &g);
             assert!(backward(&g, &x, &w, &dout, false).x.is_none());
+        }
+    }
+
+    /// The one-copy im2col of "same" shapes equals the row-by-row one
+    /// (kernels 1, 3, 5 with their same padding, and a plane narrower than
+    /// the kernel's reach).
+    #[test]
+    fn shifted_im2col_equals_the_row_by_row_one() {
+        for (x, w, p) in [
+            ([2, 3, 6, 5], [2, 3, 3, 3], 1),
+            ([1, 2, 7, 9], [3, 2, 5, 5], 2),
+            ([2, 2, 4, 4], [1, 2, 1, 1], 0),
+            ([1, 1, 2, 3], [1, 1, 5, 5], 2),
+            ([1, 1, 1, 3], [1, 1, 5, 5], 2),
+        ] {
+            let g = ConvGeom::new(x, w, 1, p).unwrap();
+            assert!(g.same_shape(), "{g:?}");
+            let input = filled(x.iter().product(), 9);
+            let n = g.k() * g.batch * g.ohw();
+            let (mut a, mut b) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+            g.im2col_shifted(&input, 0..g.batch, &mut a);
+            g.im2col_rows(&input, 0..g.batch, &mut b);
+            assert_eq!(a, b, "{g:?}");
         }
     }
 

@@ -38,26 +38,64 @@ const FMNIST: &str = "seed = 2\nclients = 4\nrounds = 2\nthreads = 2\n[data]\nda
 /// stays far below what a change to an algorithm moves.
 const CROSS_CLASS_TOL: f64 = 4e-5;
 
+/// Relative tolerance between kernel classes of the `cnn-bn` cases (real
+/// Fashion-MNIST through convolutions, max pooling and batch norm): a
+/// max-pool or ReLU decision flipped by the last bit moves the trained
+/// models more than rounding does. Recorded with fedweave's own CPU kernels
+/// (session 18): FedDWA's first-round graph differs by 4.5e-4 between the
+/// AVX2 and AVX-512 classes; 2e-3 leaves a margin of four.
+const CROSS_CLASS_TOL_CNN: f64 = 2e-3;
+
+/// The relative cross-class tolerance of a golden case.
+fn cross_class_tol(case: &str) -> f64 {
+    if case.ends_with("-cnn-bn") {
+        CROSS_CLASS_TOL_CNN
+    } else {
+        CROSS_CLASS_TOL
+    }
+}
+
 /// Absolute part of the cross-class tolerance (see [`CROSS_CLASS_TOL`]).
 const CROSS_CLASS_ABS: f64 = 1e-6;
 
+/// Tolerance of accuracies between kernel classes, absolute. An accuracy
+/// counts predictions, so rounding-level drift moves it by whole samples
+/// or not at all: with fedweave's own CPU kernels (session 18) one test
+/// prediction of the AVX2 class flipped in round 2 of `apfl-cnn-bn` (mean
+/// accuracy 0.5447 → 0.5446, one sample in 10,000). 1e-3 is at most two
+/// predictions of a client of the `cnn-bn` fixture (2,500 test samples);
+/// losses and graphs keep [`CROSS_CLASS_TOL`].
+const CROSS_CLASS_ACC: f64 = 1e-3;
+
+/// Whether the JSON path names an accuracy (`…_acc`, or an entry of a
+/// `…_acc` list).
+fn is_accuracy(path: &str) -> bool {
+    let key = path.rsplit('.').next().unwrap_or(path);
+    let key = key.split('[').next().unwrap_or(key);
+    key.ends_with("_acc")
+}
+
 /// The first place where `got` departs from `want` beyond [`CROSS_CLASS_TOL`]
 /// (a JSON path and both values), or `None`.
-fn departure(want: &Value, got: &Value, path: &str) -> Option<String> {
+fn departure(want: &Value, got: &Value, path: &str, tol: f64) -> Option<String> {
     match (want, got) {
         (Value::Number(a), Value::Number(b)) if a.is_f64() || b.is_f64() => {
             let (a, b) = (a.as_f64()?, b.as_f64()?);
-            (!close(a, b, CROSS_CLASS_TOL, CROSS_CLASS_ABS))
-                .then(|| format!("{path}: want {a}, got {b}"))
+            let within = if is_accuracy(path) {
+                (a - b).abs() <= CROSS_CLASS_ACC
+            } else {
+                close(a, b, tol, CROSS_CLASS_ABS)
+            };
+            (!within).then(|| format!("{path}: want {a}, got {b}"))
         }
         (Value::Array(a), Value::Array(b)) if a.len() == b.len() => a
             .iter()
             .zip(b)
             .enumerate()
-            .find_map(|(i, (x, y))| departure(x, y, &format!("{path}[{i}]"))),
+            .find_map(|(i, (x, y))| departure(x, y, &format!("{path}[{i}]"), tol)),
         (Value::Object(a), Value::Object(b)) if a.len() == b.len() => {
             a.iter().find_map(|(k, x)| match b.get(k) {
-                Some(y) => departure(x, y, &format!("{path}.{k}")),
+                Some(y) => departure(x, y, &format!("{path}.{k}"), tol),
                 None => Some(format!("{path}.{k}: missing")),
             })
         }
@@ -400,8 +438,9 @@ fn every_algorithm_reproduces_its_golden_numbers() {
         } else {
             let parsed: Value = serde_json::from_str(&want.text).expect("golden files are JSON");
             let got: Value = serde_json::from_str(&got).unwrap();
-            if let Some(d) = departure(&parsed, &got, case) {
-                failures.push(format!("{d} (beyond {CROSS_CLASS_TOL:e})"));
+            let tol = cross_class_tol(case);
+            if let Some(d) = departure(&parsed, &got, case, tol) {
+                failures.push(format!("{d} (beyond {tol:e})"));
             }
         }
     }
@@ -433,8 +472,9 @@ fn the_cross_class_tolerance_covers_the_recorded_drift_and_no_more() {
         for file in std::fs::read_dir(class.unwrap().path()).unwrap() {
             let file = file.unwrap().path();
             let want = read(&dir.join(file.file_name().unwrap()));
+            let case = file.file_stem().unwrap().to_str().unwrap();
             assert_eq!(
-                departure(&want, &read(&file), "case"),
+                departure(&want, &read(&file), case, cross_class_tol(case)),
                 None,
                 "{}",
                 file.display()
@@ -444,9 +484,31 @@ fn the_cross_class_tolerance_covers_the_recorded_drift_and_no_more() {
     }
     assert!(compared >= 5, "{compared} class files");
     let want = read(&dir.join("pfedgraph.json"));
-    let mut nudged = want.clone();
-    let acc = &mut nudged["summary"]["mean_test_acc"];
-    *acc = serde_json::json!(acc.as_f64().unwrap() * (1.0 + 5.0 * CROSS_CLASS_TOL));
-    let d = departure(&want, &nudged, "pfedgraph").expect("a nudge is caught");
-    assert!(d.contains("mean_test_acc"), "{d}");
+    let nudge = |pointer: &str, by: &dyn Fn(f64) -> f64| {
+        let mut nudged = want.clone();
+        let v = nudged.pointer_mut(pointer).expect("a number there");
+        *v = serde_json::json!(by(v.as_f64().unwrap()));
+        departure(&want, &nudged, "pfedgraph", cross_class_tol("pfedgraph"))
+    };
+    let d = nudge("/rounds/3/mean_train_loss", &|v| {
+        v * (1.0 + 5.0 * CROSS_CLASS_TOL)
+    });
+    assert!(
+        d.expect("a nudged loss is caught")
+            .contains("mean_train_loss")
+    );
+    let d = nudge("/summary/mean_test_acc", &|v| v + 2.0 * CROSS_CLASS_ACC);
+    assert!(
+        d.expect("a nudged accuracy is caught")
+            .contains("mean_test_acc")
+    );
+    assert_eq!(
+        nudge("/summary/mean_test_acc", &|v| v + 1e-4),
+        None,
+        "one prediction"
+    );
+    assert_eq!(cross_class_tol("feddwa-cnn-bn"), CROSS_CLASS_TOL_CNN);
+    assert!(is_accuracy("case.rounds[1].mean_test_acc"));
+    assert!(is_accuracy("case.summary.per_client_test_acc[3]"));
+    assert!(!is_accuracy("case.summary.mean_train_loss"));
 }
