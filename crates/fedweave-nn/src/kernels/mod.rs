@@ -346,6 +346,21 @@ impl Backward<Flex, 3> for BnBackward {
     }
 }
 
+/// Registers the operation `op` over `inputs` with the autodiff graph
+/// (tracked when any input needs a gradient) and hands back their
+/// primitives.
+#[allow(clippy::type_complexity)]
+fn track<O: Backward<Flex, N>, C: CheckpointStrategy, const N: usize>(
+    op: O,
+    inputs: [FloatTensor<Autodiff<Flex, C>>; N],
+) -> (OpsKind<O, Flex, O::State, C, N>, [FlexTensor; N]) {
+    let prep = op
+        .prepare::<C>(inputs.each_ref().map(|t| t.node()))
+        .compute_bound()
+        .stateful();
+    (prep, inputs.map(|t| t.into_primitive()))
+}
+
 impl<C: CheckpointStrategy> CpuKernels for Autodiff<Flex, C> {
     fn conv2d_im2col(
         x: FloatTensor<Self>,
@@ -354,15 +369,7 @@ impl<C: CheckpointStrategy> CpuKernels for Autodiff<Flex, C> {
         stride: usize,
         padding: usize,
     ) -> FloatTensor<Self> {
-        let prep = ConvBackward
-            .prepare::<C>([x.node(), weight.node(), bias.node()])
-            .compute_bound()
-            .stateful();
-        let (x, weight, bias) = (
-            x.into_primitive(),
-            weight.into_primitive(),
-            bias.into_primitive(),
-        );
+        let (prep, [x, weight, bias]) = track::<_, C, 3>(ConvBackward, [x, weight, bias]);
         match prep {
             OpsKind::Tracked(prep) => {
                 let out = Flex::conv2d_im2col(x.clone(), weight.clone(), bias, stride, padding);
@@ -380,11 +387,7 @@ impl<C: CheckpointStrategy> CpuKernels for Autodiff<Flex, C> {
         stride: usize,
         padding: usize,
     ) -> FloatTensor<Self> {
-        let prep = PoolBackward
-            .prepare::<C>([x.node()])
-            .compute_bound()
-            .stateful();
-        let x = x.into_primitive();
+        let (prep, [x]) = track::<_, C, 1>(PoolBackward, [x]);
         match prep {
             OpsKind::Tracked(prep) => {
                 let g = pool_geometry(&x, k, stride, padding);
@@ -401,15 +404,7 @@ impl<C: CheckpointStrategy> CpuKernels for Autodiff<Flex, C> {
         beta: FloatTensor<Self>,
         eps: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let prep = BnBackward
-            .prepare::<C>([y.node(), gamma.node(), beta.node()])
-            .compute_bound()
-            .stateful();
-        let (y, gamma, beta) = (
-            y.into_primitive(),
-            gamma.into_primitive(),
-            beta.into_primitive(),
-        );
+        let (prep, [y, gamma, beta]) = track::<_, C, 3>(BnBackward, [y, gamma, beta]);
         let (f, g) = bn_forward(&y, &gamma, &beta, eps);
         let stats = |v: Vec<f32>| Self::from_inner(flex(v, [g.channels]));
         let out = flex(f.out, dims::<4>(&y));
