@@ -406,7 +406,7 @@ impl Norm<'_> {
         let [_, _, h, w] = y.dims();
         // The CPU backend's fused kernel; other backends compose burn's ops.
         if let Norm::Batch(record, _) = self
-            && kernels::fused_batch_norm(&y)
+            && kernels::on_cpu_f32(&y)
         {
             let (out, mean, var) = kernels::batch_norm_train(y, gamma.t1(), beta.t1(), BN_EPS);
             debug_assert_eq!(record.len(), which, "batch norms run in order");

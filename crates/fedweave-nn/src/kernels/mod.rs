@@ -1,16 +1,18 @@
 //! fedweave's own CPU kernels for the operations that dominate a conv
 //! model's training step: 2-d convolution ([`conv`]: im2col into
-//! cache-sized blocks + one `gemm` per block, forward and backward) and 2×2
-//! max pooling ([`pool`]). burn-flex's versions build the column matrix
-//! element by element and pool through a general 3-d kernel; together they
-//! were half of a `cnn-bn` step.
+//! cache-sized blocks + one `gemm` per block, forward and backward), max
+//! pooling ([`pool`]) and training-mode batch norm ([`batch_norm`]).
+//! burn-flex builds the column matrix element by element, pools through a
+//! general 3-d kernel, and batch norm is a composition of about twenty
+//! element-wise passes; together they were most of a `cnn-bn` step.
 //!
 //! They enter burn as a backend extension ([`CpuKernels`]) implemented for
 //! `Flex` (evaluation) and `Autodiff<Flex>` (training, with hand-written
 //! backward steps). [`conv2d`] and [`max_pool2d`] are drop-in replacements
-//! for burn's functions: shapes the kernels do not cover (dilation, groups,
-//! other pool windows) and every other backend (CUDA, wgpu) take burn's own
-//! operation, so GPU runs are unchanged.
+//! for burn's functions and [`batch_norm_train`] replaces the composition
+//! in `Norm::apply`: shapes the kernels do not cover (dilation, groups,
+//! non-square windows, ceil mode) and every other backend (CUDA, wgpu) take
+//! burn's own operations, so GPU runs are unchanged.
 
 mod batch_norm;
 mod conv;
@@ -74,8 +76,7 @@ pub(crate) fn conv2d(
 ) -> Tensor<4> {
     let [s, s2] = options.stride;
     let p = options.padding[0].0;
-    let covered = on_cpu(&x)
-        && x.dtype() == DType::F32
+    let covered = on_cpu_f32(&x)
         && options.dilation == [1, 1]
         && options.groups == 1
         && s == s2
@@ -101,8 +102,7 @@ pub(crate) fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> 
     let [b, c, h, w] = x.dims();
     let ([k, k2], [s, s2]) = (options.kernel_size, options.stride);
     let p = options.padding[0].0;
-    let covered = on_cpu(&x)
-        && x.dtype() == DType::F32
+    let covered = on_cpu_f32(&x)
         && k == k2
         && s == s2
         && options.padding == [(p, p); 2]
@@ -120,13 +120,14 @@ pub(crate) fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> 
     ))
 }
 
-/// Whether [`batch_norm_train`] takes `y`: the CPU backend, `f32`.
-pub(crate) fn fused_batch_norm(y: &Tensor<4>) -> bool {
-    on_cpu(y) && y.dtype() == DType::F32
+/// Whether the kernels can take `x`: an `f32` tensor on the CPU backend
+/// (with or without autodiff).
+pub(crate) fn on_cpu_f32(x: &Tensor<4>) -> bool {
+    x.device().inner() == Device::flex() && x.dtype() == DType::F32
 }
 
-/// Training-mode batch norm through [`batch_norm`] (where
-/// [`fused_batch_norm`] says): the output and the batch's mean and variance
+/// Training-mode batch norm through [`batch_norm`] (where [`on_cpu_f32`]
+/// says): the output and the batch's mean and variance
 /// (`[c]`, detached).
 pub(crate) fn batch_norm_train(
     y: Tensor<4>,
@@ -161,10 +162,6 @@ pub(crate) fn sum_f64(v: &[f32], f: impl Fn(f32) -> f32) -> f64 {
         }
     }
     lanes.iter().sum::<f64>() + tail
-}
-
-fn on_cpu(x: &Tensor<4>) -> bool {
-    x.device().inner() == Device::flex()
 }
 
 /// A Flex tensor's `f32` values in row-major order (borrowed when it is
@@ -498,7 +495,7 @@ mod tests {
         let gamma = Tensor::<1>::random([3], normal, &device).require_grad();
         let beta = Tensor::<1>::random([3], normal, &device).require_grad();
         let w = Tensor::<4>::random([4, 3, 5, 6], normal, &device);
-        assert!(fused_batch_norm(&y));
+        assert!(on_cpu_f32(&y));
         let (out, mean, var) = batch_norm_train(y.clone(), gamma.clone(), beta.clone(), 1e-5);
         let g1 = (out.clone() * w.clone()).sum().backward();
         let m = y.clone().mean_dims(&[0, 2, 3]);
