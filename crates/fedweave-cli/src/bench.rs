@@ -35,6 +35,11 @@ pub struct BenchArgs {
     /// are measured.
     #[arg(long = "k", value_name = "K", default_values_t = [1])]
     ks: Vec<usize>,
+    /// Which of the two ways to train K clients to measure: `both`,
+    /// `one-by-one` or `batched` (at K = 1 only one by one exists). One
+    /// mode alone keeps a profiler's trace to that mode's kernels.
+    #[arg(long, value_enum, default_value_t = Modes::Both)]
+    mode: Modes,
     /// Seconds each measurement aims to take.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
@@ -54,6 +59,17 @@ pub struct BenchArgs {
     /// one step; its `k` is N).
     #[arg(long)]
     json: bool,
+}
+
+/// The training modes `--mode` selects.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Modes {
+    /// K clients one at a time over the thread pool, and K batched.
+    Both,
+    /// K clients one at a time over the thread pool.
+    OneByOne,
+    /// K clients in one set of kernels (K > 1).
+    Batched,
 }
 
 /// One measurement, as printed.
@@ -204,12 +220,14 @@ fn train(
         samples_per_s: Some(t.steps_per_s() * args.batch as f64),
         vs_fedavg: None,
     };
-    out.print(row(
-        "one-by-one",
-        threads,
-        work.time_one_by_one(steps, pool),
-    ));
-    if k > 1 {
+    if args.mode != Modes::Batched || k == 1 {
+        out.print(row(
+            "one-by-one",
+            threads,
+            work.time_one_by_one(steps, pool),
+        ));
+    }
+    if k > 1 && args.mode != Modes::OneByOne {
         match work.time_batched(steps) {
             // The batched pass runs its kernels on the calling thread.
             Ok(t) => out.print(row("batched", 1, t)),

@@ -40,7 +40,7 @@ use crate::NnError;
 use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
 use crate::kernels::conv2d;
-use crate::model::{BN_EPS, ModelSpec};
+use crate::model::{BN_EPS, ModelSpec, channel_sums};
 use crate::resident::{BatchStats, LossLog, RunningStats};
 use crate::train::{TrainConfig, TrainStats};
 use crate::trainer::{BatchSampler, SgdConfig};
@@ -470,14 +470,9 @@ fn batch_norm(
         .flat_map(|&n| std::iter::repeat_n((n * h * w).max(1) as f32, kc / k))
         .collect();
     let counts: Tensor<4> = Tensor::from_data(TensorData::new(counts, [1, kc, 1, 1]), &device);
-    let mean = (y.clone() * mask.clone())
-        .sum_dims(&[0, 2, 3])
-        .div(counts.clone());
+    let mean = channel_sums(y.clone() * mask.clone()).div(counts.clone());
     let centred = y - mean.clone();
-    let var = (centred.clone() * mask)
-        .square()
-        .sum_dims(&[0, 2, 3])
-        .div(counts);
+    let var = channel_sums((centred.clone() * mask).square()).div(counts);
     record.push(BatchStats::of(&mean, &var, h * w));
     centred / (var + BN_EPS).sqrt() * p.channel(i) + p.channel(i + 1)
 }

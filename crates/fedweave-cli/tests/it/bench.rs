@@ -66,6 +66,47 @@ fn bench_json_has_one_object_per_measurement_with_the_contract_keys() {
 }
 
 #[test]
+fn bench_mode_measures_one_way_of_training_k_clients() {
+    for (mode, want) in [
+        ("batched", [("one-by-one", 1), ("batched", 2)]),
+        ("one-by-one", [("one-by-one", 1), ("one-by-one", 2)]),
+    ] {
+        let o = fedweave(&[
+            "bench",
+            "--model",
+            "mlp",
+            "--k",
+            "1",
+            "--k",
+            "2",
+            "--batch",
+            "8",
+            "--threads",
+            "1",
+            "--seconds",
+            "0.02",
+            "--mode",
+            mode,
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let got: Vec<(String, u64)> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(|l| {
+                let r: serde_json::Value = serde_json::from_str(l).unwrap();
+                (
+                    r["mode"].as_str().unwrap().to_string(),
+                    r["k"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        // K = 1 has only the one-by-one way, whatever the mode.
+        let want: Vec<(String, u64)> = want.iter().map(|&(m, k)| (m.to_string(), k)).collect();
+        assert_eq!(got, want, "--mode {mode}");
+    }
+}
+
+#[test]
 fn bench_refuses_what_it_cannot_measure() {
     for (args, says) in [
         (&["bench", "--model", "cnnbn"][..], "did you mean `cnn-bn`"),
@@ -73,6 +114,10 @@ fn bench_refuses_what_it_cannot_measure() {
         (&["bench", "--batch", "0"][..], "--batch must be at least 1"),
         (&["bench", "--no-train"][..], "nothing to measure"),
         (&["bench", "--backend", "tpu"][..], "unknown backend `tpu`"),
+        (
+            &["bench", "--mode", "both-ways"][..],
+            "invalid value 'both-ways'",
+        ),
         (
             &["bench", "--seconds", "nan"][..],
             "--seconds must be a positive number",

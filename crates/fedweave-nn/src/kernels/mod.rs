@@ -12,10 +12,13 @@
 //! for burn's functions and [`batch_norm_train`] replaces the composition
 //! in `Norm::apply`: shapes the kernels do not cover (dilation, groups,
 //! non-square windows, ceil mode) and every other backend (CUDA, wgpu) take
-//! burn's own operations, so GPU runs are unchanged.
+//! burn's own operations. Grouped convolutions (the batched trainer's K
+//! clients) take [`grouped`] on every backend: burn's own operations, with a
+//! weight gradient of one convolution instead of one per group.
 
 mod batch_norm;
 mod conv;
+mod grouped;
 mod pool;
 
 use batch_norm::BnGeom;
@@ -68,17 +71,21 @@ pub trait CpuKernels: Backend {
 
 /// burn's `conv2d`, through [`conv`] where it applies: the CPU backend,
 /// `f32`, no dilation, one group, equal stride and padding on both axes.
+/// Grouped convolutions, on every backend, through [`grouped`] (one
+/// convolution for the weight gradient instead of one per group).
 pub(crate) fn conv2d(
     x: Tensor<4>,
     weight: Tensor<4>,
     bias: Option<Tensor<1>>,
     options: ConvOptions<2>,
 ) -> Tensor<4> {
+    if options.groups > 1 {
+        return grouped::conv2d(x, weight, bias, options);
+    }
     let [s, s2] = options.stride;
     let p = options.padding[0].0;
     let covered = on_cpu_f32(&x)
         && options.dilation == [1, 1]
-        && options.groups == 1
         && s == s2
         && options.padding == [(p, p); 2]
         && ConvGeom::new(x.dims(), weight.dims(), s, p).is_some();

@@ -1,0 +1,388 @@
+//! Grouped convolution whose weight gradient is one grouped convolution.
+//!
+//! burn differentiates a grouped convolution's weight group by group: per
+//! group a slice of the input, a slice of the output gradient, one
+//! convolution and a slice-assign (burn-backend's default, and burn-cubecl's
+//! fallback on CUDA). The batched trainer runs K clients' convolutions as
+//! one convolution of K groups, so at K = 100 a step of a two-conv model
+//! launched about 600 kernels for the weight gradients alone, most of its
+//! time on a GPU (Nsight Compute on an H100, docs/results.md).
+//!
+//! The weight gradient of every group is one convolution: with the batch
+//! and channel axes exchanged, dW[o, c, i, j] = Σ_n Σ_{p,q} x[n, c, i + s·p,
+//! j + s·q] · dy[n, o, p, q] is a convolution of the input (its channels
+//! the samples) by the output gradient (its window the output positions),
+//! with the forward's stride as dilation; grouping the samples by group
+//! keeps each group's products apart. [`GroupedConv`] is that operation
+//! with its backward step, for every backend (a backend extension over
+//! burn's own operations, so a GPU runs it as burn's kernels).
+
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+use burn::backend::Cube;
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, Backend, Dispatch, Flex, TensorMetadata, backend_extension};
+use burn::tensor::ops::ConvOptions;
+use burn::tensor::{Shape, Slice, Tensor};
+
+/// A 2-d convolution of `groups` groups, differentiated in one
+/// convolution per gradient.
+#[backend_extension(Flex, Cube: cfg(any(feature = "cuda", feature = "wgpu")), Autodiff)]
+pub trait GroupedConv: Backend {
+    /// Convolution of `x` (`[n, g·c, h, w]`) by `weight` (`[g·o, c, kh,
+    /// kw]`) in `groups` groups, plus `bias` (`[g·o]`), with `stride` and
+    /// zero `padding` on both axes.
+    fn conv2d_grouped(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        stride: usize,
+        padding: usize,
+        groups: usize,
+    ) -> FloatTensor<Self>;
+
+    /// [`GroupedConv::conv2d_grouped`] without a bias.
+    fn conv2d_grouped_no_bias(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        stride: usize,
+        padding: usize,
+        groups: usize,
+    ) -> FloatTensor<Self>;
+}
+
+fn options(stride: usize, padding: usize, groups: usize) -> ConvOptions<2> {
+    ConvOptions::new([stride, stride], [padding, padding], [1, 1], groups)
+}
+
+/// burn's `conv2d` for grouped convolutions (`options.groups > 1`, no
+/// dilation, the same stride and padding on both axes) through
+/// [`GroupedConv`]; anything else through burn's `conv2d`.
+pub(crate) fn conv2d(
+    x: Tensor<4>,
+    weight: Tensor<4>,
+    bias: Option<Tensor<1>>,
+    options: ConvOptions<2>,
+) -> Tensor<4> {
+    let [s, s2] = options.stride;
+    let p = options.padding[0].0;
+    let covered = options.groups > 1
+        && options.dilation == [1, 1]
+        && s == s2
+        && options.padding == [(p, p); 2];
+    if !covered {
+        return burn::tensor::module::conv2d(x, weight, bias, options);
+    }
+    let (x, weight, g) = (x.into_dispatch(), weight.into_dispatch(), options.groups);
+    Tensor::from_dispatch(match bias {
+        Some(b) => <Dispatch as GroupedConv>::conv2d_grouped(x, weight, b.into_dispatch(), s, p, g),
+        None => <Dispatch as GroupedConv>::conv2d_grouped_no_bias(x, weight, s, p, g),
+    })
+}
+
+/// The forward pass on any backend: burn's grouped convolution.
+fn forward<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    stride: usize,
+    padding: usize,
+    groups: usize,
+) -> FloatTensor<B> {
+    B::conv2d(x, weight, bias, options(stride, padding, groups))
+}
+
+/// [`GroupedConv`] for a backend without autodiff: burn's own forward.
+macro_rules! forward_only {
+    ($backend:ty) => {
+        impl GroupedConv for $backend {
+            fn conv2d_grouped(
+                x: FloatTensor<Self>,
+                weight: FloatTensor<Self>,
+                bias: FloatTensor<Self>,
+                stride: usize,
+                padding: usize,
+                groups: usize,
+            ) -> FloatTensor<Self> {
+                forward::<Self>(x, weight, Some(bias), stride, padding, groups)
+            }
+
+            fn conv2d_grouped_no_bias(
+                x: FloatTensor<Self>,
+                weight: FloatTensor<Self>,
+                stride: usize,
+                padding: usize,
+                groups: usize,
+            ) -> FloatTensor<Self> {
+                forward::<Self>(x, weight, None, stride, padding, groups)
+            }
+        }
+    };
+}
+
+forward_only!(Flex);
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+forward_only!(Cube);
+
+/// dW of a grouped convolution of `x` (`[n, g·c, h, w]`) with output
+/// gradient `dy` (`[n, g·o, oh, ow]`), for a weight of `[g·o, c, kh, kw]`:
+/// one convolution of x′ = `[c, g·n, h, w]` (x′[c, g·n + m] = x[m, g·c + c])
+/// by dy′ = `[g·o, n, oh, ow]` (dy′[g·o + o, m] = dy[m, g·o + o]) in `g`
+/// groups, dilated by the stride, then `[c, g·o, …]` turned to
+/// `[g·o, c, …]` and cut to the kernel's size (the window can exceed it
+/// when the stride does not divide the padded input).
+pub(crate) fn weight_grad<B: Backend>(
+    x: FloatTensor<B>,
+    dy: FloatTensor<B>,
+    weight: [usize; 4],
+    stride: usize,
+    padding: usize,
+    groups: usize,
+) -> FloatTensor<B> {
+    let [n, gc, h, w] = x.shape().dims::<4>();
+    let [_, go, oh, ow] = dy.shape().dims::<4>();
+    let (c, o) = (gc / groups, go / groups);
+    let x = B::float_reshape(x, Shape::new([n, groups, c, h, w]));
+    let x = B::float_permute(x, &[2, 1, 0, 3, 4]);
+    let x = B::float_reshape(x, Shape::new([c, groups * n, h, w]));
+    let dy = B::float_reshape(dy, Shape::new([n, groups, o, oh, ow]));
+    let dy = B::float_permute(dy, &[1, 2, 0, 3, 4]);
+    let dy = B::float_reshape(dy, Shape::new([go, n, oh, ow]));
+    let g = B::conv2d(
+        x,
+        dy,
+        None,
+        ConvOptions::new([1, 1], [padding, padding], [stride, stride], groups),
+    );
+    let g = B::float_swap_dims(g, 0, 1);
+    let [_, _, gh, gw] = g.shape().dims::<4>();
+    let [_, _, kh, kw] = weight;
+    if (gh, gw) == (kh, kw) {
+        g
+    } else {
+        B::float_slice(
+            g,
+            &[
+                Slice::from(0..go),
+                Slice::from(0..c),
+                Slice::from(0..kh),
+                Slice::from(0..kw),
+            ],
+        )
+    }
+}
+
+/// The backward step of [`GroupedConv::conv2d_grouped`] with (`N` = 3)
+/// or without (`N` = 2) a bias: dx through burn's data gradient (one
+/// transposed convolution), dW by [`weight_grad`], the bias gradient a sum.
+#[derive(Debug)]
+struct GroupedBackward<const N: usize>;
+
+/// The input, the weight, stride, padding and groups.
+type GroupedState<B> = (FloatTensor<B>, FloatTensor<B>, usize, usize, usize);
+
+impl<B: Backend> Backward<B, 3> for GroupedBackward<3> {
+    type State = GroupedState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let ids = ops.parents.map(|p| p.map(|n| n.id));
+        register::<B>(grads, dy, ops.state, ids);
+    }
+}
+
+impl<B: Backend> Backward<B, 2> for GroupedBackward<2> {
+    type State = GroupedState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let [x, w] = ops.parents.map(|p| p.map(|n| n.id));
+        register::<B>(grads, dy, ops.state, [x, w, None]);
+    }
+}
+
+/// Registers the gradients of the parents that need one (`ids`: input,
+/// weight, bias).
+fn register<B: Backend>(
+    grads: &mut Gradients,
+    dy: FloatTensor<B>,
+    (x, weight, stride, padding, groups): GroupedState<B>,
+    [id_x, id_w, id_b]: [Option<NodeId>; 3],
+) {
+    let shape = weight.shape().dims::<4>();
+    if let Some(id) = id_b {
+        let [n, go, oh, ow] = dy.shape().dims::<4>();
+        let t = B::float_swap_dims(dy.clone(), 0, 1);
+        let t = B::float_reshape(t, Shape::new([go, n * oh * ow]));
+        grads.register::<B>(
+            id,
+            B::float_reshape(B::float_sum_dim(t, 1), Shape::new([go])),
+        );
+    }
+    if let Some(id) = id_x {
+        let dx = B::conv2d_x_backward(
+            x.clone(),
+            weight,
+            dy.clone(),
+            options(stride, padding, groups),
+        );
+        grads.register::<B>(id, dx);
+    }
+    if let Some(id) = id_w {
+        grads.register::<B>(id, weight_grad::<B>(x, dy, shape, stride, padding, groups));
+    }
+}
+
+/// Runs the convolution of `inputs` (input, weight and, with `N` = 3, bias)
+/// under autodiff.
+fn tracked<B: Backend, C: CheckpointStrategy, const N: usize>(
+    op: GroupedBackward<N>,
+    inputs: [FloatTensor<Autodiff<B, C>>; N],
+    (stride, padding, groups): (usize, usize, usize),
+) -> FloatTensor<Autodiff<B, C>>
+where
+    GroupedBackward<N>: Backward<B, N, State = GroupedState<B>>,
+{
+    let prep = op
+        .prepare::<C>(inputs.each_ref().map(|t| t.node()))
+        .compute_bound()
+        .stateful();
+    let mut prims = inputs.into_iter().map(|t| t.into_primitive());
+    let (x, weight) = (
+        prims.next().expect("an input"),
+        prims.next().expect("a weight"),
+    );
+    let bias = prims.next();
+    match prep {
+        OpsKind::Tracked(prep) => {
+            let out = forward::<B>(x.clone(), weight.clone(), bias, stride, padding, groups);
+            prep.finish((x, weight, stride, padding, groups), out)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(forward::<B>(x, weight, bias, stride, padding, groups))
+        }
+    }
+}
+
+impl<B: GroupedConv, C: CheckpointStrategy> GroupedConv for Autodiff<B, C> {
+    fn conv2d_grouped(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        stride: usize,
+        padding: usize,
+        groups: usize,
+    ) -> FloatTensor<Self> {
+        let geometry = (stride, padding, groups);
+        tracked::<B, C, 3>(GroupedBackward, [x, weight, bias], geometry)
+    }
+
+    fn conv2d_grouped_no_bias(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        stride: usize,
+        padding: usize,
+        groups: usize,
+    ) -> FloatTensor<Self> {
+        tracked::<B, C, 2>(GroupedBackward, [x, weight], (stride, padding, groups))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{Device, Distribution};
+
+    fn values_of<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().try_to_vec::<f32>().expect("f32")
+    }
+
+    fn close<const D: usize>(a: Tensor<D>, b: Tensor<D>, tol: f32, what: &str) {
+        assert_eq!(a.dims(), b.dims(), "{what}: shapes");
+        let (a, b) = (values_of(a), values_of(b));
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= tol * (1.0 + y.abs()), "{what}: {x} vs {y}");
+        }
+    }
+
+    /// The grouped convolution and burn's (which differentiates the weight
+    /// group by group) give the same output and the same gradients of the
+    /// input, weight and bias: groups of several channels and depthwise
+    /// ones, strides 1–3 (3 on an input it does not divide, so the
+    /// gradient's window is cut to the kernel), paddings 0–2, with and
+    /// without a bias.
+    #[test]
+    fn grouped_conv_agrees_with_burns_forward_and_backward() {
+        let device = Device::flex().autodiff();
+        let normal = Distribution::Normal(0.0, 1.0);
+        // (batch, groups, c per group, o per group, h, w, k, stride, padding, bias)
+        for (n, g, c, o, h, w, k, stride, pad, bias) in [
+            (3, 4, 2, 3, 9, 8, 3, 1, 1, true),
+            (2, 3, 1, 2, 11, 10, 5, 1, 0, true),
+            (2, 5, 3, 2, 10, 9, 3, 2, 1, false),
+            (4, 2, 2, 2, 12, 12, 3, 3, 0, true),
+            (1, 6, 1, 1, 7, 7, 3, 1, 2, false),
+        ] {
+            let x = Tensor::<4>::random([n, g * c, h, w], normal, &device).require_grad();
+            let wt = Tensor::<4>::random([g * o, c, k, k], normal, &device).require_grad();
+            let b = Tensor::<1>::random([g * o], normal, &device).require_grad();
+            let target = {
+                let out = burn::tensor::module::conv2d(
+                    x.clone(),
+                    wt.clone(),
+                    None,
+                    options(stride, pad, g),
+                );
+                Tensor::<4>::random(out.dims(), normal, &device)
+            };
+            let run = |ours: bool| {
+                let bias = bias.then(|| b.clone());
+                let y = if ours {
+                    conv2d(x.clone(), wt.clone(), bias, options(stride, pad, g))
+                } else {
+                    burn::tensor::module::conv2d(
+                        x.clone(),
+                        wt.clone(),
+                        bias,
+                        options(stride, pad, g),
+                    )
+                };
+                let grads = (y.clone() * target.clone()).sum().backward();
+                (
+                    y.inner(),
+                    x.grad(&grads).expect("dx"),
+                    wt.grad(&grads).expect("dw"),
+                    b.grad(&grads),
+                )
+            };
+            let (y1, dx1, dw1, db1) = run(true);
+            let (y2, dx2, dw2, db2) = run(false);
+            let case = format!("n {n} g {g} c {c} o {o} {h}×{w} k {k} s {stride} p {pad}");
+            close(y1, y2, 1e-5, &format!("{case}: y"));
+            close(dx1, dx2, 1e-4, &format!("{case}: dx"));
+            close(dw1, dw2, 1e-4, &format!("{case}: dw"));
+            assert_eq!(db1.is_some(), bias, "{case}: a bias gradient iff a bias");
+            if let (Some(a), Some(b)) = (db1, db2) {
+                close(a, b, 1e-4, &format!("{case}: db"));
+            }
+        }
+    }
+
+    /// Without a bias the operation's third parent is absent, so the
+    /// weight's gradient is not counted twice; on a plain (non-autodiff)
+    /// device the forward is burn's.
+    #[test]
+    fn grouped_conv_without_autodiff_is_burns_forward() {
+        let device = Device::flex();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let x = Tensor::<4>::random([2, 6, 8, 8], normal, &device);
+        let w = Tensor::<4>::random([9, 2, 3, 3], normal, &device);
+        let ours = conv2d(x.clone(), w.clone(), None, options(1, 1, 3));
+        let burns = burn::tensor::module::conv2d(x, w, None, options(1, 1, 3));
+        assert_eq!(values_of(ours), values_of(burns));
+    }
+}
