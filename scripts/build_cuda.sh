@@ -54,16 +54,23 @@ echo "using $($llvm_config --version) at $llvm_config"
 
 # 2. The bundler's folder: a wrapper llvm-config and the 'installed' marker.
 bundle="${XDG_DATA_HOME:-$HOME/.local/share}/tracel/tracel-llvm-23.1.0-4"
+# Both are rewritten only when they change: the bundler's build script watches them, and
+# a new timestamp rebuilds cubecl and burn (minutes) on every run of this script.
 mkdir -p "$bundle/bin"
-cat > "$bundle/bin/llvm-config" <<EOF
+cat > "$bundle/bin/llvm-config.new" <<EOF
 #!/usr/bin/env bash
 # Written by fedweave's scripts/build_cuda.sh: the distribution's llvm-config, minus the
 # Polly libraries the distribution does not ship, with libz3 named by -l.
 out=\$("$llvm_config" "\$@") || exit \$?
 printf '%s\n' "\$out" | sed -E 's/(^| )-lPolly[A-Za-z]*//g; s#[^ ]*/libz3\.so#-lz3#g'
 EOF
-chmod +x "$bundle/bin/llvm-config"
-touch "$bundle/.tracel-llvm-installed"
+chmod +x "$bundle/bin/llvm-config.new"
+if cmp -s "$bundle/bin/llvm-config.new" "$bundle/bin/llvm-config"; then
+    rm "$bundle/bin/llvm-config.new"
+else
+    mv "$bundle/bin/llvm-config.new" "$bundle/bin/llvm-config"
+fi
+[ -e "$bundle/.tracel-llvm-installed" ] || touch "$bundle/.tracel-llvm-installed"
 
 # 3. The build.
 cargo build --release -p fedweave-cli --features "$features" --target-dir "$target_dir"
