@@ -142,12 +142,14 @@ if wanted torch && python3 -c 'import torch; assert torch.cuda.is_available()' 2
 fi
 
 # 6. Device time per step under Nsight Compute, against the wall time measured above.
-# profile NAME STEPS_PER_S BENCH-ARGS...: ncu over 300 launches after the first 400.
+# profile NAME STEPS_PER_S BENCH-ARGS...: ncu over 900 launches (about three steps of
+# cnn-bn, five batched steps of cnn) after the first 600 (the probe and the warm-up).
 profile() {
     local name=$1 rate=$2
     shift 2
-    part "ncu-$name" 150 ncu --metrics gpu__time_duration.sum --launch-skip 400 --launch-count 300 \
-        --csv --log-file "$out/ncu_$name$tag.csv" "$bin" bench --backend cuda --seconds 8 "$@"
+    part "ncu-$name" 150 ncu --metrics gpu__time_duration.sum --clock-control none --cache-control none \
+        --launch-skip 600 --launch-count 900 \
+        --csv --log-file "$out/ncu_$name$tag.csv" "$bin" bench --backend cuda --seconds 10 "$@"
     python3 scripts/ncu_steps.py "$out/ncu_$name$tag.csv" --title "$name$tag" \
         ${rate:+--wall-steps-per-s "$rate"} >> "$out/profile$tag.md" 2>>"$log"
 }
