@@ -520,8 +520,15 @@ pub(crate) mod tests {
     fn channel_sums_equal_a_sum_over_batch_and_plane() {
         let device = Device::flex();
         let y = Tensor::<4>::random([3, 4, 5, 6], burn::tensor::Distribution::Default, &device);
-        let ours = channel_sums(y.clone()).into_data().try_to_vec::<f32>().unwrap();
-        let direct = y.sum_dims(&[0, 2, 3]).into_data().try_to_vec::<f32>().unwrap();
+        let ours = channel_sums(y.clone())
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let direct = y
+            .sum_dims(&[0, 2, 3])
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
         assert_eq!(ours.len(), 4);
         for (a, b) in ours.iter().zip(&direct) {
             assert!((a - b).abs() <= 1e-5 * b.abs(), "{a} vs {b}");
