@@ -106,7 +106,13 @@ def steps_per_second(model, steps, shape, batch=64, device="cpu"):
         if device != "cpu":
             torch.cuda.synchronize()
 
-    run(10)
+    return median_rate(run, steps)
+
+
+def median_rate(run, steps, warm_up=10):
+    """Median over 5 timed calls of run(steps) of steps per second, after
+    run(warm_up)."""
+    run(warm_up)
     rates = []
     for _ in range(5):
         t = time.perf_counter()

@@ -16,14 +16,12 @@ after a warm-up, and the one-model loop for K = 1.
 """
 import argparse
 import copy
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, replace_all_batch_norm_modules_, stack_module_state, vmap
 
-from torch_cpu_throughput import cnn_bn, simple_cnn
+from torch_cpu_throughput import cnn_bn, median_rate, simple_cnn, steps_per_second
 
 
 def stacked_rate(make, k, batch, device, steps):
@@ -55,37 +53,7 @@ def stacked_rate(make, k, batch, device, steps):
         if device != "cpu":
             torch.cuda.synchronize()
 
-    run(3)
-    rates = []
-    for _ in range(5):
-        t = time.perf_counter()
-        run(steps)
-        rates.append(k * steps / (time.perf_counter() - t))
-    return statistics.median(rates)
-
-
-def loop_rate(make, batch, device, steps):
-    torch.manual_seed(0)
-    model = make().to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-5)
-    x = torch.randn(batch, 1, 28, 28, device=device)
-    y = torch.randint(0, 10, (batch,), device=device)
-
-    def run(n):
-        for _ in range(n):
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-        if device != "cpu":
-            torch.cuda.synchronize()
-
-    run(10)
-    rates = []
-    for _ in range(5):
-        t = time.perf_counter()
-        run(steps)
-        rates.append(steps / (time.perf_counter() - t))
-    return statistics.median(rates)
+    return k * median_rate(run, steps, warm_up=3)
 
 
 def main():
@@ -102,7 +70,10 @@ def main():
     print("|---|---:|---:|---:|")
     for name, make in [("cnn", simple_cnn), ("cnn-bn", cnn_bn)]:
         for k in ks:
-            loop = f"{loop_rate(make, a.batch, a.device, a.steps * 5):,.1f}" if k == 1 else "—"
+            loop = "—"
+            if k == 1:
+                torch.manual_seed(0)
+                loop = f"{steps_per_second(make(), a.steps * 5, (1, 28, 28), a.batch, a.device):,.1f}"
             stacked = stacked_rate(make, k, a.batch, a.device, a.steps)
             print(f"| {name} | {k} | {loop} | {stacked:,.1f} |", flush=True)
 

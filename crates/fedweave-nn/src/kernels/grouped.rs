@@ -68,15 +68,9 @@ pub(crate) fn conv2d(
     bias: Option<Tensor<1>>,
     options: ConvOptions<2>,
 ) -> Tensor<4> {
-    let [s, s2] = options.stride;
-    let p = options.padding[0].0;
-    let covered = options.groups > 1
-        && options.dilation == [1, 1]
-        && s == s2
-        && options.padding == [(p, p); 2];
-    if !covered {
+    let Some((s, p)) = super::square_geometry(&options) else {
         return burn::tensor::module::conv2d(x, weight, bias, options);
-    }
+    };
     let (x, weight, g) = (x.into_dispatch(), weight.into_dispatch(), options.groups);
     Tensor::from_dispatch(match bias {
         Some(b) => <Dispatch as GroupedConv>::conv2d_grouped(x, weight, b.into_dispatch(), s, p, g),
@@ -294,20 +288,9 @@ impl<B: GroupedConv, C: CheckpointStrategy> GroupedConv for Autodiff<B, C> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{close, values_of};
     use super::*;
     use burn::tensor::{Device, Distribution};
-
-    fn values_of<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().try_to_vec::<f32>().expect("f32")
-    }
-
-    fn close<const D: usize>(a: Tensor<D>, b: Tensor<D>, tol: f32, what: &str) {
-        assert_eq!(a.dims(), b.dims(), "{what}: shapes");
-        let (a, b) = (values_of(a), values_of(b));
-        for (x, y) in a.iter().zip(&b) {
-            assert!((x - y).abs() <= tol * (1.0 + y.abs()), "{what}: {x} vs {y}");
-        }
-    }
 
     /// The grouped convolution and burn's (which differentiates the weight
     /// group by group) give the same output and the same gradients of the

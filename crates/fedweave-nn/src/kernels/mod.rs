@@ -82,16 +82,11 @@ pub(crate) fn conv2d(
     if options.groups > 1 {
         return grouped::conv2d(x, weight, bias, options);
     }
-    let [s, s2] = options.stride;
-    let p = options.padding[0].0;
-    let covered = on_cpu_f32(&x)
-        && options.dilation == [1, 1]
-        && s == s2
-        && options.padding == [(p, p); 2]
-        && ConvGeom::new(x.dims(), weight.dims(), s, p).is_some();
-    if !covered {
+    let Some((s, p)) = square_geometry(&options)
+        .filter(|&(s, p)| on_cpu_f32(&x) && ConvGeom::new(x.dims(), weight.dims(), s, p).is_some())
+    else {
         return burn::tensor::module::conv2d(x, weight, bias, options);
-    }
+    };
     let bias = bias.unwrap_or_else(|| Tensor::zeros([weight.dims()[0]], &weight.device()));
     Tensor::from_dispatch(<Dispatch as CpuKernels>::conv2d_im2col(
         x.into_dispatch(),
@@ -100,6 +95,14 @@ pub(crate) fn conv2d(
         s,
         p,
     ))
+}
+
+/// (stride, padding) of a convolution without dilation whose stride and
+/// padding are the same on both axes and on both sides.
+fn square_geometry(options: &ConvOptions<2>) -> Option<(usize, usize)> {
+    let [s, s2] = options.stride;
+    let p = options.padding[0].0;
+    (options.dilation == [1, 1] && s == s2 && options.padding == [(p, p); 2]).then_some((s, p))
 }
 
 /// burn's `max_pool2d`, through [`pool`] where it applies: the CPU
@@ -428,15 +431,17 @@ mod tests {
     use burn::tensor::Distribution;
     use burn::tensor::activation::relu;
 
-    fn values_of<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    pub(super) fn values_of<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         t.into_data().try_to_vec::<f32>().expect("f32")
     }
 
-    fn close<const D: usize>(a: Tensor<D>, b: Tensor<D>, tol: f32) {
+    /// `a` and `b` of one shape, equal within `tol` relative (plus `tol`
+    /// absolute); `what` names them in a failure.
+    pub(super) fn close<const D: usize>(a: Tensor<D>, b: Tensor<D>, tol: f32, what: &str) {
+        assert_eq!(a.dims(), b.dims(), "{what}: shapes");
         let (a, b) = (values_of(a), values_of(b));
-        assert_eq!(a.len(), b.len());
         for (x, y) in a.iter().zip(&b) {
-            assert!((x - y).abs() <= tol * (1.0 + y.abs()), "{x} vs {y}");
+            assert!((x - y).abs() <= tol * (1.0 + y.abs()), "{what}: {x} vs {y}");
         }
     }
 
@@ -484,10 +489,10 @@ mod tests {
             };
             let (y1, dx1, dw1, db1) = run(true);
             let (y2, dx2, dw2, db2) = run(false);
-            close(y1, y2, 1e-5);
-            close(dx1, dx2, 1e-4);
-            close(dw1, dw2, 1e-4);
-            close(db1, db2, 1e-4);
+            close(y1, y2, 1e-5, "y");
+            close(dx1, dx2, 1e-4, "dx");
+            close(dw1, dw2, 1e-4, "dw");
+            close(db1, db2, 1e-4, "db");
         }
     }
 
@@ -511,23 +516,31 @@ mod tests {
         let shift = beta.clone().reshape([1, 3, 1, 1]);
         let reference = (y.clone() - m.clone()) / (v.clone() + 1e-5).sqrt() * scale + shift;
         let g2 = (reference.clone() * w).sum().backward();
-        close(out.inner(), reference.inner(), 1e-5);
-        close(mean, m.inner().reshape([3]), 1e-5);
-        close(var, v.inner().reshape([3]), 1e-5);
-        close(y.grad(&g1).expect("dy"), y.grad(&g2).expect("dy"), 1e-4);
+        close(out.inner(), reference.inner(), 1e-5, "out");
+        close(mean, m.inner().reshape([3]), 1e-5, "mean");
+        close(var, v.inner().reshape([3]), 1e-5, "var");
+        close(
+            y.grad(&g1).expect("dy"),
+            y.grad(&g2).expect("dy"),
+            1e-4,
+            "dy",
+        );
         close(
             gamma.grad(&g1).expect("dγ"),
             gamma.grad(&g2).expect("dγ"),
             1e-4,
+            "dγ",
         );
         close(
             beta.grad(&g1).expect("dβ"),
             beta.grad(&g2).expect("dβ"),
             1e-4,
+            "dβ",
         );
     }
 
-    /// Shapes the kernels do not cover fall back to burn's operations.
+    /// Shapes the kernels do not cover fall back to burn's operations (a
+    /// grouped convolution's forward is burn's too).
     #[test]
     fn uncovered_shapes_take_burns_operations() {
         let device = Device::flex();
@@ -538,12 +551,14 @@ mod tests {
             conv2d(x.clone(), w.clone(), None, grouped.clone()),
             burn::tensor::module::conv2d(x.clone(), w, None, grouped),
             0.0,
+            "grouped conv",
         );
         let ceil = MaxPoolOptions::new([2, 2]).with_ceil_mode(true);
         close(
             max_pool2d(x.clone(), ceil.clone()),
             burn::tensor::module::max_pool2d(x, ceil),
             0.0,
+            "ceil-mode pooling",
         );
     }
 }
