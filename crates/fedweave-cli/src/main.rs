@@ -3,38 +3,39 @@
 /// mimalloc, which hands a freed model-sized block to the next allocation
 /// instead of returning it to the kernel: with glibc's malloc every model
 /// copy of a round (uploads, mixes, downloads, kept models: ~1 MB each) was
-/// a fresh mapping, zeroed page by page by the kernel, and FedAvg's round
-/// at N = 500 spent about half its time in page faults (docs/results.md).
+/// a fresh mapping, zeroed page by page by the kernel — a quarter to half of
+/// FedAvg's round at N = 500 (docs/results.md "The allocator").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Indices of mimalloc options in the version `mimalloc` =0.1.52 builds
-/// (v3's `mi_option_e`; the crate's own constants stop before them).
-const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-const MI_OPTION_ARENA_RESERVE: libmimalloc_sys::mi_option_t = 23;
-
-/// Tunes mimalloc for a round's many model-sized blocks (each setting only
-/// where its `MIMALLOC_*` variable is unset): freed memory goes back to the
-/// kernel 10 s after its last use rather than 1 s (a round at N = 500 reuses
-/// most of the last round's blocks within a few seconds, and a purged block
-/// pays its page faults again), and arenas are reserved 64 MiB at a time
-/// without eager commit (1 GiB eagerly committed arenas cost FedAvg's first
-/// round at N = 500 1.3 s).
+/// Tunes mimalloc for a round's many model-sized blocks: freed memory goes
+/// back to the kernel 10 s after its last use rather than 1 s (a round at
+/// N = 500 reuses most of the last round's blocks within a few seconds, and
+/// a purged block pays its page faults again), and arenas are reserved
+/// 64 MiB at a time without eager commit (1 GiB eagerly committed arenas
+/// cost FedAvg's first round at N = 500 1.3 s).
+///
+/// The options are named by their index in the `mi_option_e` of the
+/// mimalloc `mimalloc` =0.1.52 builds (v3; the crate's constants stop
+/// before them). Each is set only where its `MIMALLOC_*` variable is unset
+/// and it still holds that version's default, so another version's
+/// numbering leaves the allocator untuned rather than mis-set.
 fn tune_allocator() {
-    for (option, variable, value) in [
-        (MI_OPTION_PURGE_DELAY, "MIMALLOC_PURGE_DELAY", 10_000),
-        (
-            MI_OPTION_ARENA_EAGER_COMMIT,
-            "MIMALLOC_ARENA_EAGER_COMMIT",
-            0,
-        ),
-        (MI_OPTION_ARENA_RESERVE, "MIMALLOC_ARENA_RESERVE", 64 * 1024),
-    ] {
-        if std::env::var_os(variable).is_none() {
-            // SAFETY: sets one option of the process's allocator, which
-            // mimalloc allows at any time.
-            unsafe { libmimalloc_sys::mi_option_set(option, value) };
+    // (index, variable, v3's default, fedweave's value)
+    const OPTIONS: [(libmimalloc_sys::mi_option_t, &str, i64, i64); 3] = [
+        (15, "MIMALLOC_PURGE_DELAY", 1_000, 10_000),
+        (4, "MIMALLOC_ARENA_EAGER_COMMIT", 2, 0),
+        (23, "MIMALLOC_ARENA_RESERVE", 1 << 20, 64 << 10),
+    ];
+    for (option, variable, default, value) in OPTIONS {
+        // SAFETY: reads and sets one option of the process's allocator,
+        // which mimalloc allows at any time.
+        unsafe {
+            if std::env::var_os(variable).is_none()
+                && libmimalloc_sys::mi_option_get(option) as i64 == default
+            {
+                libmimalloc_sys::mi_option_set(option, value as _);
+            }
         }
     }
 }

@@ -439,9 +439,10 @@ impl Norm<'_> {
 
 /// Σ over the batch and the plane of each channel of `y` (`[b, c, h, w]`)
 /// as `[1, c, 1, 1]`: a sum along each row of h·w contiguous values, then
-/// over the batch. One reduction over dims (0, 2, 3) is slow on burn's GPU
-/// backends (Nsight Compute on an H100: ~1 ms per batch-norm statistic of
-/// a `cnn-bn` step, most of its device time).
+/// over the batch. burn-cubecl runs one reduction over dims (0, 2, 3) with
+/// few outputs on a single block of 32 threads (Nsight Compute on an H100:
+/// up to ~1 ms per batch-norm statistic of a `cnn-bn` step); the two sums
+/// take ~7 µs. The CPU's batch norm is the fused kernel and never comes here.
 pub(crate) fn channel_sums(y: Tensor<4>) -> Tensor<4> {
     let [b, c, h, w] = y.dims();
     y.reshape([b, c, h * w])
