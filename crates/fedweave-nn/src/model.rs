@@ -442,7 +442,7 @@ impl Norm<'_> {
 /// over the batch. burn-cubecl runs one reduction over dims (0, 2, 3) with
 /// few outputs on a single block of 32 threads (Nsight Compute on an H100:
 /// up to ~1 ms per batch-norm statistic of a `cnn-bn` step); the two sums
-/// take ~7 µs. The CPU's batch norm is the fused kernel and never comes here.
+/// take ~7 µs. (One model on the CPU takes the fused batch-norm kernel.)
 pub(crate) fn channel_sums(y: Tensor<4>) -> Tensor<4> {
     let [b, c, h, w] = y.dims();
     y.reshape([b, c, h * w])
