@@ -129,7 +129,7 @@ forward_only!(Cube);
 /// groups, dilated by the stride, then `[c, g·o, …]` turned to
 /// `[g·o, c, …]` and cut to the kernel's size (the window can exceed it
 /// when the stride does not divide the padded input).
-pub(crate) fn weight_grad<B: Backend>(
+fn weight_grad<B: Backend>(
     x: FloatTensor<B>,
     dy: FloatTensor<B>,
     weight: [usize; 4],
@@ -209,13 +209,12 @@ fn register<B: Backend>(
 ) {
     let shape = weight.shape().dims::<4>();
     if let Some(id) = id_b {
+        // Per channel, over each sample's plane and then the batch: the
+        // same two contiguous sums as `model::channel_sums`, no transpose.
         let [n, go, oh, ow] = dy.shape().dims::<4>();
-        let t = B::float_swap_dims(dy.clone(), 0, 1);
-        let t = B::float_reshape(t, Shape::new([go, n * oh * ow]));
-        grads.register::<B>(
-            id,
-            B::float_reshape(B::float_sum_dim(t, 1), Shape::new([go])),
-        );
+        let t = B::float_reshape(dy.clone(), Shape::new([n, go, oh * ow]));
+        let t = B::float_sum_dim(B::float_sum_dim(t, 2), 0);
+        grads.register::<B>(id, B::float_reshape(t, Shape::new([go])));
     }
     if let Some(id) = id_x {
         let dx = B::conv2d_x_backward(
