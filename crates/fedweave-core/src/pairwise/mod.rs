@@ -30,7 +30,13 @@
 //! TILE×TILE output tiles (upper triangle only when symmetric; a symmetric
 //! matrix of 128–256 rows is cut in two halves instead) and, when there
 //! are few tiles, into a fixed number of contiguous column segments whose
-//! partial tiles are added in segment order. Mixing is cut into blocks of
+//! partial tiles are added in segment order. In `f32` blocks and `gemm`'s
+//! `f64`, a tile of at least 128 rows is multiplied in bands of ≥ 64 rows
+//! (their accumulators stay in L2), a diagonal tile's bands skip the blocks
+//! left of the diagonal (~5/8 of the tile instead of all of it), and the
+//! right operand is handed over transposed (`gemm` then packs it by plain
+//! copies); each entry is still the same `gemm` results added in the same
+//! order, so the bits do not change (unit-tested). Mixing is cut into blocks of
 //! `DC` (256) output columns, each converting its block of Θ once (16384 when
 //! at most [`MIX_DIRECT_ROWS`] rows are distinct).
 //!
@@ -92,6 +98,8 @@ const TILE: usize = 256;
 const SPLIT_MIN: usize = 128;
 /// Columns gathered per GEMM call.
 const KC: usize = 512;
+/// Rows of the bands a Gram tile is multiplied in (see `GemmIn`).
+const SUB_ROWS: usize = 64;
 /// Columns one `f32` GEMM sums over before its result is added in `f64`
 /// (bounds the `f32` rounding: see [`gram_error_factor_f32`]).
 const F32_BLOCK: usize = 64;
@@ -321,6 +329,20 @@ impl<'a> Columns<'a> {
         });
     }
 
+    /// [`Columns::gather`] of each of `rows` into consecutive runs of
+    /// `k1 − k0` elements of `buf`.
+    fn gather_rows<R: AsRef<[f32]>, T: Elem>(
+        &self,
+        rows: &[R],
+        k0: usize,
+        k1: usize,
+        buf: &mut [T],
+    ) {
+        for (row, out) in rows.iter().zip(buf.chunks_exact_mut(k1 - k0)) {
+            self.gather(row.as_ref(), k0, k1, out);
+        }
+    }
+
     /// Σ over chunks (in order) of `f(chunk)`: the blocked reduction the
     /// norm and direct-distance kernels share, so their depth stays ≤ h.
     fn blocked_sum(&self, mut f: impl FnMut(usize, usize) -> f64) -> f64 {
@@ -472,27 +494,60 @@ impl Elem for f32 {
     }
 }
 
+/// The right operand of a Gram chunk: `nj` rows of `kc` columns, element
+/// (j, k) at `ptr + j·row + k·depth`.
+#[derive(Clone, Copy)]
+struct RightRows<E> {
+    ptr: *const E,
+    /// Stride between rows (j).
+    row: usize,
+    /// Stride along the columns summed over (k).
+    depth: usize,
+}
+
+impl<E> RightRows<E> {
+    /// The same operand from row `j` and column `k` on.
+    ///
+    /// # Safety
+    /// (j, k) must lie inside the operand.
+    unsafe fn at(self, j: usize, k: usize) -> Self {
+        Self {
+            // SAFETY: the caller's.
+            ptr: unsafe { self.ptr.add(j * self.row + k * self.depth) },
+            ..self
+        }
+    }
+}
+
 /// One way to multiply a Gram tile's column chunk.
 trait BlockGemm {
     type E: Elem;
-    /// acc (ni × nj, row-major) += a·bᵀ, where `a` holds `ni` rows and `b`
-    /// `nj` rows of `kc` columns (row stride `kc`); `scratch` is reusable.
+    /// Whether it wants the right operand depth-major (`kc × nj`, rows
+    /// contiguous along j), which spares `gemm` a transposing pack per call.
+    const DEPTH_MAJOR_RIGHT: bool;
+    /// acc (ni × nj, row-major) += a·bᵀ, where `a` holds `ni` rows of `kc`
+    /// columns (row stride `kc`) and `b` is `nj` such rows; `scratch` is
+    /// reusable. With `upper` (`a` and `b` are the same rows, a diagonal
+    /// tile) the entries below the diagonal may be left as they were: the
+    /// caller reads only the upper triangle.
     ///
     /// # Safety
-    /// `a` and `b` point at `ni·kc` and `nj·kc` readable elements.
+    /// `a` points at `ni·kc` readable elements, `b` reaches `nj × kc`.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn accumulate(
         ni: usize,
         nj: usize,
         kc: usize,
         a: *const Self::E,
-        b: *const Self::E,
+        b: RightRows<Self::E>,
+        upper: bool,
         acc: &mut [f64],
         scratch: &mut Vec<Self::E>,
     );
 }
 
-/// `gemm` on `ni × kb` rows of `a` and `nj × kb` rows of `b` (row stride
-/// `kc`) into the row-major `dst` (overwritten).
+/// `gemm` on `ni × kb` rows of `a` (row stride `kc`) and `nj × kb` of `b`
+/// into the row-major `dst` (overwritten).
 ///
 /// # Safety
 /// As [`BlockGemm::accumulate`], with `dst` holding `ni·nj` elements.
@@ -502,11 +557,11 @@ unsafe fn gemm_abt<T: Elem>(
     kb: usize,
     kc: usize,
     a: *const T,
-    b: *const T,
+    b: RightRows<T>,
     dst: *mut T,
 ) {
-    // SAFETY: the caller's; lhs rows of stride kc, rhs the transpose of nj
-    // rows of stride kc, dst row-major (read_dst = false).
+    // SAFETY: the caller's; lhs rows of stride kc, rhs the transpose of b's
+    // rows, dst row-major (read_dst = false).
     unsafe {
         gemm::gemm(
             ni,
@@ -519,9 +574,9 @@ unsafe fn gemm_abt<T: Elem>(
             a,
             1,
             kc as isize,
-            b,
-            kc as isize,
-            1,
+            b.ptr,
+            b.row as isize,
+            b.depth as isize,
             T::default(),
             T::ONE,
             false,
@@ -540,20 +595,21 @@ struct GemmIn<E>(std::marker::PhantomData<E>);
 
 impl BlockGemm for ExactMm {
     type E = f64;
+    const DEPTH_MAJOR_RIGHT: bool = false;
 
     unsafe fn accumulate(
         ni: usize,
         nj: usize,
         kc: usize,
         a: *const f64,
-        b: *const f64,
+        b: RightRows<f64>,
+        _: bool,
         acc: &mut [f64],
         _: &mut Vec<f64>,
     ) {
         debug_assert!(acc.len() >= ni * nj);
         // SAFETY: the caller's a and b; the right operand is the kc×nj
-        // transpose of nj rows (row stride 1, column stride kc); acc is
-        // ni×nj row-major.
+        // transpose of b's rows; acc is ni×nj row-major.
         unsafe {
             matrixmultiply::dgemm(
                 ni,
@@ -563,9 +619,9 @@ impl BlockGemm for ExactMm {
                 a,
                 kc as isize,
                 1,
-                b,
-                1,
-                kc as isize,
+                b.ptr,
+                b.depth as isize,
+                b.row as isize,
                 1.0,
                 acc.as_mut_ptr(),
                 nj as isize,
@@ -577,26 +633,80 @@ impl BlockGemm for ExactMm {
 
 impl<E: Elem> BlockGemm for GemmIn<E> {
     type E = E;
+    const DEPTH_MAJOR_RIGHT: bool = true;
 
     unsafe fn accumulate(
         ni: usize,
         nj: usize,
         kc: usize,
         a: *const E,
-        b: *const E,
+        b: RightRows<E>,
+        upper: bool,
         acc: &mut [f64],
         scratch: &mut Vec<E>,
     ) {
-        scratch.resize(ni * nj, E::default());
-        for k0 in (0..kc).step_by(E::BLOCK.clamp(1, kc.max(1))) {
-            let kb = E::BLOCK.min(kc - k0);
-            // SAFETY: columns k0..k0 + kb of the caller's rows; scratch
-            // holds ni·nj.
-            unsafe { gemm_abt(ni, nj, kb, kc, a.add(k0), b.add(k0), scratch.as_mut_ptr()) };
-            for (s, v) in acc.iter_mut().zip(scratch.iter()) {
-                *s += v.widen();
+        // Bands of at least SUB_ROWS rows keep their slice of `acc` and the
+        // GEMM's result in L2 across the column blocks, and on a diagonal
+        // tile skip the blocks left of the diagonal. Every entry is the
+        // same sequence of GEMM results added in the same order as one call
+        // over the whole tile: one `gemm` block of depth kb ≤ 512 sums along
+        // k in one pass whatever m, n and the layouts are.
+        let bands = if ni >= 2 * SUB_ROWS && nj >= 16 {
+            ni / SUB_ROWS
+        } else {
+            1
+        };
+        for t in 0..bands {
+            let (r0, r1) = (t * ni / bands, (t + 1) * ni / bands);
+            let c0 = if upper { r0.min(nj) } else { 0 };
+            let (m, n) = (r1 - r0, nj - c0);
+            scratch.resize(m * n, E::default());
+            for k0 in (0..kc).step_by(E::BLOCK.clamp(1, kc.max(1))) {
+                let kb = E::BLOCK.min(kc - k0);
+                // SAFETY: rows r0..r1 of a and c0..nj of b, columns k0..k0 +
+                // kb; scratch holds m·n.
+                unsafe {
+                    gemm_abt(
+                        m,
+                        n,
+                        kb,
+                        kc,
+                        a.add(r0 * kc + k0),
+                        b.at(c0, k0),
+                        scratch.as_mut_ptr(),
+                    );
+                }
+                for (r, part) in scratch.chunks_exact(n).enumerate() {
+                    add_widened(&mut acc[(r0 + r) * nj + c0..][..n], part);
+                }
             }
         }
+    }
+}
+
+/// `dst` (kc × rows) ← the transpose of `src` (rows × kc): eight rows at
+/// a time, so that each store is eight contiguous elements.
+fn transpose<E: Copy>(src: &[E], rows: usize, kc: usize, dst: &mut [E]) {
+    const B: usize = 8;
+    let full = rows / B * B;
+    for r0 in (0..full).step_by(B) {
+        let s: [&[E]; B] = std::array::from_fn(|i| &src[(r0 + i) * kc..][..kc]);
+        for (k, out) in dst.chunks_exact_mut(rows).enumerate().take(kc) {
+            let out: &mut [E; B] = (&mut out[r0..r0 + B]).try_into().expect("eight");
+            *out = std::array::from_fn(|i| s[i][k]);
+        }
+    }
+    for r in full..rows {
+        for (k, v) in src[r * kc..][..kc].iter().enumerate() {
+            dst[k * rows + r] = *v;
+        }
+    }
+}
+
+/// `acc[e] += part[e]` widened to `f64`.
+fn add_widened<E: Elem>(acc: &mut [f64], part: &[E]) {
+    for (s, v) in acc.iter_mut().zip(part) {
+        *s += v.widen();
     }
 }
 
@@ -630,26 +740,40 @@ impl<A: AsRef<[f32]>, B: AsRef<[f32]>> GramTile<'_, A, B> {
         let mut bufa = vec![G::E::default(); ni * KC];
         let same = matches!(self.right, Right::Same);
         let mut bufb = vec![G::E::default(); if same { 0 } else { nj * KC }];
+        // `gemm` takes tiles of at most 16 × 16 with rows contiguous along k
+        // into horizontal kernels (other sums, other bits): those keep the
+        // row-major operand.
+        let depth_major = G::DEPTH_MAJOR_RIGHT && ni * nj > 256;
+        let mut bt = vec![G::E::default(); if depth_major { nj * KC } else { 0 }];
         let mut scratch = Vec::new();
         let cols = self.cols;
         for c in self.chunks.clone() {
             let k0 = c * KC;
             let k1 = (k0 + KC).min(cols.k);
             let kc = k1 - k0;
-            let fill = |rows: &mut dyn Iterator<Item = &[f32]>, buf: &mut [G::E]| {
-                for (r, row) in rows.enumerate() {
-                    cols.gather(row, k0, k1, &mut buf[r * kc..(r + 1) * kc]);
-                }
-            };
-            fill(&mut self.left.iter().map(AsRef::as_ref), &mut bufa);
+            cols.gather_rows(self.left, k0, k1, &mut bufa);
             match &self.right {
                 Right::Same => {}
-                Right::Left(r) => fill(&mut r.iter().map(AsRef::as_ref), &mut bufb),
-                Right::Other(r) => fill(&mut r.iter().map(AsRef::as_ref), &mut bufb),
+                Right::Left(r) => cols.gather_rows(r, k0, k1, &mut bufb),
+                Right::Other(r) => cols.gather_rows(r, k0, k1, &mut bufb),
             }
-            let bp = if same { bufa.as_ptr() } else { bufb.as_ptr() };
-            // SAFETY: bufa holds ni rows of kc, bp nj rows of kc.
-            unsafe { G::accumulate(ni, nj, kc, bufa.as_ptr(), bp, &mut acc, &mut scratch) };
+            let rows = if same { &bufa[..] } else { &bufb[..] };
+            let b = if depth_major {
+                transpose(&rows[..nj * kc], nj, kc, &mut bt[..nj * kc]);
+                RightRows {
+                    ptr: bt.as_ptr(),
+                    row: 1,
+                    depth: nj,
+                }
+            } else {
+                RightRows {
+                    ptr: rows.as_ptr(),
+                    row: kc,
+                    depth: 1,
+                }
+            };
+            // SAFETY: bufa holds ni rows of kc, b reaches nj × kc.
+            unsafe { G::accumulate(ni, nj, kc, bufa.as_ptr(), b, same, &mut acc, &mut scratch) };
         }
         acc
     }
@@ -1609,9 +1733,7 @@ fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [f32
                                     gemm::Parallelism::None,
                                 );
                             }
-                            for (s, v) in acc[..ni * dc].iter_mut().zip(&scratch) {
-                                *s += f64::from(*v);
-                            }
+                            add_widened(&mut acc[..ni * dc], &scratch[..ni * dc]);
                         }
                         round_rows(&mut outs, i0, ni, &acc, |r, out, acc| {
                             weighted_block(&w_row(r), c0, out, acc)
@@ -1754,5 +1876,138 @@ pub fn gemm_throughput(size: usize, reps: usize) -> GemmThroughput {
         dgemm_one: flops / best(&run64) / 1e9,
         dgemm_all: threads as f64 * flops / all(&run64) / 1e9,
         sgemm_all: threads as f64 * flops / all(&run32) / 1e9,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` rows of `k` values in [−0.5, 0.5) from a seeded xorshift.
+    fn rows(seed: u64, n: usize, k: usize) -> Vec<f32> {
+        let mut s = seed | 1;
+        (0..n * k)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// What `GemmIn::accumulate` did before it worked in bands: one `gemm`
+    /// per column block over the whole tile, the right operand row-major.
+    fn one_call<E: Elem>(ni: usize, nj: usize, kc: usize, a: &[E], b: &[E]) -> Vec<f64> {
+        let mut acc = vec![0.0f64; ni * nj];
+        let mut scratch = vec![E::default(); ni * nj];
+        for k0 in (0..kc).step_by(E::BLOCK.min(kc)) {
+            let kb = E::BLOCK.min(kc - k0);
+            let right = RightRows {
+                ptr: b[k0..].as_ptr(),
+                row: kc,
+                depth: 1,
+            };
+            // SAFETY: a holds ni rows of kc, b nj rows of kc, scratch ni·nj.
+            unsafe {
+                gemm_abt(
+                    ni,
+                    nj,
+                    kb,
+                    kc,
+                    a[k0..].as_ptr(),
+                    right,
+                    scratch.as_mut_ptr(),
+                )
+            };
+            add_widened(&mut acc, &scratch);
+        }
+        acc
+    }
+
+    /// Bands, the depth-major right operand and the skipped lower blocks of
+    /// a diagonal tile change no bit of what the caller reads.
+    #[test]
+    fn banded_tiles_give_the_bits_of_one_call() {
+        fn check<E: Elem>(ni: usize, nj: usize) {
+            let kc = KC;
+            let a: Vec<E> = rows(3, ni, kc).into_iter().map(E::from_f32).collect();
+            let b: Vec<E> = rows(4, nj, kc).into_iter().map(E::from_f32).collect();
+            let mut bt = vec![E::default(); nj * kc];
+            transpose(&b, nj, kc, &mut bt);
+            for (k, col) in bt.chunks_exact(nj).enumerate() {
+                for (j, v) in col.iter().enumerate() {
+                    assert_eq!(v.widen(), b[j * kc + k].widen());
+                }
+            }
+            let right = RightRows {
+                ptr: bt.as_ptr(),
+                row: 1,
+                depth: nj,
+            };
+            let want = one_call(ni, nj, kc, &a, &b);
+            let mut got = vec![0.0f64; ni * nj];
+            let mut scratch = Vec::new();
+            // SAFETY: a holds ni rows of kc, bt is nj × kc depth-major.
+            unsafe {
+                GemmIn::<E>::accumulate(
+                    ni,
+                    nj,
+                    kc,
+                    a.as_ptr(),
+                    right,
+                    false,
+                    &mut got,
+                    &mut scratch,
+                );
+            }
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{ni}×{nj}");
+            if ni == nj {
+                let want = one_call(ni, ni, kc, &a, &a);
+                let mut at = vec![E::default(); ni * kc];
+                transpose(&a, ni, kc, &mut at);
+                let right = RightRows {
+                    ptr: at.as_ptr(),
+                    row: 1,
+                    depth: ni,
+                };
+                let mut got = vec![0.0f64; ni * ni];
+                // SAFETY: as above, the tile's own rows on the right.
+                unsafe {
+                    GemmIn::<E>::accumulate(
+                        ni,
+                        ni,
+                        kc,
+                        a.as_ptr(),
+                        right,
+                        true,
+                        &mut got,
+                        &mut scratch,
+                    );
+                }
+                for i in 0..ni {
+                    for j in i..ni {
+                        assert_eq!(
+                            got[i * ni + j].to_bits(),
+                            want[i * ni + j].to_bits(),
+                            "({i},{j})"
+                        );
+                    }
+                }
+            }
+        }
+        for (ni, nj) in [
+            (256, 256),
+            (244, 244),
+            (256, 244),
+            (130, 17),
+            (200, 200),
+            (90, 300),
+        ] {
+            check::<f32>(ni, nj);
+        }
+        check::<f64>(256, 256);
+        check::<f64>(150, 40);
     }
 }
