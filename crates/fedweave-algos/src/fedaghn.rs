@@ -360,12 +360,14 @@ pub fn server_step(
             })
             .unzip();
         let slices: Vec<&[f32]> = models.iter().map(|x| &x[rg.clone()]).collect();
-        let mut bars: Vec<&mut [f32]> = models_bar.iter_mut().map(|b| &mut b[rg.clone()]).collect();
-        let mut grads: Vec<&mut [f32]> = grads_q.iter_mut().map(|g| &mut g[rg.clone()]).collect();
-        rayon::join(
-            || kernels.mix_into(&alpha, &slices, &mut bars),
-            || kernels.mix_into(&beta, &slices, &mut grads),
-        );
+        // One product for both: each block of Θ is read and converted once.
+        let weights: Vec<&[f64]> = alpha.iter().chain(&beta).map(Vec::as_slice).collect();
+        let mut outs: Vec<&mut [f32]> = models_bar
+            .iter_mut()
+            .chain(grads_q.iter_mut())
+            .map(|row| &mut row[rg.clone()])
+            .collect();
+        kernels.mix_into(&weights, &slices, &mut outs);
         layer_rows.push(alpha);
     }
 
