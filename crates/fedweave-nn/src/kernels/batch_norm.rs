@@ -43,8 +43,8 @@ pub(crate) struct BnForward {
 
 /// Normalises `y` by its own per-channel statistics.
 pub(crate) fn forward(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f32) -> BnForward {
-    let mut out = vec![0.0f32; y.len()];
     let (mut mean, mut var, mut inv_std) = (Vec::new(), Vec::new(), Vec::new());
+    let mut affine = Vec::with_capacity(g.channels);
     for c in 0..g.channels {
         let sum: f64 = g.runs(c).map(|r| sum_f64(&y[r], |v| v)).sum();
         let m = (sum / g.count()) as f32;
@@ -54,15 +54,16 @@ pub(crate) fn forward(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f
             .sum();
         let v = (sq / g.count()) as f32;
         let s = 1.0 / (v + eps).sqrt();
-        let (scale, shift) = (gamma[c] * s, beta[c]);
-        for r in g.runs(c) {
-            for (o, &x) in out[r.clone()].iter_mut().zip(&y[r]) {
-                *o = (x - m) * scale + shift;
-            }
-        }
+        affine.push((m, gamma[c] * s, beta[c]));
         mean.push(m);
         var.push(v);
         inv_std.push(s);
+    }
+    // Written in memory order, so the output needs no zeroing first.
+    let mut out = Vec::with_capacity(y.len());
+    for (run, x) in y.chunks(g.hw.max(1)).enumerate() {
+        let (m, scale, shift) = affine[run % g.channels];
+        out.extend(x.iter().map(|&x| (x - m) * scale + shift));
     }
     BnForward {
         out,
@@ -115,8 +116,8 @@ pub(crate) fn backward(
     gamma: &[f32],
     dout: &[f32],
 ) -> BnGrads {
-    let mut dy = vec![0.0f32; y.len()];
     let (mut dgamma, mut dbeta) = (Vec::new(), Vec::new());
+    let mut coef = Vec::with_capacity(g.channels);
     for c in 0..g.channels {
         let (m, s) = (mean[c], inv_std[c]);
         let (mut sum_d, mut sum_dx) = (0.0f64, 0.0f64);
@@ -127,15 +128,19 @@ pub(crate) fn backward(
         }
         let (db, dg) = (sum_d as f32, sum_dx as f32);
         let (mean_d, mean_dx) = ((sum_d / g.count()) as f32, (sum_dx / g.count()) as f32);
-        let k = gamma[c] * s;
-        for r in g.runs(c) {
-            let (out, d, x) = (&mut dy[r.clone()], &dout[r.clone()], &y[r]);
-            for ((o, &d), &x) in out.iter_mut().zip(d).zip(x) {
-                *o = k * (d - mean_d - (x - m) * s * mean_dx);
-            }
-        }
+        coef.push((gamma[c] * s, mean_d, m, s, mean_dx));
         dgamma.push(dg);
         dbeta.push(db);
+    }
+    let hw = g.hw.max(1);
+    let mut dy = Vec::with_capacity(y.len());
+    for (run, (d, x)) in dout.chunks(hw).zip(y.chunks(hw)).enumerate() {
+        let (k, mean_d, m, s, mean_dx) = coef[run % g.channels];
+        dy.extend(
+            d.iter()
+                .zip(x)
+                .map(|(&d, &x)| k * (d - mean_d - (x - m) * s * mean_dx)),
+        );
     }
     BnGrads {
         y: dy,

@@ -180,8 +180,8 @@ impl ConvGeom {
                     for (bi, b) in images.clone().enumerate() {
                         let plane = &x[(b * self.c_in + c) * hw..][..hw];
                         let dst = &mut cols[row + bi * hw..][..hw];
-                        dst[..r_lo * w].fill(0.0);
-                        dst[r_hi * w..].fill(0.0);
+                        zero_edge(&mut dst[..r_lo * w]);
+                        zero_edge(&mut dst[r_hi * w..]);
                         // dst[q] = plane[q + off] where that index exists.
                         let qa = (r_lo * w).max((-off).max(0) as usize);
                         let qb = (r_hi * w).min((hw as isize - off).max(0) as usize);
@@ -190,7 +190,7 @@ impl ConvGeom {
                             dst[qa..qb].copy_from_slice(&plane[from..from + (qb - qa)]);
                         }
                         for r in r_lo..r_hi {
-                            dst[r * w + edge.start..r * w + edge.end].fill(0.0);
+                            zero_edge(&mut dst[r * w + edge.start..r * w + edge.end]);
                         }
                     }
                 }
@@ -239,8 +239,9 @@ impl ConvGeom {
     }
 }
 
-/// Zeroes the padding at the ends of an im2col row: one or two entries at
-/// the usual paddings, written in place (`fill` calls `memset` per edge).
+/// Zeroes a run of im2col padding: the one or two entries at the ends of a
+/// row at the usual paddings written in place (`fill` calls `memset` per
+/// run), longer runs filled.
 #[inline]
 fn zero_edge(dst: &mut [f32]) {
     match dst {
@@ -315,7 +316,8 @@ fn gemm_f32(
 /// The forward pass: `[batch, c_out, oh, ow]`.
 pub(crate) fn forward(g: &ConvGeom, x: &[f32], weight: &[f32], bias: &[f32]) -> Vec<f32> {
     let (k, ohw) = (g.k(), g.ohw());
-    let mut out = vec![0.0f32; g.out_len()];
+    // Filled in memory order (image, channel), so never zeroed first.
+    let mut out = Vec::with_capacity(g.out_len());
     let (mut cols, mut prod) = (Vec::new(), Vec::new());
     for images in g.blocks() {
         let n = images.len() * ohw;
@@ -332,13 +334,10 @@ pub(crate) fn forward(g: &ConvGeom, x: &[f32], weight: &[f32], bias: &[f32]) -> 
             &cols,
             (n, 1),
         );
-        for (bi, b) in images.enumerate() {
+        for bi in 0..images.len() {
             for (o, &bo) in bias.iter().enumerate() {
-                let dst = &mut out[(b * g.c_out + o) * ohw..][..ohw];
                 let src = &prod[o * n + bi * ohw..][..ohw];
-                for (d, s) in dst.iter_mut().zip(src) {
-                    *d = s + bo;
-                }
+                out.extend(src.iter().map(|s| s + bo));
             }
         }
     }
