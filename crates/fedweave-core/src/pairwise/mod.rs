@@ -1925,67 +1925,50 @@ mod tests {
         acc
     }
 
+    /// `GemmIn::accumulate` of `a` (`ni` rows of `KC`) and `b` (`nj` rows),
+    /// `b` handed over depth-major as `GramTile` does.
+    fn banded<E: Elem>(ni: usize, nj: usize, a: &[E], b: &[E], upper: bool) -> Vec<f64> {
+        let mut bt = vec![E::default(); nj * KC];
+        transpose(b, nj, KC, &mut bt);
+        for (k, col) in bt.chunks_exact(nj).enumerate() {
+            for (j, v) in col.iter().enumerate() {
+                assert_eq!(v.widen(), b[j * KC + k].widen());
+            }
+        }
+        let right = RightRows {
+            ptr: bt.as_ptr(),
+            row: 1,
+            depth: nj,
+        };
+        let mut got = vec![0.0f64; ni * nj];
+        // SAFETY: a holds ni rows of KC, bt is nj × KC depth-major.
+        unsafe {
+            GemmIn::<E>::accumulate(
+                ni,
+                nj,
+                KC,
+                a.as_ptr(),
+                right,
+                upper,
+                &mut got,
+                &mut Vec::new(),
+            );
+        }
+        got
+    }
+
     /// Bands, the depth-major right operand and the skipped lower blocks of
     /// a diagonal tile change no bit of what the caller reads.
     #[test]
     fn banded_tiles_give_the_bits_of_one_call() {
         fn check<E: Elem>(ni: usize, nj: usize) {
-            let kc = KC;
-            let a: Vec<E> = rows(3, ni, kc).into_iter().map(E::from_f32).collect();
-            let b: Vec<E> = rows(4, nj, kc).into_iter().map(E::from_f32).collect();
-            let mut bt = vec![E::default(); nj * kc];
-            transpose(&b, nj, kc, &mut bt);
-            for (k, col) in bt.chunks_exact(nj).enumerate() {
-                for (j, v) in col.iter().enumerate() {
-                    assert_eq!(v.widen(), b[j * kc + k].widen());
-                }
-            }
-            let right = RightRows {
-                ptr: bt.as_ptr(),
-                row: 1,
-                depth: nj,
-            };
-            let want = one_call(ni, nj, kc, &a, &b);
-            let mut got = vec![0.0f64; ni * nj];
-            let mut scratch = Vec::new();
-            // SAFETY: a holds ni rows of kc, bt is nj × kc depth-major.
-            unsafe {
-                GemmIn::<E>::accumulate(
-                    ni,
-                    nj,
-                    kc,
-                    a.as_ptr(),
-                    right,
-                    false,
-                    &mut got,
-                    &mut scratch,
-                );
-            }
+            let a: Vec<E> = rows(3, ni, KC).into_iter().map(E::from_f32).collect();
+            let b: Vec<E> = rows(4, nj, KC).into_iter().map(E::from_f32).collect();
             let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let (got, want) = (banded(ni, nj, &a, &b, false), one_call(ni, nj, KC, &a, &b));
             assert_eq!(bits(&got), bits(&want), "{ni}×{nj}");
             if ni == nj {
-                let want = one_call(ni, ni, kc, &a, &a);
-                let mut at = vec![E::default(); ni * kc];
-                transpose(&a, ni, kc, &mut at);
-                let right = RightRows {
-                    ptr: at.as_ptr(),
-                    row: 1,
-                    depth: ni,
-                };
-                let mut got = vec![0.0f64; ni * ni];
-                // SAFETY: as above, the tile's own rows on the right.
-                unsafe {
-                    GemmIn::<E>::accumulate(
-                        ni,
-                        ni,
-                        kc,
-                        a.as_ptr(),
-                        right,
-                        true,
-                        &mut got,
-                        &mut scratch,
-                    );
-                }
+                let (got, want) = (banded(ni, ni, &a, &a, true), one_call(ni, ni, KC, &a, &a));
                 for i in 0..ni {
                     for j in i..ni {
                         assert_eq!(
