@@ -23,6 +23,13 @@ impl BnGeom {
         (0..self.batch).map(move |b| (b * channels + c) * hw..(b * channels + c + 1) * hw)
     }
 
+    /// Every `hw`-long run in memory order, with its channel: how the
+    /// outputs are written, so they need no zeroing first.
+    fn runs_in_order(&self) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> + use<> {
+        let (channels, hw) = (self.channels, self.hw);
+        (0..self.batch * channels).map(move |r| (r % channels, r * hw..(r + 1) * hw))
+    }
+
     fn count(&self) -> f64 {
         (self.batch * self.hw) as f64
     }
@@ -59,11 +66,10 @@ pub(crate) fn forward(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f
         var.push(v);
         inv_std.push(s);
     }
-    // Written in memory order, so the output needs no zeroing first.
     let mut out = Vec::with_capacity(y.len());
-    for (run, x) in y.chunks(g.hw.max(1)).enumerate() {
-        let (m, scale, shift) = affine[run % g.channels];
-        out.extend(x.iter().map(|&x| (x - m) * scale + shift));
+    for (c, r) in g.runs_in_order() {
+        let (m, scale, shift) = affine[c];
+        out.extend(y[r].iter().map(|&x| (x - m) * scale + shift));
     }
     BnForward {
         out,
@@ -132,13 +138,13 @@ pub(crate) fn backward(
         dgamma.push(dg);
         dbeta.push(db);
     }
-    let hw = g.hw.max(1);
     let mut dy = Vec::with_capacity(y.len());
-    for (run, (d, x)) in dout.chunks(hw).zip(y.chunks(hw)).enumerate() {
-        let (k, mean_d, m, s, mean_dx) = coef[run % g.channels];
+    for (c, r) in g.runs_in_order() {
+        let (k, mean_d, m, s, mean_dx) = coef[c];
         dy.extend(
-            d.iter()
-                .zip(x)
+            dout[r.clone()]
+                .iter()
+                .zip(&y[r])
                 .map(|(&d, &x)| k * (d - mean_d - (x - m) * s * mean_dx)),
         );
     }
