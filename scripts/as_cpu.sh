@@ -3,10 +3,11 @@
 # depend on the CPU (docs: README "Determinism") are recorded for it:
 #   scripts/as_cpu.sh x86-64-v3 32K 8 -- cargo test ...
 # SIMD level: x86-64-v4 runs natively (needs an AVX-512 host); x86-64-v3 runs
-# every binary under qemu-user's TCG CPU `max` (AVX2 + FMA, no AVX-512;
-# Debian package qemu-user). L1 data cache (size, ways): what gemm's blocking
-# reads from sysfs, shown through a bind mount in a private mount namespace
-# (needs root and util-linux `unshare`).
+# natively on a host without AVX-512 and otherwise every binary under
+# qemu-user's TCG CPU `max` (AVX2 + FMA, no AVX-512; Debian package qemu-user).
+# L1 data cache (size, ways): what gemm's blocking reads from sysfs, shown
+# through a bind mount in a private mount namespace (needs root and util-linux
+# `unshare`).
 set -euo pipefail
 [ $# -ge 4 ] && [ "$4" = "--" ] || { echo "usage: $0 x86-64-v3|x86-64-v4 L1D_SIZE L1D_WAYS -- COMMAND..." >&2; exit 2; }
 level=$1 size=$2 ways=$3; shift 4
@@ -26,9 +27,16 @@ for cpu in /sys/devices/system/cpu/cpu[0-9]*; do
     fi
   done
 done
+# The host's own level needs no emulator: an AVX2 host without AVX-512 runs
+# x86-64-v3 natively (under qemu the golden tests take ~25 min more, which
+# once pushed CI past its limit on such a host).
+host=x86-64-v4
+for f in avx512f avx512bw avx512cd avx512dq avx512vl; do
+  grep -qw "$f" /proc/cpuinfo || host=x86-64-v3
+done
 case "$level" in
   x86-64-v4) runner="" ;;
-  x86-64-v3) runner="qemu-x86_64 -cpu max" ;;
+  x86-64-v3) if [ "$host" = x86-64-v3 ]; then runner=""; else runner="qemu-x86_64 -cpu max"; fi ;;
   *) echo "unknown level $level" >&2; exit 2 ;;
 esac
 # cargo runs test binaries through the runner; any other command runs under it.
