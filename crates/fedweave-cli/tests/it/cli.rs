@@ -283,7 +283,7 @@ fn resume_after_kill_9_equals_an_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_config(
         dir.path(),
-        "seed = 2\nclients = 6\nrounds = 40\nthreads = 1\n[data]\ndataset = \"digits\"\n\
+        "seed = 2\nclients = 6\nrounds = 12\nthreads = 1\n[data]\ndataset = \"digits\"\n\
          [partition]\nkind = \"dirichlet\"\nbeta = 0.5\n[model]\nkind = \"mlp\"\n\
          [train]\nlocal_iterations = 150\nbatch_size = 32\nlr = 0.05\n[algorithm]\nname = \"fedaghn\"\n",
     );
