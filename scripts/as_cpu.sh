@@ -30,12 +30,10 @@ done
 # The host's own level needs no emulator: an AVX2 host without AVX-512 runs
 # x86-64-v3 natively (under qemu the golden tests take ~25 min more, which
 # once pushed CI past its limit on such a host).
-host=x86-64-v4
-for f in avx512f avx512bw avx512cd avx512dq avx512vl; do
-  grep -qw "$f" /proc/cpuinfo || host=x86-64-v3
-done
+host=$("$(dirname "$0")"/host_simd_level.sh)
 case "$level" in
-  x86-64-v4) runner="" ;;
+  x86-64-v4) [ "$host" = x86-64-v4 ] || { echo "x86-64-v4 needs an AVX-512 host (this one is $host)" >&2; exit 2; }
+             runner="" ;;
   x86-64-v3) if [ "$host" = x86-64-v3 ]; then runner=""; else runner="qemu-x86_64 -cpu max"; fi ;;
   *) echo "unknown level $level" >&2; exit 2 ;;
 esac

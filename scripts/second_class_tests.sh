@@ -17,10 +17,7 @@ if [ ! -r /sys/devices/system/cpu/cpu0/cache/index0/size ] || ! command -v unsha
   echo "second_class_tests: no cache information in sysfs (or no unshare); skipped" >&2
   exit 0
 fi
-level=x86-64-v4   # macerator's v4: AVX-512 F, BW, CD, DQ and VL
-for f in avx512f avx512bw avx512cd avx512dq avx512vl; do
-  grep -qw "$f" /proc/cpuinfo || level=x86-64-v3
-done
+level=$(scripts/host_simd_level.sh)
 l1=$(cat /sys/devices/system/cpu/cpu0/cache/index0/size)
 if [ "$l1" = 32K ]; then other=(48K 12); else other=(32K 8); fi
 echo "== $level with a ${other[0]} ${other[1]}-way L1d"
