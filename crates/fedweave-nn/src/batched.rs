@@ -39,7 +39,7 @@
 use crate::NnError;
 use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
-use crate::kernels::conv2d;
+use crate::kernels::{conv2d, sgd_momentum};
 use crate::model::{BN_EPS, ModelSpec, channel_sums};
 use crate::resident::{BatchStats, LossLog, RunningStats};
 use crate::train::{TrainConfig, TrainStats};
@@ -368,19 +368,14 @@ impl<'a> BatchedTrainer<'a> {
     /// step get their old parameters and momentum back (selected, not
     /// recomputed, so they stay bit-identical).
     fn update(&mut self, grad: Vec<Tensor<2>>, step: &Step, lr: f32) {
-        let SgdConfig {
-            momentum,
-            weight_decay,
-        } = self.sgd;
+        let hyper = self.sgd.with_lr(lr);
         let resting: Vec<bool> = step.sizes.iter().map(|&n| n == 0).collect();
         let any_resting = resting.iter().any(|&r| r);
         let inner = self.device.clone().inner();
         let params = std::mem::take(&mut self.params);
         let buffers = std::mem::take(&mut self.momentum);
         for ((theta, buf), g) in params.into_iter().zip(buffers).zip(grad) {
-            let g = g.add(theta.clone().mul_scalar(weight_decay));
-            let mut new_buf = buf.clone().mul_scalar(momentum).add(g);
-            let mut new_theta = theta.clone().sub(new_buf.clone().mul_scalar(lr));
+            let (mut new_theta, mut new_buf) = sgd_momentum(theta.clone(), buf.clone(), g, hyper);
             if any_resting {
                 let len = theta.dims()[1];
                 let mask = Tensor::<2, Bool>::from_data(

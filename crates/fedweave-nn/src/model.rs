@@ -404,11 +404,21 @@ impl Norm<'_> {
     ) -> Tensor<4> {
         let device = y.device();
         let [_, _, h, w] = y.dims();
-        // The CPU backend's fused kernel; other backends compose burn's ops.
+        // The CPU backend in `f32`: fedweave's fused kernel; the GPU backends:
+        // burn's operations with a backward step of contiguous sums; the CPU
+        // in `f64`: the composition below.
+        type Train = fn(Tensor<4>, Tensor<1>, Tensor<1>, f32) -> (Tensor<4>, Tensor<1>, Tensor<1>);
+        let fused: Option<Train> = if kernels::on_cpu_f32(&y) {
+            Some(kernels::batch_norm_train)
+        } else if !kernels::on_cpu(&y) {
+            Some(kernels::batch_norm_ops)
+        } else {
+            None
+        };
         if let Norm::Batch(record, _) = self
-            && kernels::on_cpu_f32(&y)
+            && let Some(train) = fused
         {
-            let (out, mean, var) = kernels::batch_norm_train(y, gamma.t1(), beta.t1(), BN_EPS);
+            let (out, mean, var) = train(y, gamma.t1(), beta.t1(), BN_EPS);
             debug_assert_eq!(record.len(), which, "batch norms run in order");
             let (mean, var) = (mean.reshape([1, c, 1, 1]), var.reshape([1, c, 1, 1]));
             record.push(BatchStats::of(&mean, &var, h * w));

@@ -61,6 +61,7 @@ use crate::Augment;
 use crate::auxiliary::{AuxObjective, Body};
 use crate::batch::{Batch, LocalData};
 use crate::extra::{DeviceTerm, ExtraLoss};
+use crate::kernels::{Sgd, sgd_momentum};
 use crate::model::{ModelSpec, Norm, ParamTensor, RegressionLoss};
 use crate::objective::{Objective, Outputs, cross_entropy};
 use crate::resident::{LossLog, RunningStats};
@@ -80,6 +81,17 @@ pub struct SgdConfig {
     pub momentum: f32,
     /// L2 weight decay added to the gradient.
     pub weight_decay: f32,
+}
+
+impl SgdConfig {
+    /// The constants of one step with learning rate `lr`.
+    pub(crate) fn with_lr(self, lr: f32) -> Sgd {
+        Sgd {
+            lr,
+            momentum: self.momentum,
+            weight_decay: self.weight_decay,
+        }
+    }
 }
 
 /// Walks a client's samples in mini-batches in a shuffled order, reshuffled
@@ -510,10 +522,7 @@ impl<'a> LocalTrainer<'a> {
             .grad
             .as_ref()
             .expect("LocalTrainer::step needs a gradient: call loss_and_grad first");
-        let SgdConfig {
-            momentum,
-            weight_decay,
-        } = self.sgd;
+        let hyper = self.sgd.with_lr(lr);
         let params = std::mem::take(&mut self.params);
         let buffers = std::mem::take(&mut self.momentum);
         let tensors = self.spec.layout().tensors();
@@ -530,9 +539,7 @@ impl<'a> LocalTrainer<'a> {
             } else {
                 (Some(theta.clone()), Some(buf.clone()))
             };
-            let g = g.clone().add(theta.clone().mul_scalar(weight_decay));
-            let mut buf = buf.mul_scalar(momentum).add(g);
-            let mut theta = theta.sub(buf.clone().mul_scalar(lr));
+            let (mut theta, mut buf) = sgd_momentum(theta, buf, g.clone(), hyper);
             if let (Some(old_theta), Some(old_buf)) = (old_theta, old_buf) {
                 for r in kept {
                     theta = theta.slice_assign([r.clone()], old_theta.clone().slice([r.clone()]));

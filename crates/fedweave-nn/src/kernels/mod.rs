@@ -17,9 +17,11 @@
 //! weight gradient of one convolution instead of one per group.
 
 mod batch_norm;
+mod batch_norm_ops;
 mod conv;
 mod grouped;
 mod pool;
+mod sgd;
 
 use batch_norm::BnGeom;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -71,15 +73,16 @@ pub trait CpuKernels: Backend {
 
 /// burn's `conv2d`, through [`conv`] where it applies: the CPU backend,
 /// `f32`, no dilation, one group, equal stride and padding on both axes.
-/// Grouped convolutions, on every backend, through [`grouped`] (one
-/// convolution for the weight gradient instead of one per group).
+/// Grouped convolutions on every backend, and every convolution off the
+/// CPU, through [`grouped`] (one convolution for a grouped weight gradient
+/// instead of one per group; a batched matmul for a dense one).
 pub(crate) fn conv2d(
     x: Tensor<4>,
     weight: Tensor<4>,
     bias: Option<Tensor<1>>,
     options: ConvOptions<2>,
 ) -> Tensor<4> {
-    if options.groups > 1 {
+    if options.groups > 1 || !on_cpu(&x) {
         return grouped::conv2d(x, weight, bias, options);
     }
     let Some((s, p)) = square_geometry(&options)
@@ -133,8 +136,16 @@ pub(crate) fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> 
 /// Whether the kernels can take `x`: an `f32` tensor on the CPU backend
 /// (with or without autodiff).
 pub(crate) fn on_cpu_f32(x: &Tensor<4>) -> bool {
-    x.device().inner() == Device::flex() && x.dtype() == DType::F32
+    on_cpu(x) && x.dtype() == DType::F32
 }
+
+/// Whether `x` lives on the CPU backend (with or without autodiff).
+pub(crate) fn on_cpu(x: &Tensor<4>) -> bool {
+    x.device().inner() == Device::flex()
+}
+
+pub(crate) use batch_norm_ops::batch_norm_train as batch_norm_ops;
+pub(crate) use sgd::{Sgd, sgd_momentum};
 
 /// Training-mode batch norm through [`batch_norm`] (where [`on_cpu_f32`]
 /// says): the output and the batch's mean and variance

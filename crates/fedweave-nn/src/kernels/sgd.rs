@@ -1,0 +1,240 @@
+//! One momentum-SGD update of a parameter tensor: `g = grad + wd·θ;
+//! buf ← m·buf + g; θ ← θ − lr·buf` (PyTorch, dampening 0).
+//!
+//! As burn's operations that is six element-wise kernels per tensor. On the
+//! CPU that is the arithmetic the goldens pin (one rounded `f32` operation
+//! each), and it stays. On a GPU a batched step of small models is bound
+//! by the host's launches (~59 µs each on an H100), and the update was a
+//! third of them (docs/results.md, "GPU, session 19"): the cube backend
+//! computes it in one kernel per tensor, writing θ and the buffer at once.
+
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::tensor::Tensor;
+
+/// Momentum SGD's update as one operation.
+#[backend_extension(
+    Flex,
+    Cube: cfg(any(feature = "cuda", feature = "wgpu"))
+)]
+pub trait SgdStep: Backend {
+    /// θ and the momentum buffer after one step along `grad` (all three of
+    /// one shape): `g = grad + weight_decay·θ`, `buf ← momentum·buf + g`,
+    /// `θ ← θ − lr·buf`.
+    fn sgd_momentum(
+        theta: FloatTensor<Self>,
+        buf: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        hyper: Sgd,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// The step's constants.
+#[derive(Clone, Copy, Debug)]
+pub struct Sgd {
+    /// Learning rate.
+    pub lr: f32,
+    /// Momentum factor.
+    pub momentum: f32,
+    /// L2 weight decay added to the gradient.
+    pub weight_decay: f32,
+}
+
+/// [`SgdStep::sgd_momentum`] on tensors without autodiff (the trainers'
+/// parameters, buffers and gradients).
+pub(crate) fn sgd_momentum<const D: usize>(
+    theta: Tensor<D>,
+    buf: Tensor<D>,
+    grad: Tensor<D>,
+    hyper: Sgd,
+) -> (Tensor<D>, Tensor<D>) {
+    let (theta, buf) = <Dispatch as SgdStep>::sgd_momentum(
+        theta.into_dispatch(),
+        buf.into_dispatch(),
+        grad.into_dispatch(),
+        hyper,
+    );
+    (Tensor::from_dispatch(theta), Tensor::from_dispatch(buf))
+}
+
+/// The update as burn's element-wise operations, in the order the goldens
+/// pin.
+fn composed<B: Backend>(
+    theta: FloatTensor<B>,
+    buf: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    hyper: Sgd,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let decay = B::float_mul_scalar(theta.clone(), hyper.weight_decay.into());
+    let g = B::float_add(grad, decay);
+    let buf = B::float_add(B::float_mul_scalar(buf, hyper.momentum.into()), g);
+    let step = B::float_mul_scalar(buf.clone(), hyper.lr.into());
+    (B::float_sub(theta, step), buf)
+}
+
+impl SgdStep for Flex {
+    fn sgd_momentum(
+        theta: FloatTensor<Self>,
+        buf: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        hyper: Sgd,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        composed::<Self>(theta, buf, grad, hyper)
+    }
+}
+
+/// With burn's `fusion` (`cuda-tuned`) the cube backend fuses the
+/// element-wise operations itself.
+#[cfg(feature = "cuda-tuned")]
+impl SgdStep for burn::backend::Cube {
+    fn sgd_momentum(
+        theta: FloatTensor<Self>,
+        buf: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        hyper: Sgd,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        composed::<Self>(theta, buf, grad, hyper)
+    }
+}
+
+#[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
+mod cube {
+    use super::{Sgd, SgdStep, composed};
+    use burn::backend::tensor::FloatTensor;
+    use burn::tensor::DType;
+    use burn_cubecl::CubeBackend;
+    use burn_cubecl::ops::numeric::empty_device_dtype;
+    use burn_cubecl::tensor::CubeTensor;
+    use cubecl::prelude::*;
+    use cubecl::std::tensor::layout::linear::{LinearView, LinearViewMut};
+    use cubecl::{CubeDim, calculate_cube_count_elemwise};
+
+    /// One thread per element: reads θ, the buffer and the gradient once,
+    /// writes the new θ and buffer.
+    #[cube(launch_unchecked, address_type = "dynamic")]
+    #[allow(clippy::too_many_arguments)]
+    fn sgd_momentum_kernel<F: Float>(
+        theta: LinearView<'_, F>,
+        buf: LinearView<'_, F>,
+        grad: LinearView<'_, F>,
+        mut theta_out: LinearViewMut<'_, F>,
+        mut buf_out: LinearViewMut<'_, F>,
+        lr: InputScalar,
+        momentum: InputScalar,
+        weight_decay: InputScalar,
+        #[define(F)] _dtype: ElemType,
+    ) {
+        if !theta_out.is_in_bounds(ABSOLUTE_POS) {
+            terminate!();
+        }
+        let t = theta.read(ABSOLUTE_POS);
+        let g = grad.read(ABSOLUTE_POS) + t * weight_decay.get::<F>();
+        let b = buf.read(ABSOLUTE_POS) * momentum.get::<F>() + g;
+        buf_out.write(ABSOLUTE_POS, b);
+        theta_out.write(ABSOLUTE_POS, t - b * lr.get::<F>());
+    }
+
+    impl SgdStep for CubeBackend {
+        fn sgd_momentum(
+            theta: CubeTensor,
+            buf: CubeTensor,
+            grad: CubeTensor,
+            hyper: Sgd,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+            let shape = theta.meta.shape().clone();
+            let fits = theta.dtype == DType::F32
+                && [&buf, &grad]
+                    .iter()
+                    .all(|t| t.dtype == DType::F32 && *t.meta.shape() == shape);
+            let n = shape.num_elements();
+            if !fits || n == 0 {
+                return composed::<Self>(theta, buf, grad, hyper);
+            }
+            let client = theta.client.clone();
+            let out = || {
+                empty_device_dtype(
+                    client.clone(),
+                    theta.device.clone(),
+                    shape.clone(),
+                    DType::F32,
+                )
+            };
+            let (theta_out, buf_out) = (out(), out());
+            let address = [&theta, &buf, &grad, &theta_out, &buf_out]
+                .iter()
+                .map(|t| t.required_address_type())
+                .max()
+                .unwrap_or_default();
+            let cube_dim = CubeDim::new(&client, n);
+            let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
+            let elem = ElemType::Float(FloatKind::F32);
+            let scalar = |v: f32| InputScalar::new(v, elem);
+            // SAFETY: every view covers `n` elements of a live buffer and the
+            // kernel returns for positions past `n`.
+            unsafe {
+                sgd_momentum_kernel::launch_unchecked(
+                    &client,
+                    cube_count,
+                    cube_dim,
+                    address,
+                    theta.into_linear_view(),
+                    buf.into_linear_view(),
+                    grad.into_linear_view(),
+                    theta_out.clone().into_linear_view(),
+                    buf_out.clone().into_linear_view(),
+                    scalar(hyper.lr),
+                    scalar(hyper.momentum),
+                    scalar(hyper.weight_decay),
+                    elem,
+                );
+            }
+            (theta_out, buf_out)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{Device, TensorData};
+
+    /// On the CPU the operation is the six element-wise tensor operations
+    /// the trainers used before, bit for bit, and equals the formula.
+    #[test]
+    fn the_cpu_update_is_the_composed_one_bit_for_bit() {
+        let device = Device::flex();
+        let make = |seed: f32| {
+            let v: Vec<f32> = (0..37).map(|i| (i as f32 * seed).sin() * 3.0).collect();
+            Tensor::<1>::from_data(TensorData::new(v, [37]), &device)
+        };
+        let (theta, buf, grad) = (make(1.3), make(0.7), make(2.9));
+        let hyper = Sgd {
+            lr: 0.05,
+            momentum: 0.9,
+            weight_decay: 1e-3,
+        };
+        let (t1, b1) = sgd_momentum(theta.clone(), buf.clone(), grad.clone(), hyper);
+        let g = grad
+            .clone()
+            .add(theta.clone().mul_scalar(hyper.weight_decay));
+        let b2 = buf.clone().mul_scalar(hyper.momentum).add(g);
+        let t2 = theta.clone().sub(b2.clone().mul_scalar(hyper.lr));
+        let bits = |t: Tensor<1>| -> Vec<u32> {
+            t.into_data()
+                .try_to_vec::<f32>()
+                .expect("f32")
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        assert_eq!(bits(t1.clone()), bits(t2));
+        assert_eq!(bits(b1.clone()), bits(b2));
+        let read = |t: Tensor<1>| t.into_data().try_to_vec::<f32>().expect("f32");
+        let (th, bu, gr) = (read(theta), read(buf), read(grad));
+        for (i, (t, b)) in read(t1).into_iter().zip(read(b1)).enumerate() {
+            let want_b = 0.9 * bu[i] + gr[i] + 1e-3 * th[i];
+            assert!((b - want_b).abs() < 1e-5, "buf[{i}]: {b} vs {want_b}");
+            assert!((t - (th[i] - 0.05 * want_b)).abs() < 1e-5, "θ[{i}]");
+        }
+    }
+}
