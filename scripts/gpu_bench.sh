@@ -9,12 +9,16 @@
 #            /usr/share/datasets/fashion-mnist)
 #   --out    where the results go (default: gpu-results)
 #   --quick  shorter measurements (1 s instead of 3 s each)
-#   --parts  comma-separated subset of: train, server, server-cpu, runs, runs-one-by-one,
-#            torch, profile (default: all; runs-one-by-one is PFLlib's setting without
-#            batching, the longest part)
+#   --parts  comma-separated subset of: check, train, server, server-cpu, runs,
+#            runs-one-by-one, torch, profile (default: all; runs-one-by-one is PFLlib's
+#            setting without batching, the longest part)
 #   --tag    a suffix for the training files (train_cuda-TAG.jsonl): two binaries, one folder
 #
 # What it measures, each part under its own time limit so one stuck part costs only itself:
+#   0. A check that the GPU trains what the CPU trains: the same short pFedGraph run with
+#      `cnn-bn` (convolutions, batch norm, momentum SGD: every GPU-only kernel path) on the
+#      CPU backend, on CUDA one client at a time and on CUDA with `batch_clients = 10`;
+#      each client's test accuracy must agree within 1 point (float rounding only).
 #   1. `fedweave bench --backend cuda`: client-steps/s of mlp, cnn, cnn-bn and resnet8 at
 #      K = 1, 10 and 100, one client at a time and K batched.
 #   2. the server step of fedavg/pfedgraph/feddwa/fedaghn at N = 500 and 1000 for cnn-bn
@@ -41,7 +45,7 @@ data=/usr/share/datasets/fashion-mnist
 out=gpu-results
 secs=3
 rounds=3
-parts=train,server,server-cpu,runs,runs-one-by-one,torch,profile
+parts=check,train,server,server-cpu,runs,runs-one-by-one,torch,profile
 tag=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -68,7 +72,7 @@ export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
     die "no libdevice.10.bc under \$CUDA_PATH/nvvm/libdevice (CUDA_PATH=$CUDA_PATH): install a CUDA toolkit or pip install nvidia-cuda-nvcc-cu12 and set CUDA_PATH to its nvidia/cuda_nvcc folder"
 # wanted GROUP: whether --parts asked for this group of measurements.
 wanted() { [[ ",$parts," == *",$1,"* ]]; }
-if wanted runs || wanted runs-one-by-one; then
+if wanted check || wanted runs || wanted runs-one-by-one; then
     for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
         [ -f "$data/$f" ] || [ -f "$data/$f.gz" ] || die "Fashion-MNIST's $f(.gz) is not in $data"
     done
@@ -122,6 +126,32 @@ severe=(--set partition.kind='"pathological"' --set partition.classes_per_client
 pfllib=(--set algorithm.name='"fedavg"' --set model.kind='"cnn-bn"' --set partition.kind='"dirichlet"'
     --set partition.beta=0.1 --set train.local_iterations=0 --set train.local_epochs=2
     --set train.batch_size=10 --set train.lr=0.005 --set train.momentum=0.0 --set train.weight_decay=0.0)
+if wanted check; then
+    check=(--set model.kind='"cnn-bn"' --set rounds=2 --set train.local_iterations=20
+        --set eval.select='"last"')
+    run check-cpu 60 examples/fmnist_pfedgraph.toml "${check[@]}"
+    run check-cuda 60 examples/fmnist_pfedgraph.toml "${check[@]}" --set device.backend='"cuda"'
+    run check-cuda-batched 60 examples/fmnist_pfedgraph.toml "${check[@]}" \
+        --set device.backend='"cuda"' --set device.batch_clients=10
+    python3 - "$out/runs" <<'PY' | tee -a "$log" "$out/check.md"
+import json, pathlib, sys
+runs = pathlib.Path(sys.argv[1])
+acc = {}
+for name in ("check-cpu", "check-cuda", "check-cuda-batched"):
+    p = runs / name / "summary.json"
+    acc[name] = json.loads(p.read_text())["per_client_test_acc"] if p.exists() else None
+cpu = acc["check-cpu"]
+for name in ("check-cuda", "check-cuda-batched"):
+    gpu = acc[name]
+    if cpu is None or gpu is None:
+        print(f"check {name}: FAILED (a run did not finish)")
+        continue
+    worst = max(abs(a - b) for a, b in zip(cpu, gpu))
+    verdict = "ok" if worst <= 0.01 else "FAILED"
+    print(f"check {name}: {verdict}: per-client test accuracy within {worst:.4f} of the CPU's "
+          f"(mean {sum(gpu) / len(gpu):.4f} vs {sum(cpu) / len(cpu):.4f})")
+PY
+fi
 if wanted runs; then
 run severe-cuda 80 examples/fmnist_pfedgraph.toml "${severe[@]}" --set device.backend='"cuda"'
 run severe-cuda-batched 80 examples/fmnist_pfedgraph.toml "${severe[@]}" --set device.backend='"cuda"' \
@@ -215,7 +245,7 @@ if runs:
         print(f"| {p.parent.name} | {s.get('rounds')} | {s.get('seconds_per_round_median', float('nan')):.2f} | "
               f"{s.get('wall_seconds', float('nan')):.1f} | {s.get('mean_test_acc', float('nan')):.4f} |")
     print()
-for name in ("torch_cuda_b64.md", "torch_cuda_b10.md", "torch_many_b16.md") + tuple(
+for name in ("check.md", "torch_cuda_b64.md", "torch_cuda_b10.md", "torch_many_b16.md") + tuple(
         p.name for p in sorted(out.glob("profile*.md"))):
     p = out / name
     if p.exists():

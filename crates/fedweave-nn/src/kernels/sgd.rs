@@ -105,6 +105,7 @@ mod cube {
     use burn_cubecl::CubeBackend;
     use burn_cubecl::ops::numeric::empty_device_dtype;
     use burn_cubecl::tensor::CubeTensor;
+    use cubecl::ir::FloatKind;
     use cubecl::prelude::*;
     use cubecl::std::tensor::layout::linear::{LinearView, LinearViewMut};
     use cubecl::{CubeDim, calculate_cube_count_elemwise};
