@@ -6,7 +6,7 @@
 use anyhow::Context;
 use fedweave_algos::server_bench::{self, METHODS};
 use fedweave_core::pairwise::Kernels;
-use fedweave_nn::throughput::{self, CLASSES, SyntheticClient, Workload};
+use fedweave_nn::throughput::{self, CLASSES, SyntheticData, Workload};
 use fedweave_nn::{Backend, BurnOffload, ModelKind, ModelSpec};
 use serde::Deserialize;
 use serde::de::IntoDeserializer;
@@ -187,9 +187,7 @@ fn train(
     k: usize,
     args: &BenchArgs,
 ) -> anyhow::Result<()> {
-    let data: Vec<SyntheticClient> = (0..k.min(10))
-        .map(|c| SyntheticClient::new(spec.input_len(), c as u64))
-        .collect();
+    let data = SyntheticData::new(spec.input_len(), k.min(10), 0);
     // A two-step probe of one client sizes the run to about --seconds.
     let probe = Workload {
         spec,

@@ -12,7 +12,7 @@
 //! Run: `cargo bench -p fedweave-nn --bench batched`
 //! (`FEDWEAVE_BENCH_K=1,10` to choose K).
 
-use fedweave_nn::throughput::{CLASSES, SyntheticClient, Workload};
+use fedweave_nn::throughput::{CLASSES, SyntheticData, Workload};
 use fedweave_nn::{ModelKind, ModelSpec};
 
 const BATCH: usize = 64;
@@ -20,9 +20,7 @@ const BATCH: usize = 64;
 /// Seconds for K clients × `steps` steps: one after another on one thread,
 /// and batched.
 fn time_case(spec: &ModelSpec, k: usize, steps: usize) -> (f64, f64) {
-    let data: Vec<SyntheticClient> = (0..k.min(10))
-        .map(|c| SyntheticClient::new(spec.input_len(), c as u64))
-        .collect();
+    let data = SyntheticData::new(spec.input_len(), k.min(10), 0);
     let work = Workload {
         spec,
         data: &data,

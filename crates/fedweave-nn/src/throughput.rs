@@ -37,32 +37,39 @@ pub fn bench_input(kind: ModelKind) -> Option<[usize; 3]> {
     }
 }
 
-/// One synthetic client's data.
-pub struct SyntheticClient {
+/// Synthetic clients' data as a simulated split holds it: one table of
+/// random samples, each client an index range of [`SAMPLES_PER_CLIENT`]
+/// rows (so the batched trainer can keep the table on a GPU, as in a run).
+pub struct SyntheticData {
     x: Vec<f32>,
     y: Vec<u32>,
     idx: Vec<usize>,
+    clients: usize,
 }
 
-impl SyntheticClient {
-    /// [`SAMPLES_PER_CLIENT`] uniform samples of `input_len` values and
-    /// uniform labels, from `seed`.
-    pub fn new(input_len: usize, seed: u64) -> Self {
+impl SyntheticData {
+    /// `clients` (at least 1) × [`SAMPLES_PER_CLIENT`] uniform samples of
+    /// `input_len` values and uniform labels, from `seed`.
+    pub fn new(input_len: usize, clients: usize, seed: u64) -> Self {
         let mut rng = rng_stream(seed, 0, 0, Purpose::Dataset);
+        let clients = clients.max(1);
+        let rows = clients * SAMPLES_PER_CLIENT;
         Self {
-            x: (0..SAMPLES_PER_CLIENT * input_len)
-                .map(|_| rng.random::<f32>())
-                .collect(),
-            y: (0..SAMPLES_PER_CLIENT)
+            x: (0..rows * input_len).map(|_| rng.random::<f32>()).collect(),
+            y: (0..rows)
                 .map(|_| rng.random_range(0..CLASSES as u32))
                 .collect(),
-            idx: (0..SAMPLES_PER_CLIENT).collect(),
+            idx: (0..rows).collect(),
+            clients,
         }
     }
 
-    /// The data as a trainer reads it.
-    pub fn view(&self) -> LocalData<'_> {
-        LocalData::new(&self.x, &self.y, &self.idx)
+    /// Client `c`'s data as a trainer reads it (clients beyond the table's
+    /// share its ranges round-robin, which keeps memory flat at K = 100).
+    pub fn view(&self, c: usize) -> LocalData<'_> {
+        let c = c % self.clients;
+        let idx = &self.idx[c * SAMPLES_PER_CLIENT..(c + 1) * SAMPLES_PER_CLIENT];
+        LocalData::new(&self.x, &self.y, idx)
     }
 }
 
@@ -87,9 +94,8 @@ impl Timed {
 pub struct Workload<'a> {
     /// The model (and, through [`ModelSpec::on`], the device).
     pub spec: &'a ModelSpec,
-    /// Clients' data, shared round-robin when there are fewer than K (keeps
-    /// memory flat at K = 100).
-    pub data: &'a [SyntheticClient],
+    /// Clients' data.
+    pub data: &'a SyntheticData,
     /// Number of clients.
     pub k: usize,
     /// Samples per step.
@@ -124,7 +130,7 @@ impl Workload<'_> {
                     .map(|c| {
                         let mut params = init.clone();
                         let mut buffers = self.spec.init_buffers();
-                        let data = self.data[c % self.data.len()].view();
+                        let data = self.data.view(c);
                         train_local(
                             self.spec,
                             &mut params,
@@ -141,7 +147,7 @@ impl Workload<'_> {
                     .sum()
             })
         };
-        warm_up(self.spec, &init, &self.data[0], &self.config(1));
+        warm_up(self.spec, &init, &self.data.view(0), &self.config(1));
         let start = Instant::now();
         let client_steps = run(steps);
         Timed {
@@ -170,7 +176,7 @@ impl Workload<'_> {
                 .map(|(c, ((params, buffers), rng))| BatchedClient {
                     params,
                     buffers,
-                    data: self.data[c % self.data.len()].view(),
+                    data: self.data.view(c),
                     rng,
                 })
                 .collect();
@@ -192,14 +198,14 @@ impl Workload<'_> {
 }
 
 /// One untimed step of one client.
-fn warm_up(spec: &ModelSpec, init: &[f32], data: &SyntheticClient, cfg: &TrainConfig) {
+fn warm_up(spec: &ModelSpec, init: &[f32], data: &LocalData, cfg: &TrainConfig) {
     let mut params = init.to_vec();
     let mut buffers = spec.init_buffers();
     train_local_with(
         spec,
         &mut params,
         &mut buffers,
-        &data.view(),
+        data,
         cfg,
         &[],
         &[],
@@ -248,7 +254,7 @@ mod tests {
     #[test]
     fn both_paths_count_k_times_steps_client_steps() {
         let spec = ModelSpec::new(ModelKind::MLP, &[4], CLASSES).expect("mlp");
-        let data = vec![SyntheticClient::new(4, 0), SyntheticClient::new(4, 1)];
+        let data = SyntheticData::new(4, 2, 0);
         let w = Workload {
             spec: &spec,
             data: &data,

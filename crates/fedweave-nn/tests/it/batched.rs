@@ -255,3 +255,77 @@ fn unsupported_models_and_bad_inputs_are_typed_errors() {
     let none = BatchedTrainer::new(&mlp, &Device::flex(), &[], &[], SgdConfig::default());
     assert!(matches!(none, Err(NnError::NotBatched { .. })));
 }
+
+/// A step that gathers its inputs on the device from a resident feature
+/// table trains exactly what the host's gather trains (both only copy):
+/// clients as index sets of one shared table, batches of different sizes,
+/// a client sitting steps out, both input layouts (an image model's
+/// `[B, K, ·]` and the mlp's `[K, B, ·]`); a step whose clients read another
+/// table takes the host's gather.
+#[test]
+fn device_resident_features_train_bit_identically() {
+    for (kind, shape) in [
+        (ModelKind::CNN_BN, &[1, 28, 28][..]),
+        (ModelKind::MLP, &[12][..]),
+    ] {
+        let spec = ModelSpec::new(kind, shape, 4).unwrap();
+        let shared = Data::new(40, spec.input_len(), 4, 31);
+        let other = Data::new(9, spec.input_len(), 4, 32);
+        let subsets: [Vec<usize>; 3] = [
+            (0..13).collect(),
+            (13..20).collect(),
+            (20..40).rev().collect(),
+        ];
+        let views: Vec<LocalData> = subsets
+            .iter()
+            .map(|idx| LocalData::new(&shared.x, &shared.y, idx))
+            .collect();
+        let inits: Vec<Vec<f32>> = (0..3)
+            .map(|c| spec.init(&mut rng_stream(5, c, 0, Purpose::ModelInit)))
+            .collect();
+        let params: Vec<&[f32]> = inits.iter().map(Vec::as_slice).collect();
+        let buffers = vec![spec.init_buffers(); 3];
+        let buffers: Vec<&[f32]> = buffers.iter().map(Vec::as_slice).collect();
+        let sgd = SgdConfig {
+            momentum: 0.9,
+            weight_decay: 1e-3,
+        };
+        let new = || BatchedTrainer::new(&spec, &Device::flex(), &params, &buffers, sgd).unwrap();
+        let (mut host, mut resident) = (new(), new());
+        resident.keep_features_on_device(&shared.x);
+        let steps: [[&[usize]; 3]; 4] = [
+            [&[0, 1, 2, 3], &[0, 1, 2], &[5, 6, 7, 8]],
+            [&[4, 5], &[], &[0, 9, 3, 1]],
+            [&[12, 0, 7], &[6], &[19, 2]],
+            [&[], &[3, 4], &[10, 11, 12]],
+        ];
+        for (t, batches) in steps.iter().enumerate() {
+            let step: Vec<(LocalData, &[usize])> =
+                views.iter().copied().zip(batches.iter().copied()).collect();
+            host.step(&step, 0.05);
+            resident.step(&step, 0.05);
+            if t == 2 {
+                // Another table for client 0: this step gathers on the host.
+                let mut step = step;
+                step[0] = (other.view(), &[0, 8]);
+                host.step(&step, 0.05);
+                resident.step(&step, 0.05);
+            }
+        }
+        assert_eq!(
+            host.take_losses(),
+            resident.take_losses(),
+            "{kind:?}: losses"
+        );
+        for (c, init) in inits.iter().enumerate() {
+            let (mut p1, mut b1) = (init.clone(), spec.init_buffers());
+            let (mut p2, mut b2) = (p1.clone(), b1.clone());
+            host.store(c, &mut p1, &mut b1);
+            resident.store(c, &mut p2, &mut b2);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&p1), bits(&p2), "{kind:?}: client {c}'s parameters");
+            assert_eq!(bits(&b1), bits(&b2), "{kind:?}: client {c}'s buffers");
+            assert_ne!(&p1, init, "{kind:?}: client {c} trained");
+        }
+    }
+}
