@@ -37,12 +37,14 @@ def launches(path):
 
 
 def period(names):
-    """The shortest p with names[i] == names[i + p] for most i (a step may
-    launch a few kernels more than the next, e.g. a buffer's first use)."""
+    """The shortest p with names[i] == names[i + p] for most i (70 %: a step
+    may launch a few kernels more than the next, e.g. a buffer's first use or
+    a copy burn makes only when a view is not contiguous; session 22's steps of
+    `cnn-bn` differed by ~7 %)."""
     n = len(names)
     for p in range(1, n // 2 + 1):
         same = sum(names[i] == names[i + p] for i in range(n - p))
-        if same >= 0.8 * (n - p):
+        if same >= 0.7 * (n - p):
             return p
     return None
 
