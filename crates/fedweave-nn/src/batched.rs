@@ -39,7 +39,7 @@
 use crate::NnError;
 use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
-use crate::kernels::{conv2d, on_cpu, sgd_momentum, softmax_cross_entropy};
+use crate::kernels::{conv2d, sgd_momentum};
 use crate::model::{BN_EPS, ModelSpec, channel_sums};
 use crate::resident::{BatchStats, LossLog, RunningStats};
 use crate::train::{TrainConfig, TrainStats};
@@ -381,22 +381,13 @@ impl<'a> BatchedTrainer<'a> {
             .forward(&mut cx, x);
         let target: Tensor<3> =
             Tensor::from_data(TensorData::new(target, [k, b, classes]), &self.device);
-        // Σ_k Σ_b −w_kb·log p(y_kb): per client its mean cross-entropy (off
-        // the CPU as one operation with a closed-form backward).
-        let per_client = if on_cpu(&logits) {
-            log_softmax(logits, 2)
-                .mul(target)
-                .sum_dim(2)
-                .sum_dim(1)
-                .neg()
-                .reshape([k])
-        } else {
-            let per_row = softmax_cross_entropy(
-                logits.reshape([k * b, classes]),
-                target.reshape([k * b, classes]),
-            );
-            per_row.reshape([k, b]).sum_dim(1).reshape([k])
-        };
+        // Σ_k Σ_b −w_kb·log p(y_kb): per client its mean cross-entropy.
+        let per_client = log_softmax(logits, 2)
+            .mul(target)
+            .sum_dim(2)
+            .sum_dim(1)
+            .neg()
+            .reshape([k]);
         let loss = per_client.clone().sum();
         let grads = loss.backward();
         self.losses.push(per_client.inner());

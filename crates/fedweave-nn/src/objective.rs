@@ -7,7 +7,6 @@
 //! vectors; these terms depend on the data, so they are written on the
 //! backend's tensors and differentiated by it.
 
-use crate::kernels;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Tensor, TensorData};
 
@@ -33,13 +32,6 @@ pub trait Objective: Sync {
 pub fn cross_entropy(logits: Tensor<2>, labels: &[i64]) -> Tensor<1> {
     let [_, classes] = logits.dims();
     let onehot = one_hot(labels, classes, &logits.device());
-    if !kernels::on_cpu(&logits) {
-        // One operation with a closed-form backward: a few launches instead
-        // of ~35 on a GPU. The CPU keeps the composition the goldens pin.
-        return kernels::softmax_cross_entropy(logits, onehot)
-            .mean()
-            .reshape([1]);
-    }
     log_softmax(logits, 1)
         .mul(onehot)
         .sum_dim(1)

@@ -19,7 +19,6 @@
 mod batch_norm;
 mod batch_norm_ops;
 mod conv;
-mod cross_entropy;
 mod grouped;
 mod pool;
 mod sgd;
@@ -141,12 +140,11 @@ pub(crate) fn on_cpu_f32(x: &Tensor<4>) -> bool {
 }
 
 /// Whether `x` lives on the CPU backend (with or without autodiff).
-pub(crate) fn on_cpu<const D: usize>(x: &Tensor<D>) -> bool {
+pub(crate) fn on_cpu(x: &Tensor<4>) -> bool {
     x.device().inner() == Device::flex()
 }
 
 pub(crate) use batch_norm_ops::batch_norm_train as batch_norm_ops;
-pub(crate) use cross_entropy::softmax_cross_entropy;
 pub(crate) use sgd::{Sgd, sgd_momentum};
 
 /// Training-mode batch norm through [`batch_norm`] (where [`on_cpu_f32`]
