@@ -21,10 +21,8 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{
-    Autodiff, AutodiffBackend, Backend, Dispatch, Flex, TensorMetadata, backend_extension,
-};
-use burn::tensor::{Shape, Tensor};
+use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, TensorMetadata, backend_extension};
+use burn::tensor::Shape;
 
 /// Training-mode batch norm as burn's operations with a backward step of
 /// contiguous sums, for every backend.
@@ -40,26 +38,6 @@ pub trait BatchNormOps: Backend {
         beta: FloatTensor<Self>,
         eps: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-}
-
-/// [`BatchNormOps::batch_norm_composed`] on the dispatching device of `y`.
-pub(crate) fn batch_norm_train(
-    y: Tensor<4>,
-    gamma: Tensor<1>,
-    beta: Tensor<1>,
-    eps: f32,
-) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
-    let (out, mean, var) = <Dispatch as BatchNormOps>::batch_norm_composed(
-        y.into_dispatch(),
-        gamma.into_dispatch(),
-        beta.into_dispatch(),
-        eps,
-    );
-    (
-        Tensor::from_dispatch(out),
-        Tensor::from_dispatch(mean),
-        Tensor::from_dispatch(var),
-    )
 }
 
 /// Per-channel sums of `t` (`[b, c, h, w]`) as `[c]`: along each sample's
@@ -196,9 +174,9 @@ impl<B: BatchNormOps, C: CheckpointStrategy> BatchNormOps for Autodiff<B, C> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::batch_norm_ops;
     use super::super::tests::close;
-    use super::*;
-    use burn::tensor::{Device, Distribution};
+    use burn::tensor::{Device, Distribution, Tensor};
 
     /// burn's composition of the same formula through autodiff (the path
     /// the GPU backends took before): the reference.
@@ -228,7 +206,7 @@ mod tests {
             let run = |ours: bool| {
                 let (out, var) = if ours {
                     let (out, _, var) =
-                        batch_norm_train(y.clone(), gamma.clone(), beta.clone(), 1e-5);
+                        batch_norm_ops(y.clone(), gamma.clone(), beta.clone(), 1e-5);
                     (out, var)
                 } else {
                     composed(y.clone(), gamma.clone(), beta.clone())
@@ -250,7 +228,7 @@ mod tests {
             close(dy1, dy2, 1e-4, &format!("{case}: dy"));
             close(dg1, dg2, 1e-4, &format!("{case}: dγ"));
             close(db1, db2, 1e-4, &format!("{case}: dβ"));
-            let plain = batch_norm_train(y.inner(), gamma.inner(), beta.inner(), 1e-5).0;
+            let plain = batch_norm_ops(y.inner(), gamma.inner(), beta.inner(), 1e-5).0;
             close(plain, o1, 0.0, &format!("{case}: without autodiff"));
         }
     }

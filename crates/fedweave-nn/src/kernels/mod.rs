@@ -144,7 +144,6 @@ pub(crate) fn on_cpu(x: &Tensor<4>) -> bool {
     x.device().inner() == Device::flex()
 }
 
-pub(crate) use batch_norm_ops::batch_norm_train as batch_norm_ops;
 pub(crate) use sgd::{Sgd, sgd_momentum};
 
 /// Training-mode batch norm through [`batch_norm`] (where [`on_cpu_f32`]
@@ -156,7 +155,33 @@ pub(crate) fn batch_norm_train(
     beta: Tensor<1>,
     eps: f32,
 ) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
-    let (out, mean, var) = <Dispatch as CpuKernels>::batch_norm_train(
+    dispatch_batch_norm(
+        <Dispatch as CpuKernels>::batch_norm_train,
+        (y, gamma, beta),
+        eps,
+    )
+}
+
+/// A batch-norm operation of the dispatching backend: `(y, gamma, beta,
+/// eps)` to the output and the batch's mean and variance.
+type DispatchBatchNorm = fn(
+    FloatTensor<Dispatch>,
+    FloatTensor<Dispatch>,
+    FloatTensor<Dispatch>,
+    f32,
+) -> (
+    FloatTensor<Dispatch>,
+    FloatTensor<Dispatch>,
+    FloatTensor<Dispatch>,
+);
+
+/// Runs `op` on `y`, scale and shift as tensors.
+fn dispatch_batch_norm(
+    op: DispatchBatchNorm,
+    (y, gamma, beta): (Tensor<4>, Tensor<1>, Tensor<1>),
+    eps: f32,
+) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
+    let (out, mean, var) = op(
         y.into_dispatch(),
         gamma.into_dispatch(),
         beta.into_dispatch(),
@@ -166,6 +191,21 @@ pub(crate) fn batch_norm_train(
         Tensor::from_dispatch(out),
         Tensor::from_dispatch(mean),
         Tensor::from_dispatch(var),
+    )
+}
+
+/// Training-mode batch norm off the CPU ([`batch_norm_ops`]): as
+/// [`batch_norm_train`].
+pub(crate) fn batch_norm_ops(
+    y: Tensor<4>,
+    gamma: Tensor<1>,
+    beta: Tensor<1>,
+    eps: f32,
+) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
+    dispatch_batch_norm(
+        <Dispatch as batch_norm_ops::BatchNormOps>::batch_norm_composed,
+        (y, gamma, beta),
+        eps,
     )
 }
 

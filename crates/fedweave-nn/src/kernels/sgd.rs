@@ -72,30 +72,27 @@ fn composed<B: Backend>(
     (B::float_sub(theta, step), buf)
 }
 
-impl SgdStep for Flex {
-    fn sgd_momentum(
-        theta: FloatTensor<Self>,
-        buf: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        hyper: Sgd,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        composed::<Self>(theta, buf, grad, hyper)
-    }
+/// [`SgdStep`] as burn's element-wise operations.
+macro_rules! composed_step {
+    ($backend:ty) => {
+        impl SgdStep for $backend {
+            fn sgd_momentum(
+                theta: FloatTensor<Self>,
+                buf: FloatTensor<Self>,
+                grad: FloatTensor<Self>,
+                hyper: Sgd,
+            ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+                composed::<Self>(theta, buf, grad, hyper)
+            }
+        }
+    };
 }
 
-/// With burn's `fusion` (`cuda-tuned`) the cube backend fuses the
-/// element-wise operations itself.
+composed_step!(Flex);
+// With burn's `fusion` (`cuda-tuned`) the cube backend fuses the
+// element-wise operations itself.
 #[cfg(feature = "cuda-tuned")]
-impl SgdStep for burn::backend::Cube {
-    fn sgd_momentum(
-        theta: FloatTensor<Self>,
-        buf: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        hyper: Sgd,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        composed::<Self>(theta, buf, grad, hyper)
-    }
-}
+composed_step!(burn::backend::Cube);
 
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube {
