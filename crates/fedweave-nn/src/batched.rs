@@ -68,11 +68,34 @@ pub struct BatchedTrainer<'a> {
     losses: LossLog,
     /// Each logged step's batch sizes (0: the client sat it out).
     logged_sizes: Vec<Vec<usize>>,
-    /// A feature table kept on the device (see
-    /// [`keep_features_on_device`](BatchedTrainer::keep_features_on_device)):
-    /// the host slice it copies and the `[rows + 1, input_len]` tensor, whose
-    /// last row is zeros (the padding).
-    resident: Option<(&'a [f32], Tensor<2>)>,
+    /// The clients' samples kept on the device (see
+    /// [`keep_samples_on_device`](BatchedTrainer::keep_samples_on_device)).
+    resident: Option<Resident<'a>>,
+}
+
+/// The clients' samples on the device: client c's local sample k is row
+/// `offsets[c] + k` of `table` (`[rows + 1, input_len]`, the last row zeros,
+/// the padding), valid while client c reads `sources[c]`.
+struct Resident<'a> {
+    /// Each client's feature table and sample indices, as copied.
+    sources: Vec<(&'a [f32], &'a [usize])>,
+    offsets: Vec<usize>,
+    table: Tensor<2>,
+    /// The zero row.
+    zero_row: usize,
+}
+
+impl Resident<'_> {
+    /// Whether every client of `batches` reads the samples copied.
+    fn covers(&self, batches: &[(LocalData, &[usize])]) -> bool {
+        batches.len() == self.sources.len()
+            && batches
+                .iter()
+                .zip(&self.sources)
+                .all(|((data, _), (x, idx))| {
+                    std::ptr::eq(data.features, *x) && std::ptr::eq(data.indices, *idx)
+                })
+    }
 }
 
 /// The stacked parameter leaves of one forward pass, reshaped per use.
@@ -251,26 +274,56 @@ impl<'a> BatchedTrainer<'a> {
         })
     }
 
-    /// Copies `features` (a split's whole feature table, `input_len` per
-    /// row) to the device once; from then on a step whose clients all read
-    /// this table uploads only the rows' indices and gathers the batch on
-    /// the device. A batched step of many small models on a GPU is bound by
-    /// the host, and building and uploading the stacked inputs was most of
-    /// it at K = 100 (5 MB a step for `cnn` at batch 16). On the CPU backend
-    /// the table would be one more copy of the data: the host gathers there.
+    /// Copies every client's samples (`clients[c]`, one per client, in
+    /// order) to the device once; from then on a step whose clients read
+    /// exactly these samples uploads only the rows' indices and gathers the
+    /// batch on the device. A batched step of many small models on a GPU is
+    /// bound by the host, and building and uploading the stacked inputs was
+    /// most of it at K = 100 (5 MB a step for `cnn` at batch 16). Clients
+    /// reading the same samples (same table and indices) share their rows.
+    /// On the CPU backend the copy would only cost: the host gathers there.
     ///
     /// # Panics
     ///
-    /// If the table is not a whole number of rows.
-    pub fn keep_features_on_device(&mut self, features: &'a [f32]) {
+    /// If `clients` does not have one entry per client.
+    pub fn keep_samples_on_device(&mut self, clients: &[LocalData<'a>]) {
+        assert_eq!(clients.len(), self.k, "one client's data per client");
         let input_len = self.spec.input_len();
-        assert_eq!(features.len() % input_len, 0, "a whole number of rows");
-        let rows = features.len() / input_len;
-        let mut table = Vec::with_capacity(features.len() + input_len);
-        table.extend_from_slice(features);
-        table.resize(features.len() + input_len, 0.0);
-        let table = Tensor::from_data(TensorData::new(table, [rows + 1, input_len]), &self.device);
-        self.resident = Some((features, table));
+        let mut table = Vec::new();
+        let mut offsets = Vec::with_capacity(clients.len());
+        let mut sources: Vec<(&'a [f32], &'a [usize])> = Vec::with_capacity(clients.len());
+        for data in clients {
+            let source = (data.features, data.indices);
+            let same = |&(x, idx): &(&[f32], &[usize])| {
+                std::ptr::eq(x, source.0) && std::ptr::eq(idx, source.1)
+            };
+            let offset = match sources.iter().position(same) {
+                Some(earlier) => offsets[earlier],
+                None => {
+                    let start = table.len() / input_len;
+                    for &row in data.indices {
+                        table.extend_from_slice(
+                            &data.features[row * input_len..(row + 1) * input_len],
+                        );
+                    }
+                    start
+                }
+            };
+            sources.push(source);
+            offsets.push(offset);
+        }
+        let zero_row = table.len() / input_len;
+        table.resize(table.len() + input_len, 0.0);
+        let table = Tensor::from_data(
+            TensorData::new(table, [zero_row + 1, input_len]),
+            &self.device,
+        );
+        self.resident = Some(Resident {
+            sources,
+            offsets,
+            table,
+            zero_row,
+        });
     }
 
     /// Number of clients trained together.
@@ -318,25 +371,20 @@ impl<'a> BatchedTrainer<'a> {
                 valid[s * k + c] = 1.0;
             }
         }
-        // Inputs, zero for padding: gathered on the device from the resident
-        // table when every client reads it, else on the host.
-        let resident = self.resident.as_ref().filter(|(table, _)| {
-            batches
-                .iter()
-                .all(|(data, _)| std::ptr::eq(data.features, *table))
-        });
+        // Inputs, zero for padding: gathered on the device from the clients'
+        // resident samples when the step reads them, else on the host.
+        let resident = self.resident.as_ref().filter(|r| r.covers(batches));
         let x: Tensor<3> = match resident {
-            Some((table, on_device)) => {
-                let zero_row = (table.len() / input_len) as i64;
-                let mut rows = vec![zero_row; k * b];
-                for (c, (data, batch)) in batches.iter().enumerate() {
+            Some(r) => {
+                let mut rows = vec![r.zero_row as i64; k * b];
+                for (c, (_, batch)) in batches.iter().enumerate() {
                     for (s, &local) in batch.iter().enumerate() {
-                        rows[position(c, s)] = data.indices[local] as i64;
+                        rows[position(c, s)] = (r.offsets[c] + local) as i64;
                     }
                 }
                 let rows =
                     Tensor::<1, Int>::from_data(TensorData::new(rows, [k * b]), &self.device);
-                on_device.clone().select(0, rows).reshape(dims)
+                r.table.clone().select(0, rows).reshape(dims)
             }
             None => {
                 let mut x = vec![0.0f32; k * b * input_len];
@@ -564,13 +612,9 @@ pub fn train_local_batched<R: Rng>(
     let params: Vec<&[f32]> = clients.iter().map(|c| &*c.params).collect();
     let buffers: Vec<&[f32]> = clients.iter().map(|c| &*c.buffers).collect();
     let mut trainer = BatchedTrainer::new(spec, device, &params, &buffers, cfg.sgd())?;
-    if let Some(first) = clients.first()
-        && device.clone().inner() != Device::flex()
-        && clients
-            .iter()
-            .all(|c| std::ptr::eq(c.data.features, first.data.features))
-    {
-        trainer.keep_features_on_device(first.data.features);
+    if device.clone().inner() != Device::flex() {
+        let data: Vec<LocalData> = clients.iter().map(|c| c.data).collect();
+        trainer.keep_samples_on_device(&data);
     }
     let steps: Vec<usize> = clients
         .iter()

@@ -256,12 +256,13 @@ fn unsupported_models_and_bad_inputs_are_typed_errors() {
     assert!(matches!(none, Err(NnError::NotBatched { .. })));
 }
 
-/// A step that gathers its inputs on the device from a resident feature
-/// table trains exactly what the host's gather trains (both only copy):
-/// clients as index sets of one shared table, batches of different sizes,
-/// a client sitting steps out, both input layouts (an image model's
-/// `[B, K, ·]` and the mlp's `[K, B, ·]`); a step whose clients read another
-/// table takes the host's gather.
+/// A step that gathers its inputs on the device from the clients' resident
+/// samples trains exactly what the host's gather trains (both only copy):
+/// clients as index sets of one shared table (two of them the same set,
+/// whose rows are shared), batches of different sizes, a client sitting
+/// steps out, both input layouts (an image model's `[B, K, ·]` and the mlp's
+/// `[K, B, ·]`); a step whose client reads other samples takes the host's
+/// gather.
 #[test]
 fn device_resident_features_train_bit_identically() {
     for (kind, shape) in [
@@ -271,14 +272,11 @@ fn device_resident_features_train_bit_identically() {
         let spec = ModelSpec::new(kind, shape, 4).unwrap();
         let shared = Data::new(40, spec.input_len(), 4, 31);
         let other = Data::new(9, spec.input_len(), 4, 32);
-        let subsets: [Vec<usize>; 3] = [
-            (0..13).collect(),
-            (13..20).collect(),
-            (20..40).rev().collect(),
-        ];
-        let views: Vec<LocalData> = subsets
+        // Clients 0 and 2 read the same samples.
+        let subsets: [Vec<usize>; 2] = [(13..20).collect(), (20..40).rev().collect()];
+        let views: Vec<LocalData> = [1, 0, 1]
             .iter()
-            .map(|idx| LocalData::new(&shared.x, &shared.y, idx))
+            .map(|&i| LocalData::new(&shared.x, &shared.y, &subsets[i]))
             .collect();
         let inits: Vec<Vec<f32>> = (0..3)
             .map(|c| spec.init(&mut rng_stream(5, c, 0, Purpose::ModelInit)))
@@ -292,12 +290,12 @@ fn device_resident_features_train_bit_identically() {
         };
         let new = || BatchedTrainer::new(&spec, &Device::flex(), &params, &buffers, sgd).unwrap();
         let (mut host, mut resident) = (new(), new());
-        resident.keep_features_on_device(&shared.x);
+        resident.keep_samples_on_device(&views);
         let steps: [[&[usize]; 3]; 4] = [
-            [&[0, 1, 2, 3], &[0, 1, 2], &[5, 6, 7, 8]],
-            [&[4, 5], &[], &[0, 9, 3, 1]],
-            [&[12, 0, 7], &[6], &[19, 2]],
-            [&[], &[3, 4], &[10, 11, 12]],
+            [&[0, 1, 2, 3], &[0, 1, 2], &[5, 6]],
+            [&[4, 5], &[], &[0, 3, 1]],
+            [&[6, 0, 19], &[6, 2, 5], &[2]],
+            [&[], &[3, 4], &[4, 5, 6]],
         ];
         for (t, batches) in steps.iter().enumerate() {
             let step: Vec<(LocalData, &[usize])> =
@@ -305,7 +303,7 @@ fn device_resident_features_train_bit_identically() {
             host.step(&step, 0.05);
             resident.step(&step, 0.05);
             if t == 2 {
-                // Another table for client 0: this step gathers on the host.
+                // Other samples for client 0: this step gathers on the host.
                 let mut step = step;
                 step[0] = (other.view(), &[0, 8]);
                 host.step(&step, 0.05);
