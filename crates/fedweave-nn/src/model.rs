@@ -404,21 +404,12 @@ impl Norm<'_> {
     ) -> Tensor<4> {
         let device = y.device();
         let [_, _, h, w] = y.dims();
-        // The CPU backend in `f32`: fedweave's fused kernel; the GPU backends:
-        // burn's operations with a backward step of contiguous sums; the CPU
-        // in `f64`: the composition below.
-        type Train = fn(Tensor<4>, Tensor<1>, Tensor<1>, f32) -> (Tensor<4>, Tensor<1>, Tensor<1>);
-        let fused: Option<Train> = if kernels::on_cpu_f32(&y) {
-            Some(kernels::batch_norm_train)
-        } else if !kernels::on_cpu(&y) {
-            Some(kernels::batch_norm_ops)
-        } else {
-            None
-        };
+        // The CPU in `f32` and the GPU backends have their own training-mode
+        // batch norm; the CPU in `f64` composes burn's operations below.
         if let Norm::Batch(record, _) = self
-            && let Some(train) = fused
+            && let Some(op) = kernels::batch_norm_for(&y)
         {
-            let (out, mean, var) = train(y, gamma.t1(), beta.t1(), BN_EPS);
+            let (out, mean, var) = kernels::batch_norm_train(op, y, gamma.t1(), beta.t1(), BN_EPS);
             debug_assert_eq!(record.len(), which, "batch norms run in order");
             let (mean, var) = (mean.reshape([1, c, 1, 1]), var.reshape([1, c, 1, 1]));
             record.push(BatchStats::of(&mean, &var, h * w));

@@ -192,7 +192,7 @@ fn dense_weight_grad<B: Backend>(
     let [_, _, oh, ow] = dy.shape().dims::<4>();
     let (taps, positions) = (kh * kw, oh * ow);
     let zero = h * w;
-    let mut index = Vec::with_capacity(taps * positions);
+    let (mut index, mut padded) = (Vec::with_capacity(taps * positions), false);
     for (i, j) in (0..kh).flat_map(|i| (0..kw).map(move |j| (i, j))) {
         for (p, q) in (0..oh).flat_map(|p| (0..ow).map(move |q| (p, q))) {
             let (r, s) = (
@@ -201,13 +201,16 @@ fn dense_weight_grad<B: Backend>(
             );
             index.push(match (r, s) {
                 (Some(r), Some(s)) if r < h && s < w => (r * w + s) as i32,
-                _ => zero as i32,
+                _ => {
+                    padded = true;
+                    zero as i32
+                }
             });
         }
     }
     let device = x.device();
     let plane = B::float_reshape(x, Shape::new([n, c, h * w]));
-    let plane = if index.contains(&(zero as i32)) {
+    let plane = if padded {
         let dtype = plane.dtype().into();
         let zeros = B::float_zeros(Shape::new([n, c, 1]), &device, dtype);
         B::float_cat(vec![plane, zeros], 2)

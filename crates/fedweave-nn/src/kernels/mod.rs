@@ -11,10 +11,15 @@
 //! backward steps). [`conv2d`] and [`max_pool2d`] are drop-in replacements
 //! for burn's functions and [`batch_norm_train`] replaces the composition
 //! in `Norm::apply`: shapes the kernels do not cover (dilation, groups,
-//! non-square windows, ceil mode) and every other backend (CUDA, wgpu) take
-//! burn's own operations. Grouped convolutions (the batched trainer's K
-//! clients) take [`grouped`] on every backend: burn's own operations, with a
-//! weight gradient of one convolution instead of one per group.
+//! non-square windows, ceil mode) take burn's own operations.
+//!
+//! The GPU backends (CUDA, wgpu) run burn's operations with hand-written
+//! backward steps where burn's are slow there: convolutions through
+//! [`grouped`] (a grouped weight gradient in one convolution instead of one
+//! per group, a dense one as one batched matmul over gathered columns; the
+//! batched trainer's K clients take it on every backend), batch norm
+//! through [`batch_norm_ops`] (per-channel sums in two contiguous steps),
+//! and momentum SGD as one kernel per tensor ([`sgd`]).
 
 mod batch_norm;
 mod batch_norm_ops;
@@ -146,25 +151,10 @@ pub(crate) fn on_cpu(x: &Tensor<4>) -> bool {
 
 pub(crate) use sgd::{Sgd, sgd_momentum};
 
-/// Training-mode batch norm through [`batch_norm`] (where [`on_cpu_f32`]
-/// says): the output and the batch's mean and variance
-/// (`[c]`, detached).
-pub(crate) fn batch_norm_train(
-    y: Tensor<4>,
-    gamma: Tensor<1>,
-    beta: Tensor<1>,
-    eps: f32,
-) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
-    dispatch_batch_norm(
-        <Dispatch as CpuKernels>::batch_norm_train,
-        (y, gamma, beta),
-        eps,
-    )
-}
-
-/// A batch-norm operation of the dispatching backend: `(y, gamma, beta,
-/// eps)` to the output and the batch's mean and variance.
-type DispatchBatchNorm = fn(
+/// A training-mode batch norm of the dispatching backend: `(y, gamma,
+/// beta, eps)` to the output and the batch's mean and variance (`[c]`,
+/// detached).
+pub(crate) type BatchNormOp = fn(
     FloatTensor<Dispatch>,
     FloatTensor<Dispatch>,
     FloatTensor<Dispatch>,
@@ -175,10 +165,27 @@ type DispatchBatchNorm = fn(
     FloatTensor<Dispatch>,
 );
 
-/// Runs `op` on `y`, scale and shift as tensors.
-fn dispatch_batch_norm(
-    op: DispatchBatchNorm,
-    (y, gamma, beta): (Tensor<4>, Tensor<1>, Tensor<1>),
+/// The training-mode batch norm for `y`'s backend: [`batch_norm`]'s fused
+/// kernel on the CPU in `f32`, [`batch_norm_ops`] (burn's operations with a
+/// backward step of contiguous sums) off the CPU, `None` on the CPU in
+/// `f64` (burn's composition, in `Norm::apply`).
+pub(crate) fn batch_norm_for(y: &Tensor<4>) -> Option<BatchNormOp> {
+    if on_cpu_f32(y) {
+        Some(<Dispatch as CpuKernels>::batch_norm_train)
+    } else if !on_cpu(y) {
+        Some(<Dispatch as batch_norm_ops::BatchNormOps>::batch_norm_composed)
+    } else {
+        None
+    }
+}
+
+/// Runs the batch norm `op` on `y` (`[b, c, h, w]`) with scale `gamma` and
+/// shift `beta`: the output and the batch's mean and variance.
+pub(crate) fn batch_norm_train(
+    op: BatchNormOp,
+    y: Tensor<4>,
+    gamma: Tensor<1>,
+    beta: Tensor<1>,
     eps: f32,
 ) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
     let (out, mean, var) = op(
@@ -191,21 +198,6 @@ fn dispatch_batch_norm(
         Tensor::from_dispatch(out),
         Tensor::from_dispatch(mean),
         Tensor::from_dispatch(var),
-    )
-}
-
-/// Training-mode batch norm off the CPU ([`batch_norm_ops`]): as
-/// [`batch_norm_train`].
-pub(crate) fn batch_norm_ops(
-    y: Tensor<4>,
-    gamma: Tensor<1>,
-    beta: Tensor<1>,
-    eps: f32,
-) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
-    dispatch_batch_norm(
-        <Dispatch as batch_norm_ops::BatchNormOps>::batch_norm_composed,
-        (y, gamma, beta),
-        eps,
     )
 }
 
@@ -559,7 +551,8 @@ mod tests {
         let beta = Tensor::<1>::random([3], normal, &device).require_grad();
         let w = Tensor::<4>::random([4, 3, 5, 6], normal, &device);
         assert!(on_cpu_f32(&y));
-        let (out, mean, var) = batch_norm_train(y.clone(), gamma.clone(), beta.clone(), 1e-5);
+        let op = batch_norm_for(&y).expect("the CPU in f32 has the fused kernel");
+        let (out, mean, var) = batch_norm_train(op, y.clone(), gamma.clone(), beta.clone(), 1e-5);
         let g1 = (out.clone() * w.clone()).sum().backward();
         let m = y.clone().mean_dims(&[0, 2, 3]);
         let v = (y.clone() - m.clone()).square().mean_dims(&[0, 2, 3]);
