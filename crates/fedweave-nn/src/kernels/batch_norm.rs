@@ -50,22 +50,23 @@ pub(crate) struct BnForward {
 
 /// Normalises `y` by its own per-channel statistics.
 pub(crate) fn forward(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f32) -> BnForward {
-    let (mut mean, mut var, mut inv_std) = (Vec::new(), Vec::new(), Vec::new());
-    let mut affine = Vec::with_capacity(g.channels);
-    for c in 0..g.channels {
-        let sum: f64 = g.runs(c).map(|r| sum_f64(&y[r], |v| v)).sum();
-        let m = (sum / g.count()) as f32;
-        let sq: f64 = g
-            .runs(c)
-            .map(|r| sum_f64(&y[r], |v| (v - m) * (v - m)))
-            .sum();
-        let v = (sq / g.count()) as f32;
-        let s = 1.0 / (v + eps).sqrt();
-        affine.push((m, gamma[c] * s, beta[c]));
-        mean.push(m);
-        var.push(v);
-        inv_std.push(s);
+    // Each pass walks `y` in memory order; a channel's runs still add up
+    // image by image, so the sums are those of a walk channel by channel.
+    let mut sums = vec![0.0f64; g.channels];
+    for (c, r) in g.runs_in_order() {
+        sums[c] += sum_f64(&y[r], |v| v);
     }
+    let mean: Vec<f32> = sums.iter().map(|&s| (s / g.count()) as f32).collect();
+    let mut sq = vec![0.0f64; g.channels];
+    for (c, r) in g.runs_in_order() {
+        let m = mean[c];
+        sq[c] += sum_f64(&y[r], |v| (v - m) * (v - m));
+    }
+    let var: Vec<f32> = sq.iter().map(|&s| (s / g.count()) as f32).collect();
+    let inv_std: Vec<f32> = var.iter().map(|&v| 1.0 / (v + eps).sqrt()).collect();
+    let affine: Vec<(f32, f32, f32)> = (0..g.channels)
+        .map(|c| (mean[c], gamma[c] * inv_std[c], beta[c]))
+        .collect();
     let mut out = Vec::with_capacity(y.len());
     for (c, r) in g.runs_in_order() {
         let (m, scale, shift) = affine[c];
@@ -124,14 +125,17 @@ pub(crate) fn backward(
 ) -> BnGrads {
     let (mut dgamma, mut dbeta) = (Vec::new(), Vec::new());
     let mut coef = Vec::with_capacity(g.channels);
-    for c in 0..g.channels {
+    // In memory order, each channel's runs added image by image (as in
+    // the forward pass).
+    let mut sums = vec![(0.0f64, 0.0f64); g.channels];
+    for (c, r) in g.runs_in_order() {
         let (m, s) = (mean[c], inv_std[c]);
-        let (mut sum_d, mut sum_dx) = (0.0f64, 0.0f64);
-        for r in g.runs(c) {
-            let (d, dx) = sums_f64(&dout[r.clone()], &y[r], |x| (x - m) * s);
-            sum_d += d;
-            sum_dx += dx;
-        }
+        let (d, dx) = sums_f64(&dout[r.clone()], &y[r], |x| (x - m) * s);
+        sums[c].0 += d;
+        sums[c].1 += dx;
+    }
+    for (c, &(sum_d, sum_dx)) in sums.iter().enumerate() {
+        let (m, s) = (mean[c], inv_std[c]);
         let (db, dg) = (sum_d as f32, sum_dx as f32);
         let (mean_d, mean_dx) = ((sum_d / g.count()) as f32, (sum_dx / g.count()) as f32);
         coef.push((gamma[c] * s, mean_d, m, s, mean_dx));

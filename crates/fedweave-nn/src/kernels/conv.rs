@@ -140,6 +140,35 @@ impl ConvGeom {
         self.stride == 1 && (self.oh, self.ow) == (self.h, self.w)
     }
 
+    /// For a [`ConvGeom::same_shape`] convolution, the convolution that
+    /// maps its output gradient to its input gradient, with that
+    /// convolution's weight: dx = conv(dout, W′), W′[c, o, i, j] = W[o, c,
+    /// k−1−i, k−1−j], at the same padding (2p = k − 1). Its column matrix
+    /// has K = c_out·kh·kw rows, so the product is deep, where Wᵀ·dout is
+    /// K = c_out shallow and needs col2im's scattered adds after it.
+    fn transposed(&self, weight: &[f32]) -> Option<(ConvGeom, Vec<f32>)> {
+        if !self.same_shape() {
+            return None;
+        }
+        let t = ConvGeom {
+            c_in: self.c_out,
+            c_out: self.c_in,
+            ..*self
+        };
+        let (kh, kw) = (self.kh, self.kw);
+        let mut wt = Vec::with_capacity(weight.len());
+        for c in 0..self.c_in {
+            for o in 0..self.c_out {
+                for i in (0..kh).rev() {
+                    for j in (0..kw).rev() {
+                        wt.push(weight[((o * self.c_in + c) * kh + i) * kw + j]);
+                    }
+                }
+            }
+        }
+        Some((t, wt))
+    }
+
     /// The column matrix of `images` (K × images·oh·ow) into `cols`.
     fn im2col(&self, x: &[f32], images: std::ops::Range<usize>, cols: &mut Vec<f32>) {
         cols.resize(self.k() * images.len() * self.ohw(), 0.0);
@@ -367,7 +396,9 @@ pub(crate) fn backward(
     let mut dw = vec![0.0f32; g.c_out * k];
     let mut db = vec![0.0f32; g.c_out];
     let mut dx = want_x.then(|| vec![0.0f32; x.len()]);
-    let (mut cols, mut gathered, mut dcols) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut cols, mut gathered, mut dcols, mut prod) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let transposed = want_x.then(|| g.transposed(weight)).flatten();
     for (block, images) in g.blocks().enumerate() {
         let n = images.len() * ohw;
         // dout of the block as c_out × n (the column order of `cols`): a
@@ -400,8 +431,21 @@ pub(crate) fn backward(
             &cols,
             (1, n),
         );
-        // dcols = Wᵀ · dout, folded back onto the input.
-        if let Some(dx) = dx.as_mut() {
+        if let (Some(dx), Some((tg, wt))) = (dx.as_mut(), transposed.as_ref()) {
+            // dx of the block = the transposed convolution of its dout,
+            // written image by image in place.
+            tg.im2col(dout, images.clone(), &mut cols);
+            let tk = tg.k();
+            prod.resize(g.c_in * n, 0.0);
+            gemm_f32(g.c_in, n, tk, &mut prod, false, wt, (tk, 1), &cols, (n, 1));
+            for (bi, b) in images.enumerate() {
+                for c in 0..g.c_in {
+                    dx[(b * g.c_in + c) * ohw..][..ohw]
+                        .copy_from_slice(&prod[c * n + bi * ohw..][..ohw]);
+                }
+            }
+        } else if let Some(dx) = dx.as_mut() {
+            // dcols = Wᵀ · dout, folded back onto the input.
             dcols.resize(k * n, 0.0);
             gemm_f32(
                 k,
@@ -496,6 +540,10 @@ mod tests {
             ([2, 2, 4, 4], [2, 2, 3, 3], 1, 2),
             ([70, 3, 6, 6], [5, 3, 3, 3], 1, 1),
             ([5, 8, 20, 20], [4, 8, 5, 5], 1, 0),
+            // "Same" shapes, whose input gradient is a convolution.
+            ([2, 3, 7, 6], [4, 3, 5, 5], 1, 2),
+            ([2, 4, 5, 5], [3, 4, 1, 1], 1, 0),
+            ([40, 2, 9, 9], [6, 2, 3, 3], 1, 1),
         ]
         .into_iter()
         .map(|(x, w, s, p)| ConvGeom::new(x, w, s, p).unwrap())
