@@ -17,12 +17,6 @@ pub(crate) struct BnGeom {
 }
 
 impl BnGeom {
-    /// The `hw`-long runs of channel `c`, one per image.
-    fn runs(&self, c: usize) -> impl Iterator<Item = std::ops::Range<usize>> + use<> {
-        let (channels, hw) = (self.channels, self.hw);
-        (0..self.batch).map(move |b| (b * channels + c) * hw..(b * channels + c + 1) * hw)
-    }
-
     /// Every `hw`-long run in memory order, with its channel: how the
     /// outputs are written, so they need no zeroing first.
     fn runs_in_order(&self) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> + use<> {
@@ -162,6 +156,14 @@ pub(crate) fn backward(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl BnGeom {
+        /// The `hw`-long runs of channel `c`, one per image.
+        fn runs(&self, c: usize) -> impl Iterator<Item = std::ops::Range<usize>> + use<> {
+            let (channels, hw) = (self.channels, self.hw);
+            (0..self.batch).map(move |b| (b * channels + c) * hw..(b * channels + c + 1) * hw)
+        }
+    }
 
     /// The loss L = Σ w ⊙ bn(y) in f64 by the definition.
     fn loss(g: &BnGeom, y: &[f64], gamma: &[f64], beta: &[f64], w: &[f64]) -> f64 {
