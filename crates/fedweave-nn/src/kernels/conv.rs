@@ -395,10 +395,15 @@ pub(crate) fn backward(
     let (k, ohw) = (g.k(), g.ohw());
     let mut dw = vec![0.0f32; g.c_out * k];
     let mut db = vec![0.0f32; g.c_out];
-    let mut dx = want_x.then(|| vec![0.0f32; x.len()]);
+    let transposed = want_x.then(|| g.transposed(weight)).flatten();
+    // col2im adds into a zeroed dx; the transposed convolution fills it in
+    // memory order (blocks are ranges of images), so it starts empty.
+    let mut dx = want_x.then(|| match transposed {
+        Some(_) => Vec::with_capacity(x.len()),
+        None => vec![0.0f32; x.len()],
+    });
     let (mut cols, mut gathered, mut dcols, mut prod) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let transposed = want_x.then(|| g.transposed(weight)).flatten();
     for (block, images) in g.blocks().enumerate() {
         let n = images.len() * ohw;
         // dout of the block as c_out × n (the column order of `cols`): a
@@ -433,15 +438,15 @@ pub(crate) fn backward(
         );
         if let (Some(dx), Some((tg, wt))) = (dx.as_mut(), transposed.as_ref()) {
             // dx of the block = the transposed convolution of its dout,
-            // written image by image in place.
+            // appended image by image.
             tg.im2col(dout, images.clone(), &mut cols);
             let tk = tg.k();
             prod.resize(g.c_in * n, 0.0);
             gemm_f32(g.c_in, n, tk, &mut prod, false, wt, (tk, 1), &cols, (n, 1));
-            for (bi, b) in images.enumerate() {
+            debug_assert_eq!(dx.len(), images.start * g.c_in * ohw);
+            for bi in 0..images.len() {
                 for c in 0..g.c_in {
-                    dx[(b * g.c_in + c) * ohw..][..ohw]
-                        .copy_from_slice(&prod[c * n + bi * ohw..][..ohw]);
+                    dx.extend_from_slice(&prod[c * n + bi * ohw..][..ohw]);
                 }
             }
         } else if let Some(dx) = dx.as_mut() {

@@ -66,13 +66,11 @@ pub(crate) fn forward(g: &PoolGeom, x: &[f32]) -> (Vec<f32>, Vec<u32>) {
     let mut arg = vec![0u32; g.out_len()];
     let (hw, ohw) = (g.h * g.w, g.oh * g.ow);
     let pairs = out.chunks_exact_mut(ohw).zip(arg.chunks_exact_mut(ohw));
-    let mut rows = Vec::new();
     for ((out, arg), plane) in pairs.zip(x.chunks_exact(hw)) {
         if (g.k, g.stride, g.pad) == (2, 2, 0) {
             pool2x2(g, plane, out, arg);
         } else {
-            rows.resize(g.h * g.ow, (0.0, 0));
-            pool_any(g, plane, out, arg, &mut rows);
+            pool_any(g, plane, out, arg);
         }
     }
     (out, arg)
@@ -105,69 +103,29 @@ fn pool2x2(g: &PoolGeom, plane: &[f32], out: &mut [f32], arg: &mut [u32]) {
     }
 }
 
-/// One plane through any window, stride and padding, in two passes: each
-/// input row's winner over every window's columns (into `rows`, `h × ow`),
-/// then each window's winner among its rows' winners. A strict `>` in both
-/// passes keeps the first maximum in row-major order, and the first NaN of
-/// a row, then of a window, wins, so the result is the window-by-window
-/// scan's at k + k comparisons per output instead of k². A plane without
-/// NaN (one vectorised check) takes the loop without NaN tests.
-fn pool_any(
-    g: &PoolGeom,
-    plane: &[f32],
-    out: &mut [f32],
-    arg: &mut [u32],
-    rows: &mut [(f32, u32)],
-) {
-    if plane.iter().any(|v| v.is_nan()) {
-        pool_passes::<true>(g, plane, out, arg, rows);
-    } else {
-        pool_passes::<false>(g, plane, out, arg, rows);
-    }
-}
-
-/// [`pool_any`]'s two passes; `NAN`: whether the plane may hold NaN.
-fn pool_passes<const NAN: bool>(
-    g: &PoolGeom,
-    plane: &[f32],
-    out: &mut [f32],
-    arg: &mut [u32],
-    rows: &mut [(f32, u32)],
-) {
-    for (i, row) in rows.chunks_exact_mut(g.ow).enumerate() {
-        let line = &plane[i * g.w..][..g.w];
-        for (c, slot) in row.iter_mut().enumerate() {
-            let cols = g.span(c, g.w);
-            *slot = winner::<NAN>(cols.map(|j| (line[j], (i * g.w + j) as u32)));
-        }
-    }
+/// One plane through any window, stride and padding.
+fn pool_any(g: &PoolGeom, plane: &[f32], out: &mut [f32], arg: &mut [u32]) {
     for r in 0..g.oh {
-        let span = g.span(r, g.h);
+        let rows = g.span(r, g.h);
         for c in 0..g.ow {
-            let (best, at) = winner::<NAN>(span.clone().map(|i| rows[i * g.ow + c]));
+            let cols = g.span(c, g.w);
+            let (mut best, mut at) = (f32::NEG_INFINITY, rows.start * g.w + cols.start);
+            'window: for i in rows.clone() {
+                for j in cols.clone() {
+                    let v = plane[i * g.w + j];
+                    if v.is_nan() {
+                        (best, at) = (v, i * g.w + j);
+                        break 'window;
+                    }
+                    if v > best {
+                        (best, at) = (v, i * g.w + j);
+                    }
+                }
+            }
             out[r * g.ow + c] = best;
-            arg[r * g.ow + c] = at;
+            arg[r * g.ow + c] = at as u32;
         }
     }
-}
-
-/// The first NaN (looked for when `NAN`), else the first maximum, of a
-/// non-empty run of (value, index) pairs.
-#[inline]
-fn winner<const NAN: bool>(mut run: impl Iterator<Item = (f32, u32)>) -> (f32, u32) {
-    let mut best = run.next().expect("a window holds at least one input");
-    if NAN && best.0.is_nan() {
-        return best;
-    }
-    for (v, at) in run {
-        if NAN && v.is_nan() {
-            return (v, at);
-        }
-        if v > best.0 {
-            best = (v, at);
-        }
-    }
-    best
 }
 
 /// Routes each output gradient to its window's winner (windows that
@@ -250,7 +208,6 @@ mod tests {
         let g = PoolGeom::new(2, 6, 7, 2, 2, 0).unwrap();
         let (out, arg) = forward(&g, &x);
         let (mut out_any, mut arg_any) = (vec![0.0; out.len()], vec![0; arg.len()]);
-        let mut rows = vec![(0.0, 0); g.h * g.ow];
         for p in 0..2 {
             let n = g.oh * g.ow;
             pool_any(
@@ -258,7 +215,6 @@ mod tests {
                 &x[p * 42..][..42],
                 &mut out_any[p * n..][..n],
                 &mut arg_any[p * n..][..n],
-                &mut rows,
             );
         }
         assert_eq!((out, arg), (out_any, arg_any));
@@ -291,10 +247,10 @@ mod tests {
         found
     }
 
-    /// The two-pass loop equals the window scan on planes full of ties,
+    /// The general loop equals the window scan on planes full of ties,
     /// −∞ and NaN, for windows 1–4, strides 1–3 and paddings up to k/2.
     #[test]
-    fn the_two_pass_loop_is_the_window_scan() {
+    fn the_general_loop_is_the_window_scan() {
         let values = [1.0, 2.0, 2.0, -1.0, f32::NEG_INFINITY, f32::NAN, 0.0, -0.0];
         for (h, w) in [(5, 7), (8, 8), (3, 4)] {
             for k in 1..=4 {
@@ -311,8 +267,7 @@ mod tests {
                                 })
                                 .collect();
                             let (mut out, mut arg) = (vec![0.0; g.out_len()], vec![0; g.out_len()]);
-                            let mut rows = vec![(0.0, 0); h * g.ow];
-                            pool_any(&g, &plane, &mut out, &mut arg, &mut rows);
+                            pool_any(&g, &plane, &mut out, &mut arg);
                             let got: Vec<(u32, u32)> =
                                 out.iter().map(|v| v.to_bits()).zip(arg).collect();
                             assert_eq!(got, scan(&g, &plane), "{g:?} seed {seed}");
