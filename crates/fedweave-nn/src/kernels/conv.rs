@@ -5,7 +5,11 @@
 //! kh, kw]`, output `[batch, c_out, oh, ow]`, all row-major. The column
 //! matrix of a block of images is `K × N` (K = c_in·kh·kw rows in the
 //! weight's order, N = images·oh·ow), so a stride-1 row of it is a run of
-//! an input row: im2col and its inverse copy runs, not elements.
+//! an input row: im2col and its inverse copy runs, not elements. The input
+//! gradient of a stride-1 "same" convolution (every 3×3 of the ResNets) is
+//! itself such a convolution, of the output gradient with the flipped,
+//! transposed weight ([`ConvGeom::transposed`]); other shapes fold `Wᵀ·dout`
+//! back with col2im.
 //!
 //! Every block has the same size whatever the thread count, and each `gemm`
 //! runs on the calling thread, so results are a function of the shapes only.
