@@ -103,29 +103,64 @@ fn pool2x2(g: &PoolGeom, plane: &[f32], out: &mut [f32], arg: &mut [u32]) {
     }
 }
 
-/// One plane through any window, stride and padding.
+/// One plane through any window, stride and padding. Windows of 3×3 that
+/// lie inside the plane (`resnet8`'s and `resnet18`'s stem pool) take
+/// [`window3`]; the rest, and any window holding NaN, the general scan.
 fn pool_any(g: &PoolGeom, plane: &[f32], out: &mut [f32], arg: &mut [u32]) {
     for r in 0..g.oh {
         let rows = g.span(r, g.h);
         for c in 0..g.ow {
             let cols = g.span(c, g.w);
-            let (mut best, mut at) = (f32::NEG_INFINITY, rows.start * g.w + cols.start);
-            'window: for i in rows.clone() {
-                for j in cols.clone() {
-                    let v = plane[i * g.w + j];
-                    if v.is_nan() {
-                        (best, at) = (v, i * g.w + j);
-                        break 'window;
-                    }
-                    if v > best {
-                        (best, at) = (v, i * g.w + j);
-                    }
-                }
-            }
+            let fast = (g.k == 3 && rows.len() == 3 && cols.len() == 3)
+                .then(|| window3(plane, g.w, rows.start, cols.start))
+                .flatten();
+            let (best, at) = fast.unwrap_or_else(|| scan_window(plane, g.w, &rows, &cols));
             out[r * g.ow + c] = best;
             arg[r * g.ow + c] = at as u32;
         }
     }
+}
+
+/// The winner of the window of rows `rows` and columns `cols`, in row-major
+/// order: the first NaN, else the first maximum.
+fn scan_window(
+    plane: &[f32],
+    w: usize,
+    rows: &std::ops::Range<usize>,
+    cols: &std::ops::Range<usize>,
+) -> (f32, usize) {
+    let (mut best, mut at) = (f32::NEG_INFINITY, rows.start * w + cols.start);
+    for i in rows.clone() {
+        for j in cols.clone() {
+            let v = plane[i * w + j];
+            if v.is_nan() {
+                return (v, i * w + j);
+            }
+            if v > best {
+                (best, at) = (v, i * w + j);
+            }
+        }
+    }
+    (best, at)
+}
+
+/// The first maximum of the 3×3 window from (`i0`, `j0`), whose rows are
+/// read as arrays (no per-element bounds checks or NaN branches), or `None`
+/// when the window holds NaN (which no `>` selects), for the general scan.
+#[inline]
+fn window3(plane: &[f32], w: usize, i0: usize, j0: usize) -> Option<(f32, usize)> {
+    let (mut best, mut at) = (f32::NEG_INFINITY, i0 * w + j0);
+    let mut nan = false;
+    for i in i0..i0 + 3 {
+        let row: &[f32; 3] = plane[i * w + j0..][..3].try_into().expect("3 columns");
+        for (j, &v) in row.iter().enumerate() {
+            nan |= v.is_nan();
+            if v > best {
+                (best, at) = (v, i * w + j0 + j);
+            }
+        }
+    }
+    (!nan).then_some((best, at))
 }
 
 /// Routes each output gradient to its window's winner (windows that
