@@ -92,10 +92,14 @@ impl Resident<'_> {
             && batches
                 .iter()
                 .zip(&self.sources)
-                .all(|((data, _), (x, idx))| {
-                    std::ptr::eq(data.features, *x) && std::ptr::eq(data.indices, *idx)
-                })
+                .all(|((data, _), source)| same_samples((data.features, data.indices), *source))
     }
+}
+
+/// Whether two clients read the same samples: the same feature table and
+/// the same index list (by address, as the trainer borrows them).
+fn same_samples(a: (&[f32], &[usize]), b: (&[f32], &[usize])) -> bool {
+    std::ptr::eq(a.0, b.0) && std::ptr::eq(a.1, b.1)
 }
 
 /// The stacked parameter leaves of one forward pass, reshaped per use.
@@ -294,10 +298,7 @@ impl<'a> BatchedTrainer<'a> {
         let mut sources: Vec<(&'a [f32], &'a [usize])> = Vec::with_capacity(clients.len());
         for data in clients {
             let source = (data.features, data.indices);
-            let same = |&(x, idx): &(&[f32], &[usize])| {
-                std::ptr::eq(x, source.0) && std::ptr::eq(idx, source.1)
-            };
-            let offset = match sources.iter().position(same) {
+            let offset = match sources.iter().position(|&s| same_samples(s, source)) {
                 Some(earlier) => offsets[earlier],
                 None => {
                     let start = table.len() / input_len;

@@ -346,6 +346,20 @@ fn gemm_f32(
     }
 }
 
+/// The `ohw`-long runs of a block's product (`channels × images·ohw`, the
+/// column order of im2col) in the memory order of `[images, channels, ohw]`,
+/// with their channel: how a block's output is appended.
+fn image_runs(
+    prod: &[f32],
+    channels: usize,
+    images: usize,
+    ohw: usize,
+) -> impl Iterator<Item = (usize, &[f32])> {
+    let n = images * ohw;
+    (0..images)
+        .flat_map(move |bi| (0..channels).map(move |c| (c, &prod[c * n + bi * ohw..][..ohw])))
+}
+
 /// The forward pass: `[batch, c_out, oh, ow]`.
 pub(crate) fn forward(g: &ConvGeom, x: &[f32], weight: &[f32], bias: &[f32]) -> Vec<f32> {
     let (k, ohw) = (g.k(), g.ohw());
@@ -367,11 +381,8 @@ pub(crate) fn forward(g: &ConvGeom, x: &[f32], weight: &[f32], bias: &[f32]) -> 
             &cols,
             (n, 1),
         );
-        for bi in 0..images.len() {
-            for (o, &bo) in bias.iter().enumerate() {
-                let src = &prod[o * n + bi * ohw..][..ohw];
-                out.extend(src.iter().map(|s| s + bo));
-            }
+        for (o, run) in image_runs(&prod, g.c_out, images.len(), ohw) {
+            out.extend(run.iter().map(|s| s + bias[o]));
         }
     }
     out
@@ -448,10 +459,8 @@ pub(crate) fn backward(
             prod.resize(g.c_in * n, 0.0);
             gemm_f32(g.c_in, n, tk, &mut prod, false, wt, (tk, 1), &cols, (n, 1));
             debug_assert_eq!(dx.len(), images.start * g.c_in * ohw);
-            for bi in 0..images.len() {
-                for c in 0..g.c_in {
-                    dx.extend_from_slice(&prod[c * n + bi * ohw..][..ohw]);
-                }
+            for (_, run) in image_runs(&prod, g.c_in, images.len(), ohw) {
+                dx.extend_from_slice(run);
             }
         } else if let Some(dx) = dx.as_mut() {
             // dcols = Wᵀ · dout, folded back onto the input.
