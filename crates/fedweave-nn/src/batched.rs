@@ -39,14 +39,15 @@
 use crate::NnError;
 use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
-use crate::kernels::{conv2d, sgd_momentum};
+use crate::kernels::{REPLAYABLE, assign, assign_rows, conv2d, sgd_momentum};
 use crate::model::{BN_EPS, ModelSpec, channel_sums};
 use crate::resident::{BatchStats, LossLog, RunningStats};
 use crate::train::{TrainConfig, TrainStats};
 use crate::trainer::{BatchSampler, SgdConfig};
+use burn::backend::{Backend, Dispatch, ExecutionError};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::ops::ConvOptions;
-use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
 use rand::Rng;
 
 /// K clients' models of one `spec` trained together on one device.
@@ -95,6 +96,47 @@ impl Resident<'_> {
                 .all(|((data, _), source)| same_samples((data.features, data.indices), *source))
     }
 }
+
+/// One step's host arrays, in the layouts [`BatchedTrainer::supervision`]
+/// reads, at padded batch `b`.
+struct StepArrays {
+    /// Resident-table row of each stacked input (`[K·B]`, the zero row for
+    /// padding); empty when the step gathers its inputs on the host.
+    rows: Vec<i64>,
+    /// Labels, client-major (`[K·B]`, 0 for padding).
+    labels: Vec<i64>,
+    /// Loss weights `1/b_k` (`[K·B]`, client-major, 0 for padding), then
+    /// validity (`[B·K]`, sample-major), then batch sizes (`[K]`).
+    floats: Vec<f32>,
+}
+
+/// A batched round's steps, drawn up front and uploaded once: step `t` is
+/// row `t` of `ints` (rows, then labels) and of `floats` (see
+/// [`StepArrays`]), every step padded to the round's largest batch `b`.
+struct RoundPlan {
+    steps: usize,
+    b: usize,
+    ints: Tensor<2, Int>,
+    floats: Tensor<2>,
+}
+
+/// What a replayed step keeps on the device besides the model's state.
+struct Replay {
+    /// The next step's index (an `f32` holding an integer).
+    counter: Tensor<1>,
+    /// Each client's sum of losses (`[1, K]`).
+    loss_sum: Tensor<2>,
+    /// `[1]` = 1: the flag of a whole-tensor assignment.
+    one: Tensor<1>,
+}
+
+/// Ordinary steps before a capture: the first compiles the kernels, the
+/// second runs with every buffer the pools will hand out while recording.
+const WARMUP_STEPS: usize = 2;
+
+/// Rounds shorter than this are not captured (the warm-up and the
+/// recording would be most of them).
+const MIN_CAPTURED_STEPS: usize = 8;
 
 /// Whether two clients read the same samples: the same feature table and
 /// the same index list (by address, as the trainer borrows them).
@@ -168,22 +210,44 @@ impl Stack<'_> {
     }
 }
 
-/// One step's inputs in the stacked layouts, and what batch norm needs.
+/// One step's validity on the device: what batch norm, the update and the
+/// running statistics need.
 pub(crate) struct Step {
     /// Largest batch of the step (padded size).
     b: usize,
-    /// Valid samples per client (0: the client sits this step out).
-    sizes: Vec<usize>,
-    /// 1 for a client's valid samples, `[B, K]` row-major.
-    valid: Vec<f32>,
+    /// 1 for a client's valid samples, `[B, K]`.
+    valid: Tensor<2>,
+    /// Valid samples per client (0: the client sits this step out), `[K]`.
+    sizes: Tensor<1>,
 }
 
 impl Step {
     /// `[B, K·C, 1, 1]`: 1 where sample b is one of client k's valid ones.
-    fn channel_mask(&self, k: usize, c: usize, device: &Device) -> Tensor<4> {
-        let m: Tensor<3> =
-            Tensor::from_data(TensorData::new(self.valid.clone(), [self.b, k, 1]), device);
-        m.expand([self.b, k, c]).reshape([self.b, k * c, 1, 1])
+    fn channel_mask(&self, k: usize, c: usize) -> Tensor<4> {
+        self.valid
+            .clone()
+            .reshape([self.b, k, 1])
+            .expand([self.b, k, c])
+            .reshape([self.b, k * c, 1, 1])
+    }
+
+    /// `[1, K·C, 1, 1]`: elements per channel of client k's batch, at least
+    /// 1 so a resting client's (unused) statistics stay finite. Exact in
+    /// `f32` (counts below 2²⁴), so equal to the host's integers.
+    fn channel_counts(&self, k: usize, c: usize, per_sample: usize) -> Tensor<4> {
+        self.sizes
+            .clone()
+            .reshape([k, 1])
+            .expand([k, c])
+            .reshape([1, k * c, 1, 1])
+            .mul_scalar(per_sample as f32)
+            .clamp_min(1.0)
+    }
+
+    /// `[K]` without autodiff: 1 for the clients that take this step, 0
+    /// for those resting.
+    fn active(&self) -> Tensor<1> {
+        self.sizes.clone().inner().clamp_max(1.0)
     }
 }
 
@@ -317,7 +381,7 @@ impl<'a> BatchedTrainer<'a> {
         table.resize(table.len() + input_len, 0.0);
         let table = Tensor::from_data(
             TensorData::new(table, [zero_row + 1, input_len]),
-            &self.device,
+            &self.device.clone().inner(),
         );
         self.resident = Some(Resident {
             sources,
@@ -345,47 +409,22 @@ impl<'a> BatchedTrainer<'a> {
     /// is a regression task.
     pub fn step(&mut self, batches: &[(LocalData, &[usize])], lr: f32) {
         assert_eq!(batches.len(), self.k, "one batch per client");
-        let spec = self.spec;
-        let k = self.k;
-        let (input_len, classes) = (spec.input_len(), spec.num_classes());
-        let sizes: Vec<usize> = batches.iter().map(|(_, b)| b.len()).collect();
-        let b = sizes.iter().copied().max().unwrap_or(0);
+        let b = batches.iter().map(|(_, b)| b.len()).max().unwrap_or(0);
         if b == 0 {
             return;
         }
-        let image = spec.net().batched().map(|n| n.input()) == Ok(BatchedInput::Image);
-        // Images: [B, K, C·H·W] (grouped layout); mlp: [K, B, in].
-        let dims = if image {
-            [b, k, input_len]
-        } else {
-            [k, b, input_len]
-        };
-        let position = |c: usize, s: usize| if image { s * k + c } else { c * b + s };
-        // One-hot targets weighted 1/b_k, validity.
-        let mut target = vec![0.0f32; k * b * classes];
-        let mut valid = vec![0.0f32; b * k];
-        for (c, (data, batch)) in batches.iter().enumerate() {
-            assert!(!data.is_regression(), "batched training is for classifiers");
-            let weight = 1.0 / batch.len().max(1) as f32;
-            for (s, &local) in batch.iter().enumerate() {
-                target[(c * b + s) * classes + data.label(local) as usize] = weight;
-                valid[s * k + c] = 1.0;
-            }
-        }
+        let spec = self.spec;
+        let (k, input_len) = (self.k, spec.input_len());
+        let inner = self.device.clone().inner();
+        let resident = self.resident.as_ref().filter(|r| r.covers(batches));
+        let arrays = self.arrays(batches, b, resident.is_some());
         // Inputs, zero for padding: gathered on the device from the clients'
         // resident samples when the step reads them, else on the host.
-        let resident = self.resident.as_ref().filter(|r| r.covers(batches));
         let x: Tensor<3> = match resident {
             Some(r) => {
-                let mut rows = vec![r.zero_row as i64; k * b];
-                for (c, (_, batch)) in batches.iter().enumerate() {
-                    for (s, &local) in batch.iter().enumerate() {
-                        rows[position(c, s)] = (r.offsets[c] + local) as i64;
-                    }
-                }
                 let rows =
-                    Tensor::<1, Int>::from_data(TensorData::new(rows, [k * b]), &self.device);
-                r.table.clone().select(0, rows).reshape(dims)
+                    Tensor::<1, Int>::from_data(TensorData::new(arrays.rows, [k * b]), &inner);
+                r.table.clone().select(0, rows).reshape(self.input_dims(b))
             }
             None => {
                 let mut x = vec![0.0f32; k * b * input_len];
@@ -393,14 +432,118 @@ impl<'a> BatchedTrainer<'a> {
                 for (c, (data, batch)) in batches.iter().enumerate() {
                     data.gather(batch, input_len, &mut xs, &mut ys);
                     for (s, row) in xs.chunks(input_len).enumerate() {
-                        let at = position(c, s);
+                        let at = self.position(b, c, s);
                         x[at * input_len..(at + 1) * input_len].copy_from_slice(row);
                     }
                 }
-                Tensor::from_data(TensorData::new(x, dims), &self.device)
+                Tensor::from_data(TensorData::new(x, self.input_dims(b)), &inner)
             }
         };
-        let step = Step { b, sizes, valid };
+        let labels = Tensor::<1, Int>::from_data(TensorData::new(arrays.labels, [k * b]), &inner);
+        let width = arrays.floats.len();
+        let floats = Tensor::<1>::from_data(TensorData::new(arrays.floats, [width]), &inner);
+        let (target, step) = self.supervision(b, labels, floats);
+        let per_client = self.train_step(x, target, &step, lr);
+        self.losses.push(per_client);
+        self.logged_sizes
+            .push(batches.iter().map(|(_, batch)| batch.len()).collect());
+    }
+
+    /// The stacked input's dims at padded batch `b`: images `[B, K, C·H·W]`
+    /// (the grouped layout), `mlp` `[K, B, in]`.
+    fn input_dims(&self, b: usize) -> [usize; 3] {
+        let (k, input_len) = (self.k, self.spec.input_len());
+        if self.image_input() {
+            [b, k, input_len]
+        } else {
+            [k, b, input_len]
+        }
+    }
+
+    fn image_input(&self) -> bool {
+        self.spec.net().batched().map(|n| n.input()) == Ok(BatchedInput::Image)
+    }
+
+    /// Row of the stacked input holding client `c`'s sample `s`.
+    fn position(&self, b: usize, c: usize, s: usize) -> usize {
+        if self.image_input() {
+            s * self.k + c
+        } else {
+            c * b + s
+        }
+    }
+
+    /// One step's host arrays at padded batch `b` (see [`StepArrays`]);
+    /// `rows` only when the step reads the resident samples.
+    ///
+    /// # Panics
+    ///
+    /// If a client's data is a regression task.
+    fn arrays(&self, batches: &[(LocalData, &[usize])], b: usize, rows: bool) -> StepArrays {
+        let k = self.k;
+        let mut arrays = StepArrays {
+            rows: Vec::new(),
+            labels: vec![0; k * b],
+            floats: vec![0.0; 2 * k * b + k],
+        };
+        let (weights, rest) = arrays.floats.split_at_mut(k * b);
+        let (valid, sizes) = rest.split_at_mut(k * b);
+        for (c, (data, batch)) in batches.iter().enumerate() {
+            assert!(!data.is_regression(), "batched training is for classifiers");
+            let weight = 1.0 / batch.len().max(1) as f32;
+            for (s, &local) in batch.iter().enumerate() {
+                arrays.labels[c * b + s] = i64::from(data.label(local));
+                weights[c * b + s] = weight;
+                valid[s * k + c] = 1.0;
+            }
+            sizes[c] = batch.len() as f32;
+        }
+        if let Some(r) = self.resident.as_ref().filter(|_| rows) {
+            arrays.rows = vec![r.zero_row as i64; k * b];
+            for (c, (_, batch)) in batches.iter().enumerate() {
+                for (s, &local) in batch.iter().enumerate() {
+                    arrays.rows[self.position(b, c, s)] = (r.offsets[c] + local) as i64;
+                }
+            }
+        }
+        arrays
+    }
+
+    /// The targets (`[K, B, classes]`, one-hot weighted `1/b_k`, zero for
+    /// padding) and the step's validity from a step's uploaded labels and
+    /// floats ([`StepArrays`]), all on the device: a replayed step reads
+    /// them from its plan.
+    fn supervision(
+        &self,
+        b: usize,
+        labels: Tensor<1, Int>,
+        floats: Tensor<1>,
+    ) -> (Tensor<3>, Step) {
+        let (k, classes) = (self.k, self.spec.num_classes());
+        let kb = k * b;
+        let weights = floats.clone().slice([0..kb]).reshape([kb, 1]);
+        let valid = floats.clone().slice([kb..2 * kb]).reshape([b, k]);
+        let sizes = floats.slice([2 * kb..2 * kb + k]);
+        let target = Tensor::<2>::zeros([kb, classes], &labels.device()).scatter(
+            1,
+            labels.reshape([kb, 1]),
+            weights,
+            IndexingUpdateOp::Add,
+        );
+        let step = Step {
+            b,
+            valid: valid.autodiff(),
+            sizes: sizes.autodiff(),
+        };
+        (target.reshape([k, b, classes]).autodiff(), step)
+    }
+
+    /// Forward, backward and update of one step whose inputs are on the
+    /// device: `x` stacked (inner device), `target` and `step` on the
+    /// autodiff device. Returns each client's loss (`[K]`, detached).
+    fn train_step(&mut self, x: Tensor<3>, target: Tensor<3>, step: &Step, lr: f32) -> Tensor<1> {
+        let spec = self.spec;
+        let k = self.k;
         let leaves: Vec<Tensor<2>> = self
             .params
             .iter()
@@ -420,16 +563,14 @@ impl<'a> BatchedTrainer<'a> {
         let mut cx = BatchedCx {
             stack,
             k,
-            step: &step,
+            step,
             record: &mut record,
         };
         let logits = spec
             .net()
             .batched()
             .expect("checked by BatchedTrainer::new")
-            .forward(&mut cx, x);
-        let target: Tensor<3> =
-            Tensor::from_data(TensorData::new(target, [k, b, classes]), &self.device);
+            .forward(&mut cx, x.autodiff());
         // Σ_k Σ_b −w_kb·log p(y_kb): per client its mean cross-entropy.
         let per_client = log_softmax(logits, 2)
             .mul(target)
@@ -439,15 +580,16 @@ impl<'a> BatchedTrainer<'a> {
             .reshape([k]);
         let loss = per_client.clone().sum();
         let grads = loss.backward();
-        self.losses.push(per_client.inner());
         let grad: Vec<Tensor<2>> = leaves
             .iter()
             .zip(&self.params)
             .map(|(leaf, p)| leaf.grad(&grads).unwrap_or_else(|| p.zeros_like()))
             .collect();
-        self.update(grad, &step, lr);
-        self.running.fold(record, &step.sizes);
-        self.logged_sizes.push(step.sizes);
+        let active = step.active();
+        self.update(grad, &active, lr);
+        self.running
+            .fold_rows(record, &step.sizes.clone().inner(), &active);
+        per_client.inner()
     }
 
     /// The losses of the [`step`](Self::step)s since the last call, read in
@@ -469,31 +611,163 @@ impl<'a> BatchedTrainer<'a> {
             .collect()
     }
 
-    /// Momentum SGD on every stacked tensor; clients without samples this
-    /// step get their old parameters and momentum back (selected, not
-    /// recomputed, so they stay bit-identical).
-    fn update(&mut self, grad: Vec<Tensor<2>>, step: &Step, lr: f32) {
+    /// Momentum SGD on every stacked tensor, written over the old state
+    /// (in its buffers on a GPU); clients that are not `active` keep their
+    /// parameters and momentum (selected, not recomputed, so they stay
+    /// bit-identical).
+    fn update(&mut self, grad: Vec<Tensor<2>>, active: &Tensor<1>, lr: f32) {
         let hyper = self.sgd.with_lr(lr);
-        let resting: Vec<bool> = step.sizes.iter().map(|&n| n == 0).collect();
-        let any_resting = resting.iter().any(|&r| r);
-        let inner = self.device.clone().inner();
-        let params = std::mem::take(&mut self.params);
-        let buffers = std::mem::take(&mut self.momentum);
-        for ((theta, buf), g) in params.into_iter().zip(buffers).zip(grad) {
-            let (mut new_theta, mut new_buf) = sgd_momentum(theta.clone(), buf.clone(), g, hyper);
-            if any_resting {
-                let len = theta.dims()[1];
-                let mask = Tensor::<2, Bool>::from_data(
-                    TensorData::new(resting.clone(), [self.k, 1]),
-                    &inner,
-                )
-                .expand([self.k, len]);
-                new_theta = new_theta.mask_where(mask.clone(), theta);
-                new_buf = new_buf.mask_where(mask, buf);
-            }
-            self.params.push(new_theta);
-            self.momentum.push(new_buf);
+        for ((theta, buf), g) in self.params.iter_mut().zip(&mut self.momentum).zip(grad) {
+            let (new_theta, new_buf) = sgd_momentum(theta.clone(), buf.clone(), g, hyper);
+            assign_rows(theta, new_theta, active);
+            assign_rows(buf, new_buf, active);
         }
+    }
+
+    /// Trains every step of `plan` and returns each client's sum of losses
+    /// over the steps it took. With `capture` and enough steps, on a
+    /// backend with graphs (CUDA), the step is recorded once after
+    /// [`WARMUP_STEPS`] ordinary ones and replayed for the rest: one launch
+    /// a step instead of a few hundred, each costing the host ~9 µs
+    /// (docs/results.md, "GPU, session 22"). The step reads its inputs
+    /// from the plan at a step counter kept on the device and leaves its
+    /// state in the buffers it read, so every replay is the next step.
+    ///
+    /// # Errors
+    ///
+    /// [`NnError::Capture`] when the device refused the capture or a
+    /// replay: the trainer's state is then undefined (a refused recording
+    /// poisons the buffers it would have written), so the caller starts
+    /// over from the host's copy of the parameters.
+    fn train_plan(
+        &mut self,
+        plan: &RoundPlan,
+        lr: f32,
+        capture: bool,
+    ) -> Result<Vec<f32>, NnError> {
+        let inner = self.device.clone().inner();
+        let mut state = Replay {
+            counter: Tensor::zeros([1], &inner),
+            loss_sum: Tensor::zeros([1, self.k], &inner),
+            one: Tensor::ones([1], &inner),
+        };
+        let captured = capture && REPLAYABLE && plan.steps >= MIN_CAPTURED_STEPS;
+        let done = if captured {
+            self.replay_plan(plan, &mut state, lr)?
+        } else {
+            0
+        };
+        for _ in done..plan.steps {
+            self.plan_step(plan, &mut state, lr);
+        }
+        Ok(state
+            .loss_sum
+            .into_data()
+            .try_into_vec::<f32>()
+            .expect("f32 losses"))
+    }
+
+    /// [`train_plan`](Self::train_plan)'s capture and replays; returns the
+    /// steps taken (all of them, or the warm-up steps when the backend has
+    /// no graphs: the caller takes the rest one by one).
+    fn replay_plan(
+        &mut self,
+        plan: &RoundPlan,
+        state: &mut Replay,
+        lr: f32,
+    ) -> Result<usize, NnError> {
+        let device = self.device.clone().inner();
+        let dispatch = device.as_dispatch();
+        let refused = |what: &str, err: ExecutionError| NnError::Capture {
+            reason: format!("{what}: {err}"),
+        };
+        if Dispatch::graph_prepare(dispatch).is_err() {
+            return Ok(0);
+        }
+        // Warm-up: kernels compiled and every buffer the recorded step will
+        // use allocated (nothing may be allocated while recording).
+        for _ in 0..WARMUP_STEPS {
+            self.plan_step(plan, state, lr);
+            Dispatch::sync(dispatch).map_err(|e| refused("warm-up step", e))?;
+        }
+        if Dispatch::graph_start_capture(dispatch).is_err() {
+            // No graphs on this backend: end the prepared capture.
+            let _ = Dispatch::graph_stop_capture(dispatch);
+            return Ok(WARMUP_STEPS);
+        }
+        // Recorded, not run: the graph's first replay is this step.
+        self.plan_step(plan, state, lr);
+        let graph = Dispatch::graph_stop_capture(dispatch).map_err(|e| refused("capture", e))?;
+        for _ in WARMUP_STEPS..plan.steps {
+            // SAFETY: every buffer the recorded step read or wrote stays
+            // alive until the graph is dropped below: the state in `self`
+            // and `state` (written in place, same handles), the plan's
+            // tables (borrowed for this call) and the resident samples;
+            // intermediates are retained by the graph. Nothing else runs on
+            // this thread's stream between replays.
+            unsafe { Dispatch::graph_replay(dispatch, &graph) }
+                .map_err(|e| refused("replay", e))?;
+        }
+        drop(graph);
+        Ok(plan.steps)
+    }
+
+    /// The round of `drawn` steps (per step, each client's local batch
+    /// positions in `data[c]`) as one upload, padded to its largest batch.
+    fn plan(&self, data: &[LocalData], drawn: &[Vec<Vec<usize>>]) -> RoundPlan {
+        let k = self.k;
+        let b = drawn
+            .iter()
+            .flatten()
+            .map(Vec::len)
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let (mut ints, mut floats) = (Vec::new(), Vec::new());
+        for step in drawn {
+            let batches: Vec<(LocalData, &[usize])> = data
+                .iter()
+                .zip(step)
+                .map(|(d, b)| (*d, b.as_slice()))
+                .collect();
+            let arrays = self.arrays(&batches, b, true);
+            ints.extend(arrays.rows);
+            ints.extend(arrays.labels);
+            floats.extend(arrays.floats);
+        }
+        let device = self.device.clone().inner();
+        let steps = drawn.len();
+        RoundPlan {
+            steps,
+            b,
+            ints: Tensor::from_data(TensorData::new(ints, [steps, 2 * k * b]), &device),
+            floats: Tensor::from_data(TensorData::new(floats, [steps, 2 * k * b + k]), &device),
+        }
+    }
+
+    /// One step of `plan`: the step at the device's counter, which it then
+    /// advances; the losses are added to the sums. Launches only (no
+    /// upload, no read), so it can be recorded.
+    fn plan_step(&mut self, plan: &RoundPlan, state: &mut Replay, lr: f32) {
+        let (k, b) = (self.k, plan.b);
+        let at = state.counter.clone().int();
+        let ints = plan.ints.clone().select(0, at.clone()).reshape([2 * k * b]);
+        let floats = plan.floats.clone().select(0, at).reshape([2 * k * b + k]);
+        let table = self
+            .resident
+            .as_ref()
+            .expect("a plan reads the resident samples")
+            .table
+            .clone();
+        let x = table
+            .select(0, ints.clone().slice([0..k * b]))
+            .reshape(self.input_dims(b));
+        let (target, step) = self.supervision(b, ints.slice([k * b..2 * k * b]), floats);
+        let per_client = self.train_step(x, target, &step, lr);
+        let sums = state.loss_sum.clone() + per_client.reshape([1, k]);
+        assign(&mut state.loss_sum, sums, &state.one);
+        let next = state.counter.clone().add_scalar(1.0);
+        assign(&mut state.counter, next, &state.one);
     }
 
     /// Copies client `c`'s parameters and running statistics out.
@@ -560,21 +834,25 @@ fn batch_norm(
     record: &mut Vec<BatchStats>,
 ) -> Tensor<4> {
     let [_, kc, h, w] = y.dims();
-    let device = y.device();
-    let mask = step.channel_mask(k, kc / k, &device);
-    // Elements per channel; at least 1 so a resting client's (unused)
-    // statistics stay finite.
-    let counts: Vec<f32> = step
-        .sizes
-        .iter()
-        .flat_map(|&n| std::iter::repeat_n((n * h * w).max(1) as f32, kc / k))
-        .collect();
-    let counts: Tensor<4> = Tensor::from_data(TensorData::new(counts, [1, kc, 1, 1]), &device);
+    let mask = step.channel_mask(k, kc / k);
+    let counts = step.channel_counts(k, kc / k, h * w);
     let mean = channel_sums(y.clone() * mask.clone()).div(counts.clone());
     let centred = y - mean.clone();
     let var = channel_sums((centred.clone() * mask).square()).div(counts);
     record.push(BatchStats::of(&mean, &var, h * w));
     centred / (var + BN_EPS).sqrt() * p.channel(i) + p.channel(i + 1)
+}
+
+/// Says once per process that a capture failed (the round then runs step
+/// by step, correct but slower).
+fn warn_capture_failed(reason: &str) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing::warn!(
+            "batched training could not be captured as a CUDA graph ({reason}); \
+             rounds run step by step"
+        );
+    });
 }
 
 /// One client's part of a batched local round.
@@ -610,13 +888,6 @@ pub fn train_local_batched<R: Rng>(
             reason: "regression targets (batched training is for classifiers)".into(),
         });
     }
-    let params: Vec<&[f32]> = clients.iter().map(|c| &*c.params).collect();
-    let buffers: Vec<&[f32]> = clients.iter().map(|c| &*c.buffers).collect();
-    let mut trainer = BatchedTrainer::new(spec, device, &params, &buffers, cfg.sgd())?;
-    if device.clone().inner() != Device::flex() {
-        let data: Vec<LocalData> = clients.iter().map(|c| c.data).collect();
-        trainer.keep_samples_on_device(&data);
-    }
     let steps: Vec<usize> = clients
         .iter()
         .map(|c| {
@@ -627,44 +898,152 @@ pub fn train_local_batched<R: Rng>(
             }
         })
         .collect();
+    // Every step's batches, drawn in the order the one-step-at-a-time loop
+    // draws them (each client from its own rng).
     let mut samplers: Vec<BatchSampler> = clients
         .iter_mut()
         .map(|c| BatchSampler::new(c.data.len(), cfg.batch_size, &mut *c.rng))
         .collect();
+    let rounds = steps.iter().copied().max().unwrap_or(0);
+    let mut drawn: Vec<Vec<Vec<usize>>> = Vec::with_capacity(rounds);
+    for t in 0..rounds {
+        drawn.push(
+            clients
+                .iter_mut()
+                .enumerate()
+                .map(|(c, client)| {
+                    if t < steps[c] {
+                        samplers[c].next_batch(&mut *client.rng).to_vec()
+                    } else {
+                        Vec::new()
+                    }
+                })
+                .collect(),
+        );
+    }
     let mut stats = vec![TrainStats::default(); clients.len()];
-    let mut batches: Vec<Vec<usize>> = vec![Vec::new(); clients.len()];
-    for t in 0..steps.iter().copied().max().unwrap_or(0) {
-        for (c, client) in clients.iter_mut().enumerate() {
-            batches[c].clear();
-            if t < steps[c] {
-                batches[c].extend_from_slice(samplers[c].next_batch(&mut *client.rng));
-            }
-        }
-        let step: Vec<(LocalData, &[usize])> = clients
-            .iter()
-            .zip(&batches)
-            .map(|(c, b)| (c.data, b.as_slice()))
-            .collect();
-        trainer.step(&step, cfg.lr);
-        for (s, b) in stats.iter_mut().zip(&batches) {
+    for step in &drawn {
+        for (s, b) in stats.iter_mut().zip(step) {
             if !b.is_empty() {
                 s.steps += 1;
                 s.samples += b.len();
             }
         }
     }
-    for losses in trainer.take_losses() {
-        for (s, loss) in stats.iter_mut().zip(losses) {
-            if let Some(loss) = loss {
-                s.mean_loss += loss;
-            }
+    let params: Vec<&[f32]> = clients.iter().map(|c| &*c.params).collect();
+    let buffers: Vec<&[f32]> = clients.iter().map(|c| &*c.buffers).collect();
+    let data: Vec<LocalData> = clients.iter().map(|c| c.data).collect();
+    let start = || -> Result<(BatchedTrainer, RoundPlan), NnError> {
+        let mut trainer = BatchedTrainer::new(spec, device, &params, &buffers, cfg.sgd())?;
+        trainer.keep_samples_on_device(&data);
+        let plan = trainer.plan(&data, &drawn);
+        Ok((trainer, plan))
+    };
+    let (mut trainer, plan) = start()?;
+    let loss_sums = match trainer.train_plan(&plan, cfg.lr, true) {
+        Ok(sums) => sums,
+        Err(NnError::Capture { reason }) => {
+            // The recorded step's buffers are poisoned: start over from the
+            // host's parameters, step by step.
+            warn_capture_failed(&reason);
+            let (mut fresh, plan) = start()?;
+            let sums = fresh.train_plan(&plan, cfg.lr, false)?;
+            trainer = fresh;
+            sums
+        }
+        Err(other) => return Err(other),
+    };
+    for (s, sum) in stats.iter_mut().zip(loss_sums) {
+        if s.steps > 0 {
+            s.mean_loss = f64::from(sum) / s.steps as f64;
         }
     }
-    for (c, (client, s)) in clients.iter_mut().zip(&mut stats).enumerate() {
+    for (c, client) in clients.iter_mut().enumerate() {
         trainer.store(c, client.params, client.buffers);
-        if s.steps > 0 {
-            s.mean_loss /= s.steps as f64;
-        }
     }
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ModelKind;
+    use fedweave_core::{Purpose, rng_stream};
+
+    /// A round drawn up front and read at a device counter (through the
+    /// capture driver, which on the CPU warms up, is refused a recording
+    /// and goes on step by step) trains what [`BatchedTrainer::step`]
+    /// trains, bit for bit: parameters, momentum-driven updates, batch-norm
+    /// statistics and each client's loss sum, with clients resting on some
+    /// steps and short batches on others.
+    #[test]
+    fn a_planned_round_trains_as_step_by_step() {
+        let spec = ModelSpec::new(ModelKind::CNN_BN, &[1, 28, 28], 4).unwrap();
+        let mut rng = rng_stream(3, 0, 0, Purpose::Dataset);
+        let n = 30;
+        let x: Vec<f32> = (0..n * spec.input_len())
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let y: Vec<u32> = (0..n).map(|_| rng.random_range(0..4)).collect();
+        let subsets: [Vec<usize>; 3] = [(0..10).collect(), (10..30).collect(), (5..15).collect()];
+        let data: Vec<LocalData> = subsets.iter().map(|s| LocalData::new(&x, &y, s)).collect();
+        let inits: Vec<Vec<f32>> = (0..3)
+            .map(|c| spec.init(&mut rng_stream(5, c, 0, Purpose::ModelInit)))
+            .collect();
+        let params: Vec<&[f32]> = inits.iter().map(Vec::as_slice).collect();
+        let buffers = vec![spec.init_buffers(); 3];
+        let buffers: Vec<&[f32]> = buffers.iter().map(Vec::as_slice).collect();
+        let sgd = SgdConfig {
+            momentum: 0.9,
+            weight_decay: 1e-3,
+        };
+        // Client 1 takes a full batch of 4 every step, so every step's
+        // padded size is the plan's.
+        let drawn: Vec<Vec<Vec<usize>>> = (0..MIN_CAPTURED_STEPS + 2)
+            .map(|t| {
+                let first = if t % 3 == 2 {
+                    vec![]
+                } else {
+                    vec![t % 10, (t + 3) % 10]
+                };
+                let third = if t < 6 { vec![(2 * t) % 10] } else { vec![] };
+                vec![first, (0..4).map(|i| (4 * t + i) % 20).collect(), third]
+            })
+            .collect();
+        let new = || {
+            let mut t =
+                BatchedTrainer::new(&spec, &Device::flex(), &params, &buffers, sgd).unwrap();
+            t.keep_samples_on_device(&data);
+            t
+        };
+        let (mut stepped, mut planned) = (new(), new());
+        for step in &drawn {
+            let batches: Vec<(LocalData, &[usize])> = data
+                .iter()
+                .zip(step)
+                .map(|(d, b)| (*d, b.as_slice()))
+                .collect();
+            stepped.step(&batches, 0.05);
+        }
+        let plan = planned.plan(&data, &drawn);
+        assert_eq!((plan.steps, plan.b), (drawn.len(), 4));
+        let sums = planned.train_plan(&plan, 0.05, true).unwrap();
+        let mut want = vec![0.0f32; 3];
+        for losses in stepped.take_losses() {
+            for (w, l) in want.iter_mut().zip(losses) {
+                *w += l.map_or(0.0, |l| l as f32);
+            }
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&sums), bits(&want), "loss sums");
+        for (c, init) in inits.iter().enumerate() {
+            let (mut p1, mut b1) = (init.clone(), spec.init_buffers());
+            let (mut p2, mut b2) = (p1.clone(), b1.clone());
+            stepped.store(c, &mut p1, &mut b1);
+            planned.store(c, &mut p2, &mut b2);
+            assert_eq!(bits(&p1), bits(&p2), "client {c}'s parameters");
+            assert_eq!(bits(&b1), bits(&b2), "client {c}'s buffers");
+            assert_ne!(&p1, init, "client {c} trained");
+        }
+    }
 }

@@ -113,6 +113,13 @@ pub enum NnError {
         /// The backend's configuration name.
         backend: &'static str,
     },
+    /// A batched round's step could not be recorded or replayed as a
+    /// CUDA graph (the round is then trained step by step).
+    #[error("capturing a batched training step failed: {reason}")]
+    Capture {
+        /// What the device said.
+        reason: String,
+    },
     /// K clients cannot be trained together this way.
     #[error("model `{model}` cannot be trained batched: {reason}")]
     NotBatched {

@@ -14,8 +14,9 @@
 //! the CPU backend's results are bit-identical to the former host-side
 //! updates (the goldens pin them).
 
+use crate::kernels::assign_rows;
 use crate::model::{BN_MOMENTUM, ModelSpec};
-use burn::tensor::{Bool, Device, Tensor, TensorData};
+use burn::tensor::{Device, Tensor, TensorData};
 
 /// One batch-norm layer's statistics over a training batch, as computed by
 /// the forward pass: per-channel mean and biased variance of `rows`
@@ -76,7 +77,9 @@ impl RunningStats {
 
     /// Folds one step's `record` into the running statistics as PyTorch
     /// does (momentum 0.1, unbiased variance): row `r`'s batch had
-    /// `sizes[r]` samples; a row with none keeps its statistics.
+    /// `sizes[r]` samples (every row takes the step: the one-model trainer;
+    /// the batched one, whose clients may rest, folds with
+    /// [`fold_rows`](Self::fold_rows)).
     ///
     /// # Panics
     ///
@@ -89,12 +92,8 @@ impl RunningStats {
         }
         assert_eq!(record.len(), self.layers.len(), "one record per batch norm");
         let device = self.layers[0].0.device();
-        let resting: Vec<bool> = sizes.iter().map(|&n| n == 0).collect();
-        let rest_mask = resting.iter().any(|&r| r).then(|| {
-            Tensor::<2, Bool>::from_data(TensorData::new(resting, [self.rows, 1]), &device)
-        });
         for ((rm, rv), stats) in self.layers.iter_mut().zip(record) {
-            let [rows, c] = rm.dims();
+            let rows = rm.dims()[0];
             let unbias: Vec<f32> = sizes
                 .iter()
                 .map(|&n| {
@@ -107,23 +106,36 @@ impl RunningStats {
                 })
                 .collect();
             let unbias: Tensor<2> = Tensor::from_data(TensorData::new(unbias, [rows, 1]), &device);
-            let mean = stats.mean.reshape([rows, c]);
-            let var = stats.var.reshape([rows, c]);
-            let mut new_m = rm
+            (*rm, *rv) = blend(rm, rv, stats, unbias);
+        }
+    }
+
+    /// [`fold`](Self::fold) with the batch sizes on the device (`sizes`,
+    /// `[rows]`, integers as `f32`) and the new statistics written over the
+    /// old (in their buffers on a GPU) for the rows whose `active` flag is
+    /// not 0: what a replayed step does. The same arithmetic as `fold`, bit
+    /// for bit (the unbiasing factor n/(n − 1) of exact integers).
+    pub(crate) fn fold_rows(
+        &mut self,
+        record: Vec<BatchStats>,
+        sizes: &Tensor<1>,
+        active: &Tensor<1>,
+    ) {
+        if record.is_empty() {
+            return;
+        }
+        assert_eq!(record.len(), self.layers.len(), "one record per batch norm");
+        for ((rm, rv), stats) in self.layers.iter_mut().zip(record) {
+            let rows = rm.dims()[0];
+            let count = sizes.clone().mul_scalar(stats.per_sample as f32);
+            let unbias = count
                 .clone()
-                .mul_scalar(1.0 - BN_MOMENTUM)
-                .add(mean.mul_scalar(BN_MOMENTUM));
-            let mut new_v = rv
-                .clone()
-                .mul_scalar(1.0 - BN_MOMENTUM)
-                .add(var.mul_scalar(BN_MOMENTUM).mul(unbias.expand([rows, c])));
-            if let Some(mask) = &rest_mask {
-                let mask = mask.clone().expand([rows, c]);
-                new_m = new_m.mask_where(mask.clone(), rm.clone());
-                new_v = new_v.mask_where(mask, rv.clone());
-            }
-            *rm = new_m;
-            *rv = new_v;
+                .div(count.clone().sub_scalar(1.0))
+                .mask_fill(count.lower_equal_elem(1.0), 1.0)
+                .reshape([rows, 1]);
+            let (new_m, new_v) = blend(rm, rv, stats, unbias);
+            assign_rows(rm, new_m, active);
+            assign_rows(rv, new_v, active);
         }
     }
 
@@ -138,6 +150,28 @@ impl RunningStats {
             }
         }
     }
+}
+
+/// PyTorch's running-statistics update of one layer: `(1 − m)·old + m·batch`,
+/// the variance's batch term unbiased by `unbias` (`[rows, 1]`).
+fn blend(
+    rm: &Tensor<2>,
+    rv: &Tensor<2>,
+    stats: BatchStats,
+    unbias: Tensor<2>,
+) -> (Tensor<2>, Tensor<2>) {
+    let [rows, c] = rm.dims();
+    let mean = stats.mean.reshape([rows, c]);
+    let var = stats.var.reshape([rows, c]);
+    let new_m = rm
+        .clone()
+        .mul_scalar(1.0 - BN_MOMENTUM)
+        .add(mean.mul_scalar(BN_MOMENTUM));
+    let new_v = rv
+        .clone()
+        .mul_scalar(1.0 - BN_MOMENTUM)
+        .add(var.mul_scalar(BN_MOMENTUM).mul(unbias.expand([rows, c])));
+    (new_m, new_v)
 }
 
 /// The losses of a session's steps, kept on the device until read.

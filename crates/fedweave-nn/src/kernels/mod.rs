@@ -19,12 +19,15 @@
 //! per group, a dense one as one batched matmul over gathered columns; the
 //! batched trainer's K clients take it on every backend), batch norm
 //! through [`batch_norm_ops`] (per-channel sums in two contiguous steps),
-//! and momentum SGD as one kernel per tensor ([`sgd`]).
+//! momentum SGD as one kernel per tensor ([`sgd`]), and a step's new state
+//! written into the old state's buffers ([`in_place`]), which CUDA graphs
+//! need.
 
 mod batch_norm;
 mod batch_norm_ops;
 mod conv;
 mod grouped;
+mod in_place;
 mod pool;
 mod sgd;
 
@@ -149,6 +152,7 @@ pub(crate) fn on_cpu(x: &Tensor<4>) -> bool {
     x.device().inner() == Device::flex()
 }
 
+pub(crate) use in_place::{REPLAYABLE, assign, assign_rows};
 pub(crate) use sgd::{Sgd, sgd_momentum};
 
 /// A training-mode batch norm of the dispatching backend: `(y, gamma,

@@ -1,0 +1,206 @@
+//! Writing a training step's new state into the buffers of the old one.
+//!
+//! burn's operations are functional: every update returns a tensor in a
+//! buffer of its own. A CUDA graph replays its launches against the buffers
+//! it recorded (docs/results.md, "GPU, session 24"), so a step that is to be
+//! replayed must leave its state (parameters, momentum, batch-norm running
+//! statistics, loss sums, the step counter) where it found it. On the cube
+//! backends [`InPlace::assign_rows`] is one kernel writing `src` into
+//! `dst`'s own buffer; on the CPU, which has no graphs, it is the same
+//! selection as a new tensor (so the CPU's results are those of
+//! `mask_where`, bit for bit).
+
+use burn::backend::tensor::{BoolTensor, FloatTensor};
+use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::tensor::{BoolStore, Shape, Tensor};
+
+/// Row-wise assignment into an existing tensor.
+#[backend_extension(
+    Flex,
+    Cube: cfg(any(feature = "cuda", feature = "wgpu"))
+)]
+pub trait InPlace: Backend {
+    /// `dst` (`[rows, len]`) with row `r` replaced by `src`'s row `r`
+    /// wherever `active[r]` (`[rows]`) is not 0. On the cube backends the
+    /// result is `dst` itself, written in place.
+    fn assign_rows(
+        dst: FloatTensor<Self>,
+        src: FloatTensor<Self>,
+        active: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+}
+
+/// Whether a step built from these assignments can be replayed from a
+/// recording: false with burn's `fusion` (`cuda-tuned`), whose lazy tensors
+/// have no fixed buffer to write into. (On the CPU the backend refuses to
+/// record, and the step runs as written.)
+pub(crate) const REPLAYABLE: bool = !cfg!(feature = "cuda-tuned");
+
+/// `*dst`'s rows replaced by `src`'s where `active` is not 0 (see
+/// [`InPlace::assign_rows`]); on the cube backends `*dst` keeps its
+/// buffer.
+pub(crate) fn assign_rows(dst: &mut Tensor<2>, src: Tensor<2>, active: &Tensor<1>) {
+    debug_assert_eq!(dst.dims(), src.dims(), "assignment of another shape");
+    debug_assert_eq!(dst.dims()[0], active.dims()[0], "one flag per row");
+    let out = <Dispatch as InPlace>::assign_rows(
+        dst.clone().into_dispatch(),
+        src.into_dispatch(),
+        active.clone().into_dispatch(),
+    );
+    *dst = Tensor::from_dispatch(out);
+}
+
+/// `*dst ← src` for a tensor of any rank (one row, always active).
+pub(crate) fn assign<const D: usize>(dst: &mut Tensor<D>, src: Tensor<D>, one: &Tensor<1>) {
+    let dims = dst.dims();
+    let n = dims.iter().product::<usize>();
+    let mut flat = dst.clone().reshape([1, n]);
+    assign_rows(&mut flat, src.reshape([1, n]), one);
+    *dst = flat.reshape(dims);
+}
+
+/// The selection as burn's operations.
+fn selected<B: Backend>(
+    dst: FloatTensor<B>,
+    src: FloatTensor<B>,
+    active: FloatTensor<B>,
+) -> FloatTensor<B> {
+    use burn::backend::TensorMetadata;
+    let shape = dst.shape();
+    let rows = shape.dims::<2>()[0];
+    let resting: BoolTensor<B> = B::float_equal_elem(active, 0.0f32.into(), BoolStore::Native);
+    let resting = B::bool_expand(B::bool_reshape(resting, Shape::new([rows, 1])), shape);
+    B::float_mask_where(src, resting, dst)
+}
+
+impl InPlace for Flex {
+    fn assign_rows(
+        dst: FloatTensor<Self>,
+        src: FloatTensor<Self>,
+        active: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        selected::<Self>(dst, src, active)
+    }
+}
+
+// With burn's `fusion` (`cuda-tuned`) tensors are lazy and have no buffer
+// to write into: the selection, and no graph capture.
+#[cfg(feature = "cuda-tuned")]
+impl InPlace for burn::backend::Cube {
+    fn assign_rows(
+        dst: FloatTensor<Self>,
+        src: FloatTensor<Self>,
+        active: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        selected::<Self>(dst, src, active)
+    }
+}
+
+#[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
+mod cube {
+    use super::{InPlace, selected};
+    use burn::backend::tensor::FloatTensor;
+    use burn::tensor::DType;
+    use burn_cubecl::CubeBackend;
+    use burn_cubecl::tensor::CubeTensor;
+    use cubecl::ir::FloatKind;
+    use cubecl::prelude::*;
+    use cubecl::std::tensor::layout::linear::{LinearView, LinearViewMut};
+    use cubecl::{CubeDim, calculate_cube_count_elemwise};
+
+    /// One thread per element of `dst`: copies `src`'s element when its
+    /// row is active.
+    #[cube(launch_unchecked, address_type = "dynamic")]
+    fn assign_rows_kernel<F: Float>(
+        src: LinearView<'_, F>,
+        active: LinearView<'_, F>,
+        mut dst: LinearViewMut<'_, F>,
+        row_len: usize,
+        #[define(F)] _dtype: ElemType,
+    ) {
+        if !dst.is_in_bounds(ABSOLUTE_POS) {
+            terminate!();
+        }
+        if active.read(ABSOLUTE_POS / row_len) != F::new(0.0) {
+            dst.write(ABSOLUTE_POS, src.read(ABSOLUTE_POS));
+        }
+    }
+
+    impl InPlace for CubeBackend {
+        fn assign_rows(dst: CubeTensor, src: CubeTensor, active: CubeTensor) -> FloatTensor<Self> {
+            let shape = dst.meta.shape().clone();
+            let [rows, len] = shape.dims::<2>();
+            let fits = [&dst, &src, &active].iter().all(|t| t.dtype == DType::F32)
+                && *src.meta.shape() == shape
+                && active.meta.shape().num_elements() == rows
+                && dst.is_contiguous();
+            if !fits || rows * len == 0 {
+                return selected::<Self>(dst, src, active);
+            }
+            let n = rows * len;
+            let client = dst.client.clone();
+            let address = [&dst, &src, &active]
+                .iter()
+                .map(|t| t.required_address_type())
+                .max()
+                .unwrap_or_default();
+            let cube_dim = CubeDim::new(&client, n);
+            let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
+            let elem = ElemType::Float(FloatKind::F32);
+            // SAFETY: the views cover `n` elements of live buffers (`active`
+            // `rows`, read at `pos / len < rows`) and the kernel returns for
+            // positions past `n`. `dst` is written where it lies: each
+            // thread reads `src` and writes one element of `dst` it alone
+            // touches.
+            unsafe {
+                assign_rows_kernel::launch_unchecked(
+                    &client,
+                    cube_count,
+                    cube_dim,
+                    address,
+                    src.into_linear_view(),
+                    active.into_linear_view(),
+                    dst.clone().into_linear_view(),
+                    len,
+                    elem,
+                );
+            }
+            dst
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{Device, TensorData};
+
+    /// On the CPU the assignment is `mask_where` on the resting rows, bit
+    /// for bit, and leaves active rows equal to `src`.
+    #[test]
+    fn rows_of_active_flags_take_the_new_values() {
+        let device = Device::flex();
+        let make = |seed: f32| {
+            let v: Vec<f32> = (0..12).map(|i| (i as f32 * seed).sin()).collect();
+            Tensor::<2>::from_data(TensorData::new(v, [3, 4]), &device)
+        };
+        let (old, new) = (make(1.1), make(2.3));
+        let active = Tensor::<1>::from_data(TensorData::new(vec![1.0f32, 0.0, 1.0], [3]), &device);
+        let mut dst = old.clone();
+        assign_rows(&mut dst, new.clone(), &active);
+        let (got, old, new) = (
+            dst.into_data().to_vec::<f32>().unwrap(),
+            old.into_data().to_vec::<f32>().unwrap(),
+            new.into_data().to_vec::<f32>().unwrap(),
+        );
+        for (i, g) in got.iter().enumerate() {
+            let want = if i / 4 == 1 { old[i] } else { new[i] };
+            assert_eq!(g.to_bits(), want.to_bits(), "element {i}");
+        }
+        let one = Tensor::<1>::ones([1], &device);
+        let mut t = Tensor::<3>::zeros([2, 2, 2], &device);
+        let src = Tensor::<3>::ones([2, 2, 2], &device);
+        assign(&mut t, src, &one);
+        assert_eq!(t.into_data().to_vec::<f32>().unwrap(), vec![1.0; 8]);
+    }
+}
