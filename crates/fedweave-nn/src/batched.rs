@@ -651,7 +651,9 @@ impl<'a> BatchedTrainer<'a> {
             loss_sum: Tensor::zeros([1, self.k], &inner),
             one: Tensor::ones([1], &inner),
         };
-        let captured = capture && REPLAYABLE && plan.steps >= MIN_CAPTURED_STEPS;
+        // One client alone takes the one-model convolutions, whose dense weight
+        // gradient uploads its gather index each step: not recordable.
+        let captured = capture && REPLAYABLE && self.k > 1 && plan.steps >= MIN_CAPTURED_STEPS;
         let done = if captured {
             self.replay_plan(plan, &mut state, lr)?
         } else {
@@ -843,6 +845,13 @@ fn batch_norm(
     centred / (var + BN_EPS).sqrt() * p.channel(i) + p.channel(i + 1)
 }
 
+/// Whether batched rounds may be recorded as CUDA graphs: yes unless the
+/// environment sets `FEDWEAVE_CUDA_GRAPHS=0` (to compare, or to rule the
+/// graphs out when chasing a problem).
+fn graphs_enabled() -> bool {
+    std::env::var_os("FEDWEAVE_CUDA_GRAPHS").is_none_or(|v| v != "0")
+}
+
 /// Says once per process that a capture failed (the round then runs step
 /// by step, correct but slower).
 fn warn_capture_failed(reason: &str) {
@@ -940,7 +949,7 @@ pub fn train_local_batched<R: Rng>(
         Ok((trainer, plan))
     };
     let (mut trainer, plan) = start()?;
-    let loss_sums = match trainer.train_plan(&plan, cfg.lr, true) {
+    let loss_sums = match trainer.train_plan(&plan, cfg.lr, graphs_enabled()) {
         Ok(sums) => sums,
         Err(NnError::Capture { reason }) => {
             // The recorded step's buffers are poisoned: start over from the
