@@ -11,8 +11,8 @@
 //! `mask_where`, bit for bit).
 
 use burn::backend::tensor::{BoolTensor, FloatTensor};
-use burn::backend::{Backend, Dispatch, Flex, backend_extension};
-use burn::tensor::{BoolStore, Shape, Tensor};
+use burn::backend::{Backend, Dispatch, Flex, backend_extension, get_or_init_device_settings};
+use burn::tensor::{Shape, Tensor};
 
 /// Row-wise assignment into an existing tensor.
 #[backend_extension(
@@ -68,7 +68,8 @@ fn selected<B: Backend>(
     use burn::backend::TensorMetadata;
     let shape = dst.shape();
     let rows = shape.dims::<2>()[0];
-    let resting: BoolTensor<B> = B::float_equal_elem(active, 0.0f32.into(), BoolStore::Native);
+    let bool_dtype = get_or_init_device_settings::<B>(&dst.device()).bool_dtype;
+    let resting: BoolTensor<B> = B::float_equal_elem(active, 0.0f32.into(), bool_dtype);
     let resting = B::bool_expand(B::bool_reshape(resting, Shape::new([rows, 1])), shape);
     B::float_mask_where(src, resting, dst)
 }
@@ -133,8 +134,19 @@ mod cube {
             let fits = [&dst, &src, &active].iter().all(|t| t.dtype == DType::F32)
                 && *src.meta.shape() == shape
                 && active.meta.shape().num_elements() == rows
-                && dst.is_contiguous();
+                && dst.is_nonoverlapping();
             if !fits || rows * len == 0 {
+                tracing::warn!(
+                    "assign_rows copies instead of writing in place (dst {:?} {:?} strides {:?}, \
+                     src {:?} {:?}, active {:?} {:?})",
+                    dst.dtype,
+                    dst.meta.shape(),
+                    dst.meta.strides(),
+                    src.dtype,
+                    src.meta.shape(),
+                    active.dtype,
+                    active.meta.shape()
+                );
                 return selected::<Self>(dst, src, active);
             }
             let n = rows * len;
