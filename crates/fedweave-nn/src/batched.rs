@@ -683,7 +683,8 @@ impl<'a> BatchedTrainer<'a> {
         let refused = |what: &str, err: ExecutionError| NnError::Capture {
             reason: format!("{what}: {err}"),
         };
-        if Dispatch::graph_prepare(dispatch).is_err() {
+        if let Err(e) = Dispatch::graph_prepare(dispatch) {
+            tracing::debug!("batched round not captured: {e}");
             return Ok(0);
         }
         // Warm-up: kernels compiled and every buffer the recorded step will
@@ -692,8 +693,9 @@ impl<'a> BatchedTrainer<'a> {
             self.plan_step(plan, state, lr);
             Dispatch::sync(dispatch).map_err(|e| refused("warm-up step", e))?;
         }
-        if Dispatch::graph_start_capture(dispatch).is_err() {
+        if let Err(e) = Dispatch::graph_start_capture(dispatch) {
             // No graphs on this backend: end the prepared capture.
+            tracing::debug!("batched round not captured: {e}");
             let _ = Dispatch::graph_stop_capture(dispatch);
             return Ok(WARMUP_STEPS);
         }
@@ -711,6 +713,11 @@ impl<'a> BatchedTrainer<'a> {
                 .map_err(|e| refused("replay", e))?;
         }
         drop(graph);
+        tracing::debug!(
+            "batched round of {} steps: {} replayed from one CUDA graph",
+            plan.steps,
+            plan.steps - WARMUP_STEPS
+        );
         Ok(plan.steps)
     }
 
