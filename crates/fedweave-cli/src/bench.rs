@@ -226,7 +226,13 @@ fn train(
         ));
     }
     if k > 1 && args.mode != Modes::OneByOne {
-        match work.time_batched(steps) {
+        // A batched step is not K one-client steps: a probe of the batched
+        // pass itself (long enough to be replayed from a graph on a GPU)
+        // sizes its run.
+        let steps = work
+            .time_batched(BATCHED_PROBE_STEPS)
+            .map(|p| throughput::steps_for(args.seconds, p.seconds, BATCHED_PROBE_STEPS, 1));
+        match steps.and_then(|steps| work.time_batched(steps)) {
             // The batched pass runs its kernels on the calling thread.
             Ok(t) => out.print(row("batched", 1, t)),
             Err(e) => out.note(&format!("{name}, K = {k}: no batched pass ({e})")),
@@ -234,6 +240,9 @@ fn train(
     }
     Ok(())
 }
+
+/// Steps of the probe that sizes a batched run.
+const BATCHED_PROBE_STEPS: usize = 10;
 
 /// Times each method's server step at N clients of `spec`'s size.
 fn server(
