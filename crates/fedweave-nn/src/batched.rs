@@ -521,9 +521,9 @@ impl<'a> BatchedTrainer<'a> {
     ) -> (Tensor<3>, Step) {
         let (k, classes) = (self.k, self.spec.num_classes());
         let kb = k * b;
-        let weights = floats.clone().slice([0..kb]).reshape([kb, 1]);
-        let valid = floats.clone().slice([kb..2 * kb]).reshape([b, k]);
-        let sizes = floats.slice([2 * kb..2 * kb + k]);
+        let weights = floats.clone().narrow(0, 0, kb).reshape([kb, 1]);
+        let valid = floats.clone().narrow(0, kb, kb).reshape([b, k]);
+        let sizes = floats.narrow(0, 2 * kb, k);
         let target = Tensor::<2>::zeros([kb, classes], &labels.device()).scatter(
             1,
             labels.reshape([kb, 1]),
@@ -712,7 +712,8 @@ impl<'a> BatchedTrainer<'a> {
             unsafe { Dispatch::graph_replay(dispatch, &graph) }
                 .map_err(|e| refused("replay", e))?;
         }
-        drop(graph);
+        // The graph is destroyed when it goes out of scope, after its
+        // replays have finished.
         tracing::debug!(
             "batched round of {} steps: {} replayed from one CUDA graph",
             plan.steps,
@@ -769,9 +770,9 @@ impl<'a> BatchedTrainer<'a> {
             .table
             .clone();
         let x = table
-            .select(0, ints.clone().slice([0..k * b]))
+            .select(0, ints.clone().narrow(0, 0, k * b))
             .reshape(self.input_dims(b));
-        let (target, step) = self.supervision(b, ints.slice([k * b..2 * k * b]), floats);
+        let (target, step) = self.supervision(b, ints.narrow(0, k * b, k * b), floats);
         let per_client = self.train_step(x, target, &step, lr);
         let sums = state.loss_sum.clone() + per_client.reshape([1, k]);
         assign(&mut state.loss_sum, sums, &state.one);

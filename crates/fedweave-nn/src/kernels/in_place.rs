@@ -201,9 +201,9 @@ mod tests {
         let mut dst = old.clone();
         assign_rows(&mut dst, new.clone(), &active);
         let (got, old, new) = (
-            dst.into_data().to_vec::<f32>().unwrap(),
-            old.into_data().to_vec::<f32>().unwrap(),
-            new.into_data().to_vec::<f32>().unwrap(),
+            dst.into_data().try_to_vec::<f32>().unwrap(),
+            old.into_data().try_to_vec::<f32>().unwrap(),
+            new.into_data().try_to_vec::<f32>().unwrap(),
         );
         for (i, g) in got.iter().enumerate() {
             let want = if i / 4 == 1 { old[i] } else { new[i] };
@@ -213,6 +213,6 @@ mod tests {
         let mut t = Tensor::<3>::zeros([2, 2, 2], &device);
         let src = Tensor::<3>::ones([2, 2, 2], &device);
         assign(&mut t, src, &one);
-        assert_eq!(t.into_data().to_vec::<f32>().unwrap(), vec![1.0; 8]);
+        assert_eq!(t.into_data().try_to_vec::<f32>().unwrap(), vec![1.0; 8]);
     }
 }
