@@ -74,28 +74,26 @@ fn selected<B: Backend>(
     B::float_mask_where(src, resting, dst)
 }
 
-impl InPlace for Flex {
-    fn assign_rows(
-        dst: FloatTensor<Self>,
-        src: FloatTensor<Self>,
-        active: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        selected::<Self>(dst, src, active)
-    }
+/// [`InPlace`] as the selection, for backends without fixed buffers.
+macro_rules! selected_assign {
+    ($backend:ty) => {
+        impl InPlace for $backend {
+            fn assign_rows(
+                dst: FloatTensor<Self>,
+                src: FloatTensor<Self>,
+                active: FloatTensor<Self>,
+            ) -> FloatTensor<Self> {
+                selected::<Self>(dst, src, active)
+            }
+        }
+    };
 }
 
+selected_assign!(Flex);
 // With burn's `fusion` (`cuda-tuned`) tensors are lazy and have no buffer
 // to write into: the selection, and no graph capture.
 #[cfg(feature = "cuda-tuned")]
-impl InPlace for burn::backend::Cube {
-    fn assign_rows(
-        dst: FloatTensor<Self>,
-        src: FloatTensor<Self>,
-        active: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        selected::<Self>(dst, src, active)
-    }
-}
+selected_assign!(burn::backend::Cube);
 
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube {
