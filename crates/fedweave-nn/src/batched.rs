@@ -947,6 +947,10 @@ pub fn train_local_batched<R: Rng>(
             }
         }
     }
+    if drawn.is_empty() {
+        // No client has a sample: nothing to train, nothing to upload.
+        return Ok(stats);
+    }
     let params: Vec<&[f32]> = clients.iter().map(|c| &*c.params).collect();
     let buffers: Vec<&[f32]> = clients.iter().map(|c| &*c.buffers).collect();
     let data: Vec<LocalData> = clients.iter().map(|c| c.data).collect();
@@ -985,6 +989,47 @@ pub fn train_local_batched<R: Rng>(
 mod tests {
     use super::*;
     use crate::ModelKind;
+    use crate::TrainConfig;
+
+    /// A group whose clients hold no sample takes no step and keeps its
+    /// models (no empty tables are uploaded).
+    #[test]
+    fn clients_without_samples_keep_their_models() {
+        let spec = ModelSpec::new(ModelKind::MLP, &[6], 3).unwrap();
+        let init = spec.init(&mut rng_stream(1, 0, 0, Purpose::ModelInit));
+        let (mut p0, mut p1) = (init.clone(), init.clone());
+        let (mut b0, mut b1) = (spec.init_buffers(), spec.init_buffers());
+        let (mut r0, mut r1) = (
+            rng_stream(2, 0, 0, Purpose::Batches),
+            rng_stream(2, 1, 0, Purpose::Batches),
+        );
+        let none = LocalData::new(&[], &[], &[]);
+        let mut clients = vec![
+            BatchedClient {
+                params: &mut p0,
+                buffers: &mut b0,
+                data: none,
+                rng: &mut r0,
+            },
+            BatchedClient {
+                params: &mut p1,
+                buffers: &mut b1,
+                data: none,
+                rng: &mut r1,
+            },
+        ];
+        let cfg = TrainConfig {
+            lr: 0.05,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            batch_size: 4,
+            iterations: 3,
+            epochs: 0,
+        };
+        let stats = train_local_batched(&spec, &Device::flex(), &mut clients, &cfg).unwrap();
+        assert!(stats.iter().all(|s| s.steps == 0 && s.samples == 0));
+        assert_eq!((p0, p1), (init.clone(), init));
+    }
     use fedweave_core::{Purpose, rng_stream};
 
     /// A round drawn up front and read at a device counter (through the
