@@ -32,6 +32,12 @@
 //! batched forward pass), classification, the task loss only (no extra terms,
 //! objectives or frozen ranges): the local round of FedAvg-like methods.
 //!
+//! [`train_local_batched`] draws the whole round's batches first and uploads
+//! them once; each step reads its own at a counter on the device and
+//! writes the new state over the old, so on CUDA the step is recorded once
+//! as a graph and replayed for the rest of the round (see
+//! `BatchedTrainer::train_plan`; docs/results.md, "GPU, session 24").
+//!
 //! On the CPU backend this is a throughput experiment (one big kernel
 //! instead of K small ones); the design aims at GPUs, where one small model
 //! cannot fill the device (see `benches/batched.rs`).
