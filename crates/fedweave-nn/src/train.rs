@@ -129,7 +129,7 @@ fn ratio(sum: f64, n: usize) -> f64 {
 ///
 /// Each step: the backend computes the gradient of the mini-batch's mean
 /// task loss (cross-entropy, or masked MAE for regression targets — MSE for
-/// `mf`, [`crate::ModelKind::regression_loss`]); every
+/// `mf`, [`crate::ModelSpec::regression_loss`]); every
 /// `extra` term adds its analytic gradient; weight decay adds `wd·θ`;
 /// momentum SGD (dampening 0, as PyTorch) updates θ. Elements in `frozen`
 /// ranges are not updated (FedRep's alternating heads and bases).

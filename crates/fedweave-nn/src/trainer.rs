@@ -275,7 +275,7 @@ impl<'a> LocalTrainer<'a> {
     /// is augmented from the stream `(key, b)`: a function of (seed, round,
     /// client, call, batch), whatever the thread count. Call it once, after
     /// creating the [`BatchSampler`], when the training data has an
-    /// [`Augment`](crate::Augment); without it the key is 0.
+    /// [`Augment`]; without it the key is 0.
     pub fn seed_augmentation(&mut self, rng: &mut impl Rng) {
         self.augment_key = rng.random();
     }
