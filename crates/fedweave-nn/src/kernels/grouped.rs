@@ -1,6 +1,10 @@
 //! Grouped convolution whose weight gradient is one grouped convolution,
 //! and dense convolution (off the CPU) whose weight gradient is one batched
-//! matmul.
+//! matmul over gathered columns. `FEDWEAVE_GROUPED_CONV=columns` lowers a
+//! grouped convolution's forward pass and weight gradient to columns and
+//! batched matmuls too ([`Lowering`]): a GPU experiment (on the CPU it is
+//! 0.6–0.9× burn-flex's grouped convolution). The gather index of a window is
+//! uploaded once and kept.
 //!
 //! burn differentiates a grouped convolution's weight group by group: per
 //! group a slice of the input, a slice of the output gradient, one
@@ -26,7 +30,7 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::backend::tensor::FloatTensor;
+use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, TensorMetadata, backend_extension};
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Shape, Slice, Tensor, TensorData};
@@ -80,7 +84,8 @@ pub(crate) fn conv2d(
     })
 }
 
-/// The forward pass on any backend: burn's grouped convolution.
+/// The forward pass on any backend: burn's convolution, or for more than
+/// one group the [`Lowering`] the environment chose.
 fn forward<B: Backend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
@@ -89,7 +94,33 @@ fn forward<B: Backend>(
     padding: usize,
     groups: usize,
 ) -> FloatTensor<B> {
-    B::conv2d(x, weight, bias, options(stride, padding, groups))
+    forward_as::<B>(lowering(groups), x, weight, bias, stride, padding, groups)
+}
+
+/// The lowering of a convolution of `groups` groups: a single group keeps
+/// burn's forward (its dense weight gradient takes the columns anyway).
+fn lowering(groups: usize) -> Lowering {
+    if groups > 1 {
+        grouped_lowering()
+    } else {
+        Lowering::Direct
+    }
+}
+
+/// [`forward`] with a given lowering.
+fn forward_as<B: Backend>(
+    how: Lowering,
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    stride: usize,
+    padding: usize,
+    groups: usize,
+) -> FloatTensor<B> {
+    match how {
+        Lowering::Direct => B::conv2d(x, weight, bias, options(stride, padding, groups)),
+        Lowering::Columns => forward_by_columns::<B>(x, weight, bias, stride, padding, groups),
+    }
 }
 
 /// [`GroupedConv`] for a backend without autodiff: burn's own forward.
@@ -172,59 +203,184 @@ fn weight_grad<B: Backend>(
     }
 }
 
-/// dW of a convolution of one group as one batched matmul over the input's
-/// columns: dW[o, (c, i, j)] = Σ_n Σ_l dy[n, o, l] · cols[n, l, (c, i, j)],
-/// where cols[n, l, (c, i, j)] is the input value under tap (i, j) of
-/// channel c at output position l (im2col, gathered in one `select` along
-/// each sample's plane; taps in the padding read a zero appended to the
-/// plane), summed over the batch at the end. [`weight_grad`] with one group
-/// is a convolution whose window is the whole output plane and whose
-/// output is the small kernel: burn-cubecl's direct kernel runs it on a
-/// grid of 2 blocks (~3.4 ms of a `cnn-bn` step on an H100).
-fn dense_weight_grad<B: Backend>(
-    x: FloatTensor<B>,
-    dy: FloatTensor<B>,
-    [o, c, kh, kw]: [usize; 4],
+/// How a convolution's forward pass and weight gradient run when they do
+/// not take fedweave's CPU kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lowering {
+    /// burn's convolution (forward), and for more than one group one
+    /// grouped convolution for the weight gradient ([`weight_grad`]).
+    Direct,
+    /// Gathered columns and batched matmuls ([`columns`]): forward and
+    /// weight gradient.
+    Columns,
+}
+
+/// The lowering of a grouped convolution (more than one group): `Direct`
+/// unless the environment sets `FEDWEAVE_GROUPED_CONV=columns`, read once.
+/// A dense convolution's weight gradient always takes the columns (a
+/// direct kernel whose window is the whole output plane runs on a grid of
+/// 2 blocks on a GPU; docs/results.md, session 22).
+fn grouped_lowering() -> Lowering {
+    static CHOICE: std::sync::OnceLock<Lowering> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| match std::env::var("FEDWEAVE_GROUPED_CONV").as_deref() {
+        Ok("columns") => Lowering::Columns,
+        _ => Lowering::Direct,
+    })
+}
+
+/// The window of a convolution over one input plane: what the gather index
+/// of [`columns`] depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Window {
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
     stride: usize,
     padding: usize,
-) -> FloatTensor<B> {
-    let [n, _, h, w] = x.shape().dims::<4>();
-    let [_, _, oh, ow] = dy.shape().dims::<4>();
-    let (taps, positions) = (kh * kw, oh * ow);
-    let zero = h * w;
-    let (mut index, mut padded) = (Vec::with_capacity(taps * positions), false);
-    for (i, j) in (0..kh).flat_map(|i| (0..kw).map(move |j| (i, j))) {
-        for (p, q) in (0..oh).flat_map(|p| (0..ow).map(move |q| (p, q))) {
-            let (r, s) = (
-                (p * stride + i).checked_sub(padding),
-                (q * stride + j).checked_sub(padding),
-            );
-            index.push(match (r, s) {
-                (Some(r), Some(s)) if r < h && s < w => (r * w + s) as i32,
-                _ => {
-                    padded = true;
-                    zero as i32
-                }
-            });
-        }
+}
+
+impl Window {
+    /// Output rows and columns.
+    fn out(&self) -> (usize, usize) {
+        let out = |n: usize, k: usize| (n + 2 * self.padding - k) / self.stride + 1;
+        (out(self.h, self.kh), out(self.w, self.kw))
     }
+
+    /// For each tap (i, j) and output position (p, q), in that order, the
+    /// index in the plane of the input value under the tap, `h·w` (a zero
+    /// appended to the plane) for taps in the padding; and whether any is.
+    fn index(&self) -> (Vec<i32>, bool) {
+        let (oh, ow) = self.out();
+        let (taps, zero) = (self.kh * self.kw, (self.h * self.w) as i32);
+        let (mut index, mut padded) = (Vec::with_capacity(taps * oh * ow), false);
+        for (i, j) in (0..self.kh).flat_map(|i| (0..self.kw).map(move |j| (i, j))) {
+            for (p, q) in (0..oh).flat_map(|p| (0..ow).map(move |q| (p, q))) {
+                let r = (p * self.stride + i).checked_sub(self.padding);
+                let s = (q * self.stride + j).checked_sub(self.padding);
+                index.push(match (r, s) {
+                    (Some(r), Some(s)) if r < self.h && s < self.w => (r * self.w + s) as i32,
+                    _ => {
+                        padded = true;
+                        zero
+                    }
+                });
+            }
+        }
+        (index, padded)
+    }
+}
+
+/// A window's gather index on one backend and device, uploaded once and
+/// kept: a step recorded into a CUDA graph may not upload, and the index
+/// depends on the window only (not on the batch or the channels).
+fn gather_index<B: Backend>(window: Window, device: &B::Device) -> (IntTensor<B>, bool) {
+    use std::any::{Any, TypeId};
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    type Key = (TypeId, String, Window);
+    type Cache = HashMap<Key, Box<dyn Any + Send + Sync>>;
+    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
+    let key = (TypeId::of::<B>(), format!("{device:?}"), window);
+    let mut cache = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(kept) = cache
+        .get(&key)
+        .and_then(|k| k.downcast_ref::<(IntTensor<B>, bool)>())
+    {
+        return kept.clone();
+    }
+    let (index, padded) = window.index();
+    let len = index.len();
+    let kept = (
+        B::int_from_data(TensorData::new(index, [len]), device),
+        padded,
+    );
+    cache.insert(key, Box::new(kept.clone()));
+    kept
+}
+
+/// The column matrices of `x` (`[n, g·c, h, w]`) under a `kh`×`kw` window,
+/// group by group: `[n, g, c·kh·kw, oh·ow]`, row (c, i, j) holding the
+/// input value under tap (i, j) of channel c at each output position
+/// (zero in the padding). One `select` along each sample's plane, with a
+/// zero appended to the plane when a tap reaches the padding. Also the
+/// output's rows and columns.
+fn columns<B: Backend>(
+    x: FloatTensor<B>,
+    groups: usize,
+    [kh, kw]: [usize; 2],
+    stride: usize,
+    padding: usize,
+) -> (FloatTensor<B>, (usize, usize)) {
+    let [n, gc, h, w] = x.shape().dims::<4>();
+    let window = Window {
+        h,
+        w,
+        kh,
+        kw,
+        stride,
+        padding,
+    };
+    let (oh, ow) = window.out();
     let device = x.device();
-    let plane = B::float_reshape(x, Shape::new([n, c, h * w]));
+    let (index, padded) = gather_index::<B>(window, &device);
+    let plane = B::float_reshape(x, Shape::new([n, gc, h * w]));
     let plane = if padded {
         let dtype = plane.dtype().into();
-        let zeros = B::float_zeros(Shape::new([n, c, 1]), &device, dtype);
+        let zeros = B::float_zeros(Shape::new([n, gc, 1]), &device, dtype);
         B::float_cat(vec![plane, zeros], 2)
     } else {
         plane
     };
-    let index = B::int_from_data(TensorData::new(index, [taps * positions]), &device);
     let cols = B::float_select(plane, 2, index);
-    let cols = B::float_reshape(cols, Shape::new([n, c * taps, positions]));
-    let cols = B::float_swap_dims(cols, 1, 2);
-    let dy = B::float_reshape(dy, Shape::new([n, o, positions]));
+    let shape = Shape::new([n, groups, gc / groups * kh * kw, oh * ow]);
+    (B::float_reshape(cols, shape), (oh, ow))
+}
+
+/// The forward pass through [`columns`]: out[n, g, o, l] = Σ_k W[g, o, k] ·
+/// cols[n, g, k, l], one matmul batched over samples and groups (the
+/// weight broadcast over the samples), plus the bias.
+fn forward_by_columns<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    stride: usize,
+    padding: usize,
+    groups: usize,
+) -> FloatTensor<B> {
+    let n = x.shape().dims::<4>()[0];
+    let [go, c, kh, kw] = weight.shape().dims::<4>();
+    let (cols, (oh, ow)) = columns::<B>(x, groups, [kh, kw], stride, padding);
+    let weight = B::float_reshape(weight, Shape::new([1, groups, go / groups, c * kh * kw]));
+    let out = B::float_reshape(B::float_matmul(weight, cols), Shape::new([n, go, oh, ow]));
+    match bias {
+        Some(b) => B::float_add(out, B::float_reshape(b, Shape::new([1, go, 1, 1]))),
+        None => out,
+    }
+}
+
+/// dW through [`columns`]: dW[g, o, k] = Σ_n Σ_l dy[n, g, o, l] · cols[n,
+/// g, k, l], one matmul batched over samples and groups, summed over the
+/// samples at the end (the samples are the batch of the matmul so that a
+/// GPU spreads the long sum over many blocks).
+fn weight_grad_by_columns<B: Backend>(
+    x: FloatTensor<B>,
+    dy: FloatTensor<B>,
+    [go, c, kh, kw]: [usize; 4],
+    stride: usize,
+    padding: usize,
+    groups: usize,
+) -> FloatTensor<B> {
+    let [n, _, oh, ow] = dy.shape().dims::<4>();
+    let (cols, _) = columns::<B>(x, groups, [kh, kw], stride, padding);
+    let cols = B::float_swap_dims(cols, 2, 3);
+    let dy = B::float_reshape(dy, Shape::new([n, groups, go / groups, oh * ow]));
     let per_sample = B::float_matmul(dy, cols);
     let dw = B::float_sum_dim(per_sample, 0);
-    B::float_reshape(dw, Shape::new([o, c, kh, kw]))
+    B::float_reshape(dw, Shape::new([go, c, kh, kw]))
 }
 
 /// The backward step of [`GroupedConv::conv2d_grouped`] with (`N` = 3)
@@ -283,8 +439,8 @@ fn register<B: Backend>(
         grads.register::<B>(id, dx);
     }
     if let Some(id) = id_w {
-        let dw = if groups == 1 {
-            dense_weight_grad::<B>(x, dy, shape, stride, padding)
+        let dw = if groups == 1 || lowering(groups) == Lowering::Columns {
+            weight_grad_by_columns::<B>(x, dy, shape, stride, padding, groups)
         } else {
             weight_grad::<B>(x, dy, shape, stride, padding, groups)
         };
@@ -419,6 +575,65 @@ mod tests {
             if let (Some(a), Some(b)) = (db1, db2) {
                 close(a, b, 1e-4, &format!("{case}: db"));
             }
+        }
+    }
+
+    /// The column lowering against burn: the forward against burn's
+    /// convolution, the weight gradient against [`weight_grad`] (checked
+    /// against burn's above). Taps in the padding, strides that do not
+    /// divide the input, one and several groups; the forward runs twice, the
+    /// second time with the kept index.
+    #[test]
+    fn columns_give_burns_forward_and_weight_gradient() {
+        let device = Device::flex();
+        let normal = Distribution::Normal(0.0, 1.0);
+        // (batch, groups, c per group, o per group, h, w, k, stride, padding)
+        for (n, g, c, o, h, w, k, stride, pad) in [
+            (3, 4, 2, 3, 9, 8, 3, 1, 1),
+            (2, 3, 1, 2, 11, 10, 5, 1, 0),
+            (2, 5, 3, 2, 10, 9, 3, 2, 1),
+            (4, 2, 2, 2, 12, 12, 3, 3, 0),
+            (1, 6, 1, 1, 7, 7, 3, 1, 2),
+            (3, 1, 3, 4, 9, 8, 3, 1, 1),
+            (2, 1, 2, 3, 11, 10, 5, 2, 2),
+        ] {
+            let case = format!("n {n} g {g} c {c} o {o} {h}×{w} k {k} s {stride} p {pad}");
+            let x = Tensor::<4>::random([n, g * c, h, w], normal, &device);
+            let wt = Tensor::<4>::random([g * o, c, k, k], normal, &device);
+            let b = Tensor::<1>::random([g * o], normal, &device);
+            let burns = burn::tensor::module::conv2d(
+                x.clone(),
+                wt.clone(),
+                Some(b.clone()),
+                options(stride, pad, g),
+            );
+            let dy = Tensor::<4>::random(burns.dims(), normal, &device);
+            for _ in 0..2 {
+                let ours = Tensor::<4>::from_dispatch(forward_as::<Dispatch>(
+                    Lowering::Columns,
+                    x.clone().into_dispatch(),
+                    wt.clone().into_dispatch(),
+                    Some(b.clone().into_dispatch()),
+                    stride,
+                    pad,
+                    g,
+                ));
+                close(ours, burns.clone(), 1e-5, &format!("{case}: y"));
+            }
+            let gradient = |by_columns: bool| {
+                let (x, dy) = (x.clone().into_dispatch(), dy.clone().into_dispatch());
+                Tensor::<4>::from_dispatch(if by_columns {
+                    weight_grad_by_columns::<Dispatch>(x, dy, wt.dims(), stride, pad, g)
+                } else {
+                    weight_grad::<Dispatch>(x, dy, wt.dims(), stride, pad, g)
+                })
+            };
+            close(
+                gradient(true),
+                gradient(false),
+                1e-4,
+                &format!("{case}: dw"),
+            );
         }
     }
 
