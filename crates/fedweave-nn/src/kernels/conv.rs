@@ -609,12 +609,30 @@ mod tests {
         ] {
             let g = ConvGeom::new(x, w, 1, p).unwrap();
             assert!(g.same_shape(), "{g:?}");
-            let input = filled(x.iter().product(), 9);
+            let mut input = filled(x.iter().product(), 9);
+            // Non-finite values on every plane's edges: the padding must
+            // stay +0.0, never a neighbouring plane's value.
+            let (h, wd) = (x[2], x[3]);
+            for (k, v) in input.iter_mut().enumerate() {
+                let (r, q) = ((k / wd) % h, k % wd);
+                if r == 0 || q == 0 || r == h - 1 || q == wd - 1 {
+                    *v = [f32::NAN, f32::INFINITY, -0.0, f32::NEG_INFINITY][k % 4];
+                }
+            }
             let n = g.k() * g.batch * g.ohw();
-            let (mut a, mut b) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+            let (mut a, mut b) = (vec![1.0f32; n], vec![2.0f32; n]);
             g.im2col_shifted(&input, 0..g.batch, &mut a);
             g.im2col_rows(&input, 0..g.batch, &mut b);
-            assert_eq!(a, b, "{g:?}");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "{g:?}");
+            // A block of images from the middle of the batch too.
+            if g.batch > 1 {
+                let m = g.k() * g.ohw();
+                let (mut a, mut b) = (vec![1.0f32; m], vec![2.0f32; m]);
+                g.im2col_shifted(&input, 1..2, &mut a);
+                g.im2col_rows(&input, 1..2, &mut b);
+                assert_eq!(bits(&a), bits(&b), "{g:?}, image 1");
+            }
         }
     }
 
