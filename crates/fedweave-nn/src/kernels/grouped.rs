@@ -94,7 +94,10 @@ fn forward<B: Backend>(
     padding: usize,
     groups: usize,
 ) -> FloatTensor<B> {
-    forward_as::<B>(lowering(groups), x, weight, bias, stride, padding, groups)
+    match lowering(groups) {
+        Lowering::Direct => B::conv2d(x, weight, bias, options(stride, padding, groups)),
+        Lowering::Columns => forward_by_columns::<B>(x, weight, bias, stride, padding, groups),
+    }
 }
 
 /// The lowering of a convolution of `groups` groups: a single group keeps
@@ -104,22 +107,6 @@ fn lowering(groups: usize) -> Lowering {
         grouped_lowering()
     } else {
         Lowering::Direct
-    }
-}
-
-/// [`forward`] with a given lowering.
-fn forward_as<B: Backend>(
-    how: Lowering,
-    x: FloatTensor<B>,
-    weight: FloatTensor<B>,
-    bias: Option<FloatTensor<B>>,
-    stride: usize,
-    padding: usize,
-    groups: usize,
-) -> FloatTensor<B> {
-    match how {
-        Lowering::Direct => B::conv2d(x, weight, bias, options(stride, padding, groups)),
-        Lowering::Columns => forward_by_columns::<B>(x, weight, bias, stride, padding, groups),
     }
 }
 
@@ -609,8 +596,7 @@ mod tests {
             );
             let dy = Tensor::<4>::random(burns.dims(), normal, &device);
             for _ in 0..2 {
-                let ours = Tensor::<4>::from_dispatch(forward_as::<Dispatch>(
-                    Lowering::Columns,
+                let ours = Tensor::<4>::from_dispatch(forward_by_columns::<Dispatch>(
                     x.clone().into_dispatch(),
                     wt.clone().into_dispatch(),
                     Some(b.clone().into_dispatch()),
