@@ -14,7 +14,7 @@
 //! Every block has the same size whatever the thread count, and each `gemm`
 //! runs on the calling thread, so results are a function of the shapes only.
 
-use super::sum_f64;
+use super::{sum_f64, winograd};
 
 /// Floats of one block's column matrix: with its `gemm` operands this stays
 /// within a 1 MiB L2 cache.
@@ -304,7 +304,7 @@ fn copy_run(dst: &mut [f32], src: &[f32]) {
 /// `dst (m × n) = [dst +] lhs · rhs` for row-major operands given by their
 /// (row, column) strides.
 #[allow(clippy::too_many_arguments)]
-fn gemm_f32(
+pub(super) fn gemm_f32(
     m: usize,
     n: usize,
     k: usize,
@@ -362,6 +362,9 @@ fn image_runs(
 
 /// The forward pass: `[batch, c_out, oh, ow]`.
 pub(crate) fn forward(g: &ConvGeom, x: &[f32], weight: &[f32], bias: &[f32]) -> Vec<f32> {
+    if winograd::applies(g) {
+        return winograd::forward(g, x, weight, bias);
+    }
     let (k, ohw) = (g.k(), g.ohw());
     // Filled in memory order (image, channel), so never zeroed first.
     let mut out = Vec::with_capacity(g.out_len());
@@ -407,6 +410,18 @@ pub(crate) fn backward(
     dout: &[f32],
     want_x: bool,
 ) -> ConvGrads {
+    if winograd::applies(g) {
+        let ohw = g.ohw();
+        let mut db = vec![0.0f64; g.c_out];
+        for (plane, d) in dout.chunks_exact(ohw).zip((0..g.c_out).cycle()) {
+            db[d] += sum_f64(plane, |v| v);
+        }
+        return ConvGrads {
+            x: want_x.then(|| winograd::input_grad(g, weight, dout)),
+            weight: winograd::weight_grad(g, x, dout),
+            bias: db.into_iter().map(|v| v as f32).collect(),
+        };
+    }
     let (k, ohw) = (g.k(), g.ohw());
     let mut dw = vec![0.0f32; g.c_out * k];
     let mut db = vec![0.0f32; g.c_out];
@@ -487,13 +502,13 @@ pub(crate) fn backward(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// The definition in f64, one (output, tap) pair at a time: the output
     /// and, for the output gradient `dout`, the three gradients (each term
     /// y += x·w sends dout·w to dx, dout·x to dw and dout to db).
-    fn direct(
+    pub(crate) fn direct(
         g: &ConvGeom,
         x: &[f32],
         w: &[f32],
@@ -538,7 +553,7 @@ mod tests {
         (out, dx, dw, db)
     }
 
-    fn filled(len: usize, seed: u32) -> Vec<f32> {
+    pub(crate) fn filled(len: usize, seed: u32) -> Vec<f32> {
         (0..len)
             .map(|i| {
                 let v = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
@@ -568,7 +583,7 @@ mod tests {
         .collect()
     }
 
-    fn close(got: &[f32], want: &[f64], tol: f64, what: &str, g: &ConvGeom) {
+    pub(crate) fn close(got: &[f32], want: &[f64], tol: f64, what: &str, g: &ConvGeom) {
         assert_eq!(got.len(), want.len(), "{what} of {g:?}");
         for (at, (a, e)) in got.iter().zip(want).enumerate() {
             assert!(

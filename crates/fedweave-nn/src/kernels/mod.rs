@@ -30,6 +30,7 @@ mod grouped;
 mod in_place;
 mod pool;
 mod sgd;
+mod winograd;
 
 use batch_norm::BnGeom;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;

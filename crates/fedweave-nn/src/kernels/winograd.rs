@@ -1,0 +1,692 @@
+//! Winograd's minimal filtering F(2×2, 3×3) for stride-1 3×3 convolutions
+//! (every 3×3 of the ResNets and of FedDWA's CNN): each 2×2 output tile is
+//! 16 products in a transformed domain instead of 36, so the forward pass,
+//! the input gradient (itself such a convolution) and the weight gradient
+//! each run 2.25× fewer multiply-adds than im2col's product. cuDNN and
+//! oneDNN choose the same algorithm for these shapes.
+//!
+//! With Lavin & Gray's matrices (1-D: y = Aᵀ[(G·g) ⊙ (Bᵀ·d)], d four inputs,
+//! g three taps, y two outputs):
+//!
+//! ```text
+//! Bᵀ = [1  0 -1  0]    G = [ 1   0   0 ]    Aᵀ = [1  1  1  0]
+//!      [0  1  1  0]        [1/2 1/2 1/2]         [0  1 -1 -1]
+//!      [0 -1  1  0]        [1/2 -1/2 1/2]
+//!      [0  1  0 -1]        [ 0   0   1 ]
+//! ```
+//!
+//! In 2-d a tile's 4×4 input patch becomes V = Bᵀ·d·B and a filter U =
+//! G·g·Gᵀ; the 16 positions ξ of the transformed tile are independent, so
+//! a block of tiles is 16 products M_ξ = U_ξ (c_out × c_in) · V_ξ (c_in ×
+//! tiles), and the output tile is Aᵀ·M·A. The weight gradient is that
+//! forward differentiated by the taps: dW = Gᵀ·[Σ_tiles (A·dy·Aᵀ) ⊙ V]·G,
+//! 16 products over the tiles, then one small transform per filter.
+//!
+//! Layout. A plane's patches overlap (tile (ty, tx) reads padded rows and
+//! columns 2ty..2ty+4 and 2tx..2tx+4), so the padded plane is first split
+//! by row and column parity into four "parity planes" of (th + 1) × tp
+//! values, tp = tw + 1: a patch is then four neighbouring values
+//! (offsets 0, 1, tp, tp + 1) of each parity plane, and every transform is
+//! one long, unit-stride, vectorised loop over the tiles of a piece of an
+//! image. Each tile row carries one spare tile (column tw), so the tiles of
+//! consecutive rows are consecutive too: products see tp/tw more columns
+//! (whose outputs are dropped, and whose gradients are zero), in return for
+//! loops without a break per row (the ResNets' 4×4 to 32×32 planes have 2
+//! to 16 tiles a row).
+//!
+//! Blocks are ranges of tile rows whose size depends on the shapes only,
+//! and each product runs on the calling thread, so results do not depend
+//! on the thread count. Rounding differs from im2col's direct sums (the
+//! transforms add and halve before multiplying), by a few units in the
+//! last place of the sums' magnitude.
+//!
+//! Off unless `FEDWEAVE_WINOGRAD=1`: on a 2-core Zen 3 (AVX2) it speeds
+//! `resnet9` (64–256 channels) up by 10–14 % but slows `resnet8` (16–64
+//! channels on 8×8 to 32×32 planes) by ~35 % and `cnn-dwa` by ~6 %: at
+//! those widths each transformed value feeds too few multiply-adds to pay
+//! for its transforms (docs/results.md, session 26).
+
+use super::conv::{ConvGeom, gemm_f32};
+use std::ops::Range;
+use std::sync::OnceLock;
+
+/// Floats of one block's transformed inputs (16·channels·tiles), a few
+/// MiB: each of the 16 products has hundreds of columns at the ResNets'
+/// widths.
+const BLOCK_FLOATS: usize = 1 << 20;
+
+/// Whether `FEDWEAVE_WINOGRAD=1` asked for it (read once).
+fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var("FEDWEAVE_WINOGRAD").is_ok_and(|v| matches!(v.trim(), "1" | "on"))
+    })
+}
+
+/// Whether `g` can take F(2×2, 3×3): a 3×3 kernel at stride 1 whose
+/// padding (at most 2) keeps every tile's patch within one zero ring of
+/// the plane.
+fn fits(g: &ConvGeom) -> bool {
+    g.kh == 3 && g.kw == 3 && g.stride == 1 && g.pad <= 2
+}
+
+/// Whether `g` takes F(2×2, 3×3): it [`fits`] and the variable asked for
+/// it.
+pub(super) fn applies(g: &ConvGeom) -> bool {
+    fits(g) && enabled()
+}
+
+/// `fn $name(args)` runs `$body(args)` compiled for AVX2 and FMA where the
+/// CPU has them: the transforms are element-wise loops that the default
+/// x86-64 target vectorises only 4 lanes wide. Adds, subtractions and
+/// halvings round the same at any width, so the bits are the same either
+/// way.
+macro_rules! wide {
+    ($(#[$doc:meta])* fn $name:ident($($a:ident: $t:ty),* $(,)?) => $body:ident) => {
+        $(#[$doc])*
+        fn $name($($a: $t),*) {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                #[target_feature(enable = "avx2,fma")]
+                fn wide($($a: $t),*) {
+                    $body($($a),*)
+                }
+                // SAFETY: the CPU has the features `wide` is compiled for.
+                return unsafe { wide($($a),*) };
+            }
+            $body($($a),*)
+        }
+    };
+}
+
+thread_local! {
+    /// Each thread's two block buffers (transformed inputs, and products or
+    /// transformed gradients), kept between calls: at a few MiB each, fresh
+    /// ones cost page faults on every convolution.
+    static SCRATCH: std::cell::Cell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::Cell::new((Vec::new(), Vec::new())) };
+}
+
+/// The tiles of a geometry: `th × tw` 2×2 output tiles per image, `tp =
+/// tw + 1` per row with the spare, taken in blocks of whole tile rows.
+#[derive(Clone, Copy, Debug)]
+struct Tiling {
+    th: usize,
+    tw: usize,
+    tp: usize,
+    /// Tile rows per block.
+    per: usize,
+    /// Tile rows in the batch: batch·th.
+    rows: usize,
+}
+
+/// A block's tile rows within one image: the image, its tile rows, and
+/// the index of their first tile among the block's.
+type Piece = (usize, Range<usize>, usize);
+
+impl Tiling {
+    /// Blocks of at most `budget` transformed floats of `channels` planes
+    /// (at least one tile row).
+    fn new(g: &ConvGeom, channels: usize, budget: usize) -> Self {
+        let (th, tw) = (g.oh.div_ceil(2), g.ow.div_ceil(2));
+        let tp = tw + 1;
+        let per = (budget / (16 * channels * tp).max(1)).max(1);
+        Self {
+            th,
+            tw,
+            tp,
+            per,
+            rows: g.batch * th,
+        }
+    }
+
+    /// Blocks as ranges of global tile rows (image · th + tile row).
+    fn blocks(&self) -> impl Iterator<Item = Range<usize>> + use<> {
+        let (per, rows) = (self.per, self.rows);
+        (0..rows).step_by(per).map(move |r| r..(r + per).min(rows))
+    }
+
+    /// The pieces of `block`, image by image.
+    fn pieces(&self, block: &Range<usize>) -> Vec<Piece> {
+        let mut out = Vec::new();
+        let mut r = block.start;
+        while r < block.end {
+            let b = r / self.th;
+            let end = block.end.min((b + 1) * self.th);
+            out.push((
+                b,
+                r - b * self.th..end - b * self.th,
+                (r - block.start) * self.tp,
+            ));
+            r = end;
+        }
+        out
+    }
+}
+
+/// `G·a` for three taps (the filter transform along one axis).
+#[inline]
+fn g_taps(a: [f32; 3]) -> [f32; 4] {
+    let half = 0.5 * (a[0] + a[2]);
+    [a[0], half + 0.5 * a[1], half - 0.5 * a[1], a[2]]
+}
+
+/// `Gᵀ·z` for four transformed values (the weight gradient's way back).
+#[inline]
+fn gt_taps(z: [f32; 4]) -> [f32; 3] {
+    let (s, d) = (0.5 * (z[1] + z[2]), 0.5 * (z[1] - z[2]));
+    [z[0] + s, d, s + z[3]]
+}
+
+/// The filters in the transformed domain, `[16][c_out][c_in]`.
+fn transform_weight(g: &ConvGeom, weight: &[f32]) -> Vec<f32> {
+    let (o_n, c_n) = (g.c_out, g.c_in);
+    let mut u = vec![0.0f32; 16 * o_n * c_n];
+    for (oc, k) in weight.chunks_exact(9).enumerate() {
+        // Columns first (G·g), then rows ((G·g)·Gᵀ).
+        let cols: [[f32; 4]; 3] = std::array::from_fn(|j| g_taps([k[j], k[3 + j], k[6 + j]]));
+        for i in 0..4 {
+            let row = g_taps([cols[0][i], cols[1][i], cols[2][i]]);
+            for (j, v) in row.into_iter().enumerate() {
+                u[(4 * i + j) * o_n * c_n + oc] = v;
+            }
+        }
+    }
+    u
+}
+
+/// `out[n] = f(a[n], b[n])` over a run: one vectorised loop.
+#[inline(always)]
+fn zip2(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o = f(x, y);
+    }
+}
+
+/// `out[n] = f(a[n], b[n], c[n])` over a run.
+#[inline(always)]
+fn zip3(out: &mut [f32], a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32) {
+    for (((o, &x), &y), &z) in out.iter_mut().zip(a).zip(b).zip(c) {
+        *o = f(x, y, z);
+    }
+}
+
+/// Splits rows of a padded plane into parity planes: padded row `r`
+/// (input row `r − p`, zero outside `0..h`) to sub-row `r / 2` of the
+/// planes `2·(r % 2) + column parity`, padded column `q` (input column
+/// `q − p`) to column `q / 2`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn split_rows(
+    plane: &[f32],
+    (h, w, p): (usize, usize, usize),
+    first: usize,
+    count: usize,
+    tp: usize,
+    len: usize,
+    s: &mut [f32],
+) {
+    s.fill(0.0);
+    for r in 0..count {
+        let Some(row) = (first + r).checked_sub(p).filter(|&ih| ih < h) else {
+            continue;
+        };
+        let src = &plane[row * w..(row + 1) * w];
+        let base = (r / 2) * tp;
+        for par in 0..2 {
+            // Input columns c with (c + p) % 2 == par, from c0.
+            let c0 = (par + 2 - p % 2) % 2;
+            let k0 = (c0 + p) / 2;
+            let dst = &mut s[(2 * (r % 2) + par) * len + base + k0..];
+            for (d, v) in dst.iter_mut().zip(src[c0.min(w)..].iter().step_by(2)) {
+                *d = *v;
+            }
+        }
+    }
+}
+
+/// Bᵀ·d·B of the first `n_all` tiles of a piece from its parity planes
+/// `s` (`len` apart), into `v[ξ·stride..][..n_all]`, with `t` as scratch
+/// (8·`len`). Down the columns first, for both column parities: with E
+/// and O the even and odd rows, d0..d3 = E[n], O[n], E[n + tp], O[n + tp],
+/// so Bᵀ·d is four long loops; then across: d0..d3 = even[n], odd[n],
+/// even[n + 1], odd[n + 1] of each result, sixteen long loops.
+#[inline(always)]
+fn input_tiles(
+    s: &[f32],
+    len: usize,
+    tp: usize,
+    n_all: usize,
+    t: &mut [f32],
+    v: &mut [f32],
+    stride: usize,
+) {
+    let m = n_all + 1;
+    let plane = |k: usize, off: usize| &s[k * len + off..][..m];
+    for cp in 0..2 {
+        let (e, o) = (cp, 2 + cp);
+        let rows = &mut t[4 * cp * len..];
+        let (t0, rest) = rows.split_at_mut(len);
+        let (t1, rest) = rest.split_at_mut(len);
+        let (t2, t3) = rest.split_at_mut(len);
+        zip2(&mut t0[..m], plane(e, 0), plane(e, tp), |a, b| a - b);
+        zip2(&mut t1[..m], plane(o, 0), plane(e, tp), |a, b| a + b);
+        zip2(&mut t2[..m], plane(e, tp), plane(o, 0), |a, b| a - b);
+        zip2(&mut t3[..m], plane(o, 0), plane(o, tp), |a, b| a - b);
+    }
+    for i in 0..4 {
+        let ev = &t[i * len..][..m];
+        let od = &t[(4 + i) * len..][..m];
+        zip2(
+            &mut v[(4 * i) * stride..][..n_all],
+            &ev[..n_all],
+            &ev[1..],
+            |a, b| a - b,
+        );
+        zip2(
+            &mut v[(4 * i + 1) * stride..][..n_all],
+            &od[..n_all],
+            &ev[1..],
+            |a, b| a + b,
+        );
+        zip2(
+            &mut v[(4 * i + 2) * stride..][..n_all],
+            &ev[1..],
+            &od[..n_all],
+            |a, b| a - b,
+        );
+        zip2(
+            &mut v[(4 * i + 3) * stride..][..n_all],
+            &od[..n_all],
+            &od[1..],
+            |a, b| a - b,
+        );
+    }
+}
+
+/// The transformed inputs of a block of tile rows, `[16][c_in][tiles]`.
+#[inline(always)]
+fn transform_inputs_body(
+    g: &ConvGeom,
+    t: &Tiling,
+    x: &[f32],
+    block: &Range<usize>,
+    v: &mut Vec<f32>,
+) {
+    let tiles = block.len() * t.tp;
+    let stride = g.c_in * tiles;
+    v.resize(16 * stride, 0.0);
+    let hw = g.h * g.w;
+    let (mut s, mut scratch) = (Vec::new(), Vec::new());
+    for (b, tys, first) in t.pieces(block) {
+        // Patches reach one sub-row and one column past the piece's tiles.
+        let n_all = tys.len() * t.tp;
+        let len = n_all + t.tp + 1;
+        s.resize(4 * len, 0.0);
+        scratch.resize(8 * len, 0.0);
+        for c in 0..g.c_in {
+            let plane = &x[(b * g.c_in + c) * hw..][..hw];
+            split_rows(
+                plane,
+                (g.h, g.w, g.pad),
+                2 * tys.start,
+                2 * tys.len() + 2,
+                t.tp,
+                len,
+                &mut s,
+            );
+            let out = &mut v[c * tiles + first..];
+            input_tiles(&s, len, t.tp, n_all, &mut scratch, out, stride);
+        }
+    }
+}
+
+wide! {
+    /// [`transform_inputs_body`], vectorised for the CPU.
+    fn transform_inputs(g: &ConvGeom, t: &Tiling, x: &[f32], block: &Range<usize>, v: &mut Vec<f32>) => transform_inputs_body
+}
+
+/// The forward pass, `[batch, c_out, oh, ow]`, of a geometry that
+/// [`applies`].
+pub(super) fn forward(g: &ConvGeom, x: &[f32], weight: &[f32], bias: &[f32]) -> Vec<f32> {
+    forward_in_blocks(g, x, weight, bias, BLOCK_FLOATS)
+}
+
+/// [`forward`] in blocks of `budget` floats.
+fn forward_in_blocks(
+    g: &ConvGeom,
+    x: &[f32],
+    weight: &[f32],
+    bias: &[f32],
+    budget: usize,
+) -> Vec<f32> {
+    let t = Tiling::new(g, g.c_in.max(g.c_out), budget);
+    let u = transform_weight(g, weight);
+    let (c_n, o_n) = (g.c_in, g.c_out);
+    let mut out = vec![0.0f32; g.out_len()];
+    let (mut v, mut m) = SCRATCH.take();
+    for block in t.blocks() {
+        let tiles = block.len() * t.tp;
+        transform_inputs(g, &t, x, &block, &mut v);
+        m.resize(16 * o_n * tiles, 0.0);
+        for xi in 0..16 {
+            gemm_f32(
+                o_n,
+                tiles,
+                c_n,
+                &mut m[xi * o_n * tiles..][..o_n * tiles],
+                false,
+                &u[xi * o_n * c_n..][..o_n * c_n],
+                (c_n, 1),
+                &v[xi * c_n * tiles..][..c_n * tiles],
+                (tiles, 1),
+            );
+        }
+        untransform_block(g, &t, &m, &block, bias, &mut out);
+    }
+    SCRATCH.set((v, m));
+    out
+}
+
+/// Aᵀ·M·A of the first `len` tiles of a block's products `m` (`stride`
+/// apart) into the four output parity planes `y` (`len` apart), with `t`
+/// as scratch (8·`len`): down (over the rows of ξ), then across.
+#[inline(always)]
+fn output_tiles(m: &[f32], stride: usize, len: usize, t: &mut [f32], y: &mut [f32]) {
+    let row = |xi: usize| &m[xi * stride..][..len];
+    for j in 0..4 {
+        let (s0, s1) = t[2 * j * len..(2 * j + 2) * len].split_at_mut(len);
+        zip3(s0, row(j), row(4 + j), row(8 + j), |a, b, c| a + b + c);
+        zip3(s1, row(4 + j), row(8 + j), row(12 + j), |b, c, d| b - c - d);
+    }
+    for r in 0..2 {
+        let col = |j: usize| &t[(2 * j + r) * len..][..len];
+        let (y0, y1) = y[2 * r * len..(2 * r + 2) * len].split_at_mut(len);
+        zip3(y0, col(0), col(1), col(2), |a, b, c| a + b + c);
+        zip3(y1, col(1), col(2), col(3), |b, c, d| b - c - d);
+    }
+}
+
+/// Aᵀ·M·A of a block's products `m` (`[16][c_out][tiles]`), plus the
+/// bias, into the output planes, piece by piece.
+#[inline(always)]
+fn untransform_block_body(
+    g: &ConvGeom,
+    t: &Tiling,
+    m: &[f32],
+    block: &Range<usize>,
+    bias: &[f32],
+    out: &mut [f32],
+) {
+    let o_n = g.c_out;
+    let tiles = block.len() * t.tp;
+    let stride = o_n * tiles;
+    let ohw = g.oh * g.ow;
+    let (mut y, mut scratch) = (Vec::new(), Vec::new());
+    for (b, tys, first) in t.pieces(block) {
+        let len = tys.len() * t.tp;
+        y.resize(4 * len, 0.0);
+        scratch.resize(8 * len, 0.0);
+        for o in 0..o_n {
+            let mo = &m[o * tiles + first..];
+            output_tiles(mo, stride, len, &mut scratch, &mut y);
+            // Interleave the parity planes into the output rows.
+            let plane = &mut out[(b * o_n + o) * ohw..][..ohw];
+            for (k, ty) in tys.clone().enumerate() {
+                for r in 0..2 {
+                    let oy = 2 * ty + r;
+                    if oy >= g.oh {
+                        break;
+                    }
+                    let dst = &mut plane[oy * g.ow..(oy + 1) * g.ow];
+                    let even = &y[2 * r * len + k * t.tp..][..t.tw];
+                    let odd = &y[(2 * r + 1) * len + k * t.tp..][..t.tw];
+                    let mut pairs = dst.chunks_exact_mut(2);
+                    for ((pair, e), od) in (&mut pairs).zip(even).zip(odd) {
+                        pair[0] = e + bias[o];
+                        pair[1] = od + bias[o];
+                    }
+                    if let [last] = pairs.into_remainder() {
+                        *last = even[t.tw - 1] + bias[o];
+                    }
+                }
+            }
+        }
+    }
+}
+
+wide! {
+    /// [`untransform_block_body`], vectorised for the CPU.
+    fn untransform_block(g: &ConvGeom, t: &Tiling, m: &[f32], block: &Range<usize>, bias: &[f32], out: &mut [f32]) => untransform_block_body
+}
+
+/// The input gradient of a geometry that [`applies`]: the convolution of
+/// `dout` with the flipped, transposed weight at padding 2 − p, which is
+/// again a stride-1 3×3 convolution whose output has the input's shape.
+pub(super) fn input_grad(g: &ConvGeom, weight: &[f32], dout: &[f32]) -> Vec<f32> {
+    let t = ConvGeom {
+        c_in: g.c_out,
+        c_out: g.c_in,
+        h: g.oh,
+        w: g.ow,
+        pad: 2 - g.pad,
+        oh: g.h,
+        ow: g.w,
+        ..*g
+    };
+    let mut wt = Vec::with_capacity(weight.len());
+    for c in 0..g.c_in {
+        for o in 0..g.c_out {
+            let k = &weight[(o * g.c_in + c) * 9..][..9];
+            wt.extend(k.iter().rev());
+        }
+    }
+    forward(&t, dout, &wt, &vec![0.0; g.c_in])
+}
+
+/// A·dy·Aᵀ of the first `len` tiles from the output gradient's parity
+/// planes `s` (`len` apart) into `d[ξ·stride..][..len]`, with `t` as
+/// scratch (8·`len`): down, (e, e + f, e − f, −f) of the even and odd
+/// rows for both column parities, then across the same way.
+#[inline(always)]
+fn grad_tiles(s: &[f32], len: usize, t: &mut [f32], d: &mut [f32], stride: usize) {
+    let plane = |k: usize| &s[k * len..][..len];
+    for cp in 0..2 {
+        let (e, f) = (plane(cp), plane(2 + cp));
+        let rows = &mut t[4 * cp * len..];
+        let (t0, rest) = rows.split_at_mut(len);
+        let (t1, rest) = rest.split_at_mut(len);
+        let (t2, t3) = rest.split_at_mut(len);
+        t0[..len].copy_from_slice(e);
+        zip2(t1, e, f, |a, b| a + b);
+        zip2(t2, e, f, |a, b| a - b);
+        zip2(&mut t3[..len], e, f, |_, b| -b);
+    }
+    for i in 0..4 {
+        let e = &t[i * len..][..len];
+        let f = &t[(4 + i) * len..][..len];
+        d[4 * i * stride..][..len].copy_from_slice(e);
+        zip2(&mut d[(4 * i + 1) * stride..][..len], e, f, |a, b| a + b);
+        zip2(&mut d[(4 * i + 2) * stride..][..len], e, f, |a, b| a - b);
+        zip2(&mut d[(4 * i + 3) * stride..][..len], e, f, |_, b| -b);
+    }
+}
+
+/// The transformed output gradients of a block of tile rows,
+/// `[16][c_out][tiles]`; the spare tiles and those past the output's edge
+/// are zero.
+#[inline(always)]
+fn transform_grads_body(
+    g: &ConvGeom,
+    t: &Tiling,
+    dout: &[f32],
+    block: &Range<usize>,
+    d: &mut Vec<f32>,
+) {
+    let tiles = block.len() * t.tp;
+    let stride = g.c_out * tiles;
+    d.resize(16 * stride, 0.0);
+    let ohw = g.oh * g.ow;
+    let (mut s, mut scratch) = (Vec::new(), Vec::new());
+    for (b, tys, first) in t.pieces(block) {
+        let len = tys.len() * t.tp;
+        s.resize(4 * len, 0.0);
+        scratch.resize(8 * len, 0.0);
+        for o in 0..g.c_out {
+            let plane = &dout[(b * g.c_out + o) * ohw..][..ohw];
+            // Output rows 2·ty.. of the piece, split by parity; the padded
+            // plane has no offset (p = 0) and no rows past the output.
+            split_rows(
+                plane,
+                (g.oh, g.ow, 0),
+                2 * tys.start,
+                2 * tys.len(),
+                t.tp,
+                len,
+                &mut s,
+            );
+            let out = &mut d[o * tiles + first..];
+            grad_tiles(&s, len, &mut scratch, out, stride);
+        }
+    }
+}
+
+wide! {
+    /// [`transform_grads_body`], vectorised for the CPU.
+    fn transform_grads(g: &ConvGeom, t: &Tiling, dout: &[f32], block: &Range<usize>, d: &mut Vec<f32>) => transform_grads_body
+}
+
+/// The weight gradient, `[c_out, c_in, 3, 3]`, of a geometry that
+/// [`applies`].
+pub(super) fn weight_grad(g: &ConvGeom, x: &[f32], dout: &[f32]) -> Vec<f32> {
+    weight_grad_in_blocks(g, x, dout, BLOCK_FLOATS)
+}
+
+/// [`weight_grad`] in blocks of `budget` floats.
+fn weight_grad_in_blocks(g: &ConvGeom, x: &[f32], dout: &[f32], budget: usize) -> Vec<f32> {
+    let t = Tiling::new(g, g.c_in.max(g.c_out), budget);
+    let (c_n, o_n) = (g.c_in, g.c_out);
+    let mut z = vec![0.0f32; 16 * o_n * c_n];
+    let (mut v, mut d) = SCRATCH.take();
+    for (n, block) in t.blocks().enumerate() {
+        let tiles = block.len() * t.tp;
+        transform_inputs(g, &t, x, &block, &mut v);
+        transform_grads(g, &t, dout, &block, &mut d);
+        let stride = o_n * tiles;
+        // Z_ξ (+)= D_ξ · V_ξᵀ, summed over the block's tiles.
+        for xi in 0..16 {
+            gemm_f32(
+                o_n,
+                c_n,
+                tiles,
+                &mut z[xi * o_n * c_n..][..o_n * c_n],
+                n > 0,
+                &d[xi * stride..][..stride],
+                (tiles, 1),
+                &v[xi * c_n * tiles..][..c_n * tiles],
+                (1, tiles),
+            );
+        }
+    }
+    SCRATCH.set((v, d));
+    // dW = Gᵀ·Z·G per filter.
+    let plane = o_n * c_n;
+    let mut dw = vec![0.0f32; 9 * plane];
+    for (oc, k) in dw.chunks_exact_mut(9).enumerate() {
+        let zz = |xi: usize| z[xi * plane + oc];
+        let cols: [[f32; 3]; 4] = std::array::from_fn(|i| {
+            gt_taps([zz(4 * i), zz(4 * i + 1), zz(4 * i + 2), zz(4 * i + 3)])
+        });
+        for j in 0..3 {
+            let col = gt_taps([cols[0][j], cols[1][j], cols[2][j], cols[3][j]]);
+            for (i, v) in col.into_iter().enumerate() {
+                k[3 * i + j] = v;
+            }
+        }
+    }
+    dw
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::conv::tests::{close, direct, filled};
+
+    /// Paddings 0–2, odd and even planes (partial tiles on the bottom and
+    /// right edges), one channel and several, planes narrower than a tile.
+    fn cases() -> Vec<ConvGeom> {
+        [
+            ([2, 3, 9, 7], [4, 3, 3, 3], 0),
+            ([3, 2, 8, 8], [4, 2, 3, 3], 1),
+            ([2, 5, 7, 10], [3, 5, 3, 3], 1),
+            ([2, 2, 4, 5], [2, 2, 3, 3], 2),
+            ([1, 1, 3, 3], [2, 1, 3, 3], 0),
+            ([4, 1, 1, 2], [3, 1, 3, 3], 1),
+            ([5, 6, 6, 6], [7, 6, 3, 3], 1),
+        ]
+        .into_iter()
+        .map(|(x, w, p)| ConvGeom::new(x, w, 1, p).unwrap())
+        .collect()
+    }
+
+    /// Forward, input gradient and weight gradient against the f64
+    /// definition, in one block and in blocks of one tile row (the
+    /// weight gradient then sums over blocks).
+    #[test]
+    fn winograd_matches_the_definition_in_any_blocks() {
+        for g in cases() {
+            assert!(fits(&g));
+            let x = filled(g.batch * g.c_in * g.h * g.w, 11);
+            let w = filled(g.c_out * g.c_in * 9, 12);
+            let b = filled(g.c_out, 13);
+            let dout = filled(g.out_len(), 14);
+            let (y, dx, dw, _) = direct(&g, &x, &w, &b, &dout);
+            for budget in [BLOCK_FLOATS, 1] {
+                close(
+                    &forward_in_blocks(&g, &x, &w, &b, budget),
+                    &y,
+                    1e-5,
+                    "y",
+                    &g,
+                );
+                close(
+                    &weight_grad_in_blocks(&g, &x, &dout, budget),
+                    &dw,
+                    1e-5,
+                    "dw",
+                    &g,
+                );
+            }
+            close(&input_grad(&g, &w, &dout), &dx, 1e-5, "dx", &g);
+        }
+    }
+
+    /// Every tile row of the batch is in exactly one block, in order, and
+    /// a block's pieces stay within images.
+    #[test]
+    fn blocks_cover_the_tile_rows_once() {
+        let g = ConvGeom::new([3, 4, 9, 9], [2, 4, 3, 3], 1, 1).unwrap();
+        // 5 × 5 tiles per image plus a spare a row, 16·4·6 = 384 floats per
+        // tile row.
+        let t = Tiling::new(&g, 4, 800);
+        assert_eq!((t.th, t.tw, t.tp, t.per, t.rows), (5, 5, 6, 2, 15));
+        let blocks: Vec<_> = t.blocks().collect();
+        assert_eq!(blocks.len(), 8);
+        assert_eq!(blocks.iter().map(|b| b.len()).sum::<usize>(), 15);
+        assert!(blocks.windows(2).all(|w| w[0].end == w[1].start));
+        // A block across two images is two pieces; the second's tiles
+        // follow the first's (one row of 6).
+        assert_eq!(t.pieces(&blocks[2]), [(0, 4..5, 0), (1, 0..1, 6)]);
+    }
+
+    /// Zero taps transform to zeros: the output is exactly the bias.
+    #[test]
+    fn the_transforms_keep_a_weight_of_zeros_exact() {
+        let g = ConvGeom::new([1, 2, 6, 6], [1, 2, 3, 3], 1, 1).unwrap();
+        let x = filled(72, 3);
+        let y = forward(&g, &x, &[0.0; 18], &[0.5]);
+        assert!(y.iter().all(|&v| v == 0.5), "{y:?}");
+    }
+}
