@@ -91,46 +91,31 @@ impl ConvGeom {
     /// Output columns `ow` whose input column `ow·s + j − p` lies inside
     /// `0..w`, as a range.
     fn inside(&self, j: usize) -> std::ops::Range<usize> {
-        let (s, p) = (self.stride, self.pad);
-        // ow·s + j ≥ p  ⇔  ow ≥ ⌈(p − j) / s⌉
-        let lo = p.saturating_sub(j).div_ceil(s);
-        // ow·s + j − p ≤ w − 1  ⇔  ow ≤ ⌊(w − 1 + p − j) / s⌋
-        let hi = match (self.w + p).checked_sub(j + 1) {
-            Some(top) => (top / s + 1).min(self.ow),
-            None => 0,
-        };
-        lo.min(hi)..hi
+        inside(j, self.w, self.ow, self.stride, self.pad)
     }
 
-    /// Visits the column matrix of `images` one output row at a time:
-    /// `f(at, inside, x)` for the `ow` entries from `at`, of which those in
-    /// `inside` read the input from index `x` on, `stride` apart; `x` is
-    /// `None` when the whole row reads padding. The others are padding.
-    fn runs(
+    /// Output rows `oh` whose input row `oh·s + i − p` lies inside `0..h`.
+    fn inside_rows(&self, i: usize) -> std::ops::Range<usize> {
+        inside(i, self.h, self.oh, self.stride, self.pad)
+    }
+
+    /// Visits the column matrix of `images` (rows `ld` apart) one tap
+    /// plane at a time: `f(at, plane, i, j)` for the `oh·ow` entries from
+    /// `at` that tap (i, j) of a channel reads from the input plane starting
+    /// at `plane`.
+    fn tap_planes(
         &self,
         images: std::ops::Range<usize>,
-        mut f: impl FnMut(usize, std::ops::Range<usize>, Option<usize>),
+        ld: usize,
+        mut f: impl FnMut(usize, usize, usize, usize),
     ) {
-        let (n_cols, ohw) = (images.len() * self.ohw(), self.ohw());
-        let (s, p) = (self.stride, self.pad);
+        let (hw, ohw) = (self.h * self.w, self.ohw());
         for c in 0..self.c_in {
             for i in 0..self.kh {
                 for j in 0..self.kw {
-                    let row = ((c * self.kh + i) * self.kw + j) * n_cols;
-                    let inside = self.inside(j);
+                    let row = ((c * self.kh + i) * self.kw + j) * ld;
                     for (bi, b) in images.clone().enumerate() {
-                        let plane = (b * self.c_in + c) * self.h * self.w;
-                        for oh in 0..self.oh {
-                            let at = row + bi * ohw + oh * self.ow;
-                            let ih = (oh * s + i).checked_sub(p).filter(|&ih| ih < self.h);
-                            match ih {
-                                Some(ih) if !inside.is_empty() => {
-                                    let x = plane + ih * self.w + inside.start * s + j - p;
-                                    f(at, inside.clone(), Some(x));
-                                }
-                                _ => f(at, 0..0, None),
-                            }
-                        }
+                        f(row + bi * ohw, (b * self.c_in + c) * hw, i, j);
                     }
                 }
             }
@@ -173,24 +158,32 @@ impl ConvGeom {
         Some((t, wt))
     }
 
-    /// The column matrix of `images` (K × images·oh·ow) into `cols`.
-    fn im2col(&self, x: &[f32], images: std::ops::Range<usize>, cols: &mut Vec<f32>) {
-        cols.resize(self.k() * images.len() * self.ohw(), 0.0);
+    /// The column matrix of `images` (K × images·oh·ow) into `cols`, its
+    /// rows [`row_stride`] apart; returns that stride.
+    fn im2col(&self, x: &[f32], images: std::ops::Range<usize>, cols: &mut Vec<f32>) -> usize {
+        let ld = row_stride(images.len() * self.ohw());
+        cols.resize(self.k() * ld, 0.0);
         if self.same_shape() {
-            self.im2col_shifted(x, images, cols);
+            self.im2col_shifted(x, images, ld, cols);
         } else {
-            self.im2col_rows(x, images, cols);
+            self.im2col_rows(x, images, ld, cols);
         }
+        ld
     }
 
     /// [`ConvGeom::im2col`] for [`ConvGeom::same_shape`]: row (c, i, j) of
     /// image b is plane (b, c) moved by (i − p, j − p), zero where that
     /// leaves the plane. One copy of the rows that stay inside, then the
     /// entries the flat copy wrapped across a row edge are zeroed.
-    fn im2col_shifted(&self, x: &[f32], images: std::ops::Range<usize>, cols: &mut [f32]) {
+    fn im2col_shifted(
+        &self,
+        x: &[f32],
+        images: std::ops::Range<usize>,
+        ld: usize,
+        cols: &mut [f32],
+    ) {
         let (h, w, p) = (self.h, self.w, self.pad as isize);
         let hw = h * w;
-        let n_cols = images.len() * hw;
         for c in 0..self.c_in {
             for i in 0..self.kh {
                 let dr = i as isize - p;
@@ -202,7 +195,7 @@ impl ConvGeom {
                 let r_hi = r_hi.max(r_lo as isize) as usize;
                 for j in 0..self.kw {
                     let dc = j as isize - p;
-                    let row = ((c * self.kh + i) * self.kw + j) * n_cols;
+                    let row = ((c * self.kh + i) * self.kw + j) * ld;
                     // Output columns whose source column is outside.
                     let edge = if dc < 0 {
                         0..((-dc) as usize).min(w)
@@ -231,45 +224,85 @@ impl ConvGeom {
         }
     }
 
-    /// [`ConvGeom::im2col`] one output row at a time.
-    fn im2col_rows(&self, x: &[f32], images: std::ops::Range<usize>, cols: &mut [f32]) {
-        let (ow, stride) = (self.ow, self.stride);
-        self.runs(images, |at, inside, from| {
-            let dst = &mut cols[at..at + ow];
-            let Some(from) = from else {
+    /// [`ConvGeom::im2col`] one output row at a time: the rows and columns
+    /// that read the plane found once per tap, then strided copies.
+    fn im2col_rows(&self, x: &[f32], images: std::ops::Range<usize>, ld: usize, cols: &mut [f32]) {
+        let (s, p, w, ow) = (self.stride, self.pad, self.w, self.ow);
+        self.tap_planes(images, ld, |at, plane, i, j| {
+            let dst = &mut cols[at..][..self.ohw()];
+            let (rows, inside) = (self.inside_rows(i), self.inside(j));
+            if rows.is_empty() || inside.is_empty() {
                 dst.fill(0.0);
                 return;
-            };
-            zero_edge(&mut dst[..inside.start]);
-            zero_edge(&mut dst[inside.end..]);
-            let dst = &mut dst[inside.clone()];
-            if stride == 1 {
-                copy_run(dst, &x[from..from + inside.len()]);
-            } else {
-                for (d, v) in dst.iter_mut().zip(x[from..].iter().step_by(stride)) {
-                    *d = *v;
+            }
+            dst[..rows.start * ow].fill(0.0);
+            dst[rows.end * ow..].fill(0.0);
+            let from = plane + inside.start * s + j - p;
+            for r in rows {
+                let d = &mut dst[r * ow..][..ow];
+                zero_edge(&mut d[..inside.start]);
+                zero_edge(&mut d[inside.end..]);
+                let d = &mut d[inside.clone()];
+                let src = &x[from + (r * s + i - p) * w..][..(d.len() - 1) * s + 1];
+                match s {
+                    1 => copy_run(d, src),
+                    2 => {
+                        for (d, pair) in d.iter_mut().zip(src.chunks(2)) {
+                            *d = pair[0];
+                        }
+                    }
+                    _ => {
+                        for (d, v) in d.iter_mut().zip(src.iter().step_by(s)) {
+                            *d = *v;
+                        }
+                    }
                 }
             }
         });
     }
 
-    /// Adds the column matrix `cols` of `images` back into `dx`.
-    fn col2im(&self, cols: &[f32], images: std::ops::Range<usize>, dx: &mut [f32]) {
-        let stride = self.stride;
-        self.runs(images, |at, inside, from| {
-            let Some(from) = from else { return };
-            let src = &cols[at + inside.start..at + inside.end];
-            if stride == 1 {
-                for (d, v) in dx[from..from + src.len()].iter_mut().zip(src) {
-                    *d += v;
-                }
-            } else {
-                for (d, v) in dx[from..].iter_mut().step_by(stride).zip(src) {
+    /// Adds the column matrix `cols` of `images` (rows `ld` apart) back
+    /// into `dx`.
+    fn col2im(&self, cols: &[f32], images: std::ops::Range<usize>, ld: usize, dx: &mut [f32]) {
+        let (s, p, w, ow) = (self.stride, self.pad, self.w, self.ow);
+        self.tap_planes(images, ld, |at, plane, i, j| {
+            let (rows, inside) = (self.inside_rows(i), self.inside(j));
+            if inside.is_empty() {
+                return;
+            }
+            let from = plane + inside.start * s + j - p;
+            for r in rows {
+                let src = &cols[at + r * ow..][inside.clone()];
+                let d = &mut dx[from + (r * s + i - p) * w..][..(src.len() - 1) * s + 1];
+                for (d, v) in d.iter_mut().step_by(s).zip(src) {
                     *d += v;
                 }
             }
         });
     }
+}
+
+/// Outputs `o` of `0..o_n` whose input `o·s + t − p` (tap `t`) lies inside
+/// `0..n`, as a range.
+fn inside(t: usize, n: usize, o_n: usize, s: usize, p: usize) -> std::ops::Range<usize> {
+    // o·s + t ≥ p  ⇔  o ≥ ⌈(p − t) / s⌉
+    let lo = p.saturating_sub(t).div_ceil(s);
+    // o·s + t − p ≤ n − 1  ⇔  o ≤ ⌊(n − 1 + p − t) / s⌋
+    let hi = match (n + p).checked_sub(t + 1) {
+        Some(top) => (top / s + 1).min(o_n),
+        None => 0,
+    };
+    lo.min(hi)..hi
+}
+
+/// The distance between a column matrix's rows of `n` entries: `n` rounded
+/// up to whole 64-byte lines, made an odd number of lines. `gemm` walks
+/// several rows at once; rows a power-of-two number of lines apart (n =
+/// 4096, 1024, …: whole images of 32×32, 16×16 planes) share an L1 set and
+/// evict each other, an odd distance spreads them over every set.
+fn row_stride(n: usize) -> usize {
+    let lines = n.div_ceil(16);
+    (lines | 1) * 16
 }
 
 /// Zeroes a run of im2col padding: the one or two entries at the ends of a
@@ -301,26 +334,26 @@ fn copy_run(dst: &mut [f32], src: &[f32]) {
     }
 }
 
-/// `dst (m × n) = [dst +] lhs · rhs` for row-major operands given by their
-/// (row, column) strides.
+/// `dst (m × n, rows dst_stride apart) = [dst +] lhs · rhs` for row-major
+/// operands given by their (row, column) strides.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm_f32(
     m: usize,
     n: usize,
     k: usize,
-    dst: &mut [f32],
+    (dst, dst_stride): (&mut [f32], usize),
     accumulate: bool,
     lhs: &[f32],
     lhs_strides: (usize, usize),
     rhs: &[f32],
     rhs_strides: (usize, usize),
 ) {
-    assert!(dst.len() >= m * n);
+    assert!(n <= dst_stride && (m == 0 || n == 0 || (m - 1) * dst_stride + n <= dst.len()));
     assert!(m == 0 || k == 0 || (m - 1) * lhs_strides.0 + (k - 1) * lhs_strides.1 < lhs.len());
     assert!(n == 0 || k == 0 || (k - 1) * rhs_strides.0 + (n - 1) * rhs_strides.1 < rhs.len());
     // SAFETY: the asserts keep every index the strides reach inside the
-    // slices; dst is row-major m × n and does not alias the operands (it is
-    // a distinct &mut).
+    // slices; dst's rows are in bounds, and dst does not alias the operands
+    // (it is a distinct &mut).
     unsafe {
         gemm::gemm(
             m,
@@ -328,7 +361,7 @@ pub(super) fn gemm_f32(
             k,
             dst.as_mut_ptr(),
             1,
-            n as isize,
+            dst_stride as isize,
             accumulate,
             lhs.as_ptr(),
             lhs_strides.1 as isize,
@@ -347,17 +380,18 @@ pub(super) fn gemm_f32(
 }
 
 /// The `ohw`-long runs of a block's product (`channels × images·ohw`, the
-/// column order of im2col) in the memory order of `[images, channels, ohw]`,
-/// with their channel: how a block's output is appended.
+/// column order of im2col, rows `ld` apart) in the memory order of
+/// `[images, channels, ohw]`, with their channel: how a block's output is
+/// appended.
 fn image_runs(
     prod: &[f32],
+    ld: usize,
     channels: usize,
     images: usize,
     ohw: usize,
 ) -> impl Iterator<Item = (usize, &[f32])> {
-    let n = images * ohw;
     (0..images)
-        .flat_map(move |bi| (0..channels).map(move |c| (c, &prod[c * n + bi * ohw..][..ohw])))
+        .flat_map(move |bi| (0..channels).map(move |c| (c, &prod[c * ld + bi * ohw..][..ohw])))
 }
 
 /// The forward pass: `[batch, c_out, oh, ow]`.
@@ -371,20 +405,20 @@ pub(crate) fn forward(g: &ConvGeom, x: &[f32], weight: &[f32], bias: &[f32]) -> 
     let (mut cols, mut prod) = (Vec::new(), Vec::new());
     for images in g.blocks() {
         let n = images.len() * ohw;
-        g.im2col(x, images.clone(), &mut cols);
-        prod.resize(g.c_out * n, 0.0);
+        let ld = g.im2col(x, images.clone(), &mut cols);
+        prod.resize(g.c_out * ld, 0.0);
         gemm_f32(
             g.c_out,
             n,
             k,
-            &mut prod,
+            (&mut prod, ld),
             false,
             weight,
             (k, 1),
             &cols,
-            (n, 1),
+            (ld, 1),
         );
-        for (o, run) in image_runs(&prod, g.c_out, images.len(), ohw) {
+        for (o, run) in image_runs(&prod, ld, g.c_out, images.len(), ohw) {
             out.extend(run.iter().map(|s| s + bias[o]));
         }
     }
@@ -432,66 +466,71 @@ pub(crate) fn backward(
         Some(_) => Vec::with_capacity(x.len()),
         None => vec![0.0f32; x.len()],
     });
-    let (mut cols, mut gathered, mut dcols, mut prod) =
+    let (mut cols, mut dmat, mut dcols, mut prod) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (block, images) in g.blocks().enumerate() {
         let n = images.len() * ohw;
-        // dout of the block as c_out × n (the column order of `cols`): a
-        // block of one image already is.
-        let dmat: &[f32] = if images.len() == 1 {
-            &dout[images.start * g.c_out * ohw..][..g.c_out * ohw]
-        } else {
-            gathered.resize(g.c_out * n, 0.0);
-            for (bi, b) in images.clone().enumerate() {
-                for o in 0..g.c_out {
-                    gathered[o * n + bi * ohw..][..ohw]
-                        .copy_from_slice(&dout[(b * g.c_out + o) * ohw..][..ohw]);
-                }
+        // dout of the block as c_out × n (the column order of `cols`).
+        let ld = row_stride(n);
+        dmat.resize(g.c_out * ld, 0.0);
+        for (bi, b) in images.clone().enumerate() {
+            for o in 0..g.c_out {
+                dmat[o * ld + bi * ohw..][..ohw]
+                    .copy_from_slice(&dout[(b * g.c_out + o) * ohw..][..ohw]);
             }
-            &gathered
-        };
+        }
         for (o, d) in db.iter_mut().enumerate() {
-            *d += sum_f64(&dmat[o * n..(o + 1) * n], |v| v) as f32;
+            *d += sum_f64(&dmat[o * ld..][..n], |v| v) as f32;
         }
         // dW += dout · colsᵀ.
-        g.im2col(x, images.clone(), &mut cols);
+        let ld_cols = g.im2col(x, images.clone(), &mut cols);
         gemm_f32(
             g.c_out,
             k,
             n,
-            &mut dw,
+            (&mut dw, k),
             block > 0,
-            dmat,
-            (n, 1),
+            &dmat,
+            (ld, 1),
             &cols,
-            (1, n),
+            (1, ld_cols),
         );
         if let (Some(dx), Some((tg, wt))) = (dx.as_mut(), transposed.as_ref()) {
             // dx of the block = the transposed convolution of its dout,
             // appended image by image.
-            tg.im2col(dout, images.clone(), &mut cols);
+            let ld_cols = tg.im2col(dout, images.clone(), &mut cols);
             let tk = tg.k();
-            prod.resize(g.c_in * n, 0.0);
-            gemm_f32(g.c_in, n, tk, &mut prod, false, wt, (tk, 1), &cols, (n, 1));
+            prod.resize(g.c_in * ld, 0.0);
+            gemm_f32(
+                g.c_in,
+                n,
+                tk,
+                (&mut prod, ld),
+                false,
+                wt,
+                (tk, 1),
+                &cols,
+                (ld_cols, 1),
+            );
             debug_assert_eq!(dx.len(), images.start * g.c_in * ohw);
-            for (_, run) in image_runs(&prod, g.c_in, images.len(), ohw) {
+            for (_, run) in image_runs(&prod, ld, g.c_in, images.len(), ohw) {
                 dx.extend_from_slice(run);
             }
         } else if let Some(dx) = dx.as_mut() {
             // dcols = Wᵀ · dout, folded back onto the input.
-            dcols.resize(k * n, 0.0);
+            dcols.resize(k * ld, 0.0);
             gemm_f32(
                 k,
                 n,
                 g.c_out,
-                &mut dcols,
+                (&mut dcols, ld),
                 false,
                 weight,
                 (1, k),
-                dmat,
-                (n, 1),
+                &dmat,
+                (ld, 1),
             );
-            g.col2im(&dcols, images, dx);
+            g.col2im(&dcols, images, ld, dx);
         }
     }
     ConvGrads {
@@ -562,10 +601,11 @@ pub(super) mod tests {
             .collect()
     }
 
-    /// Shapes with stride 1 and 2, padding 0–2, kernels wider than the
+    /// Shapes with stride 1–3, padding 0–2, kernels wider than the
     /// padding and blocks of one image and of several.
     fn cases() -> Vec<ConvGeom> {
         [
+            ([2, 2, 11, 10], [3, 2, 5, 5], 3, 2),
             ([2, 1, 9, 7], [3, 1, 5, 5], 1, 0),
             ([3, 2, 8, 8], [4, 2, 3, 3], 1, 1),
             ([2, 3, 9, 10], [2, 3, 3, 3], 2, 1),
@@ -636,16 +676,17 @@ pub(super) mod tests {
             }
             let n = g.k() * g.batch * g.ohw();
             let (mut a, mut b) = (vec![1.0f32; n], vec![2.0f32; n]);
-            g.im2col_shifted(&input, 0..g.batch, &mut a);
-            g.im2col_rows(&input, 0..g.batch, &mut b);
+            let ld = g.batch * g.ohw();
+            g.im2col_shifted(&input, 0..g.batch, ld, &mut a);
+            g.im2col_rows(&input, 0..g.batch, ld, &mut b);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&a), bits(&b), "{g:?}");
             // A block of images from the middle of the batch too.
             if g.batch > 1 {
                 let m = g.k() * g.ohw();
                 let (mut a, mut b) = (vec![1.0f32; m], vec![2.0f32; m]);
-                g.im2col_shifted(&input, 1..2, &mut a);
-                g.im2col_rows(&input, 1..2, &mut b);
+                g.im2col_shifted(&input, 1..2, g.ohw(), &mut a);
+                g.im2col_rows(&input, 1..2, g.ohw(), &mut b);
                 assert_eq!(bits(&a), bits(&b), "{g:?}, image 1");
             }
         }
