@@ -14,7 +14,7 @@
 //! Every block has the same size whatever the thread count, and each `gemm`
 //! runs on the calling thread, so results are a function of the shapes only.
 
-use super::{sum_f64, winograd};
+use super::{channels_last, sum_f64, winograd};
 
 /// Floats of one block's column matrix: with its `gemm` operands this stays
 /// within a 1 MiB L2 cache.
@@ -65,12 +65,12 @@ impl ConvGeom {
     }
 
     /// Rows of the column matrix: c_in·kh·kw.
-    fn k(&self) -> usize {
+    pub(super) fn k(&self) -> usize {
         self.c_in * self.kh * self.kw
     }
 
     /// Output positions per image.
-    fn ohw(&self) -> usize {
+    pub(super) fn ohw(&self) -> usize {
         self.oh * self.ow
     }
 
@@ -80,7 +80,7 @@ impl ConvGeom {
     }
 
     /// The blocks of images, each a range of image indices.
-    fn blocks(&self) -> impl Iterator<Item = std::ops::Range<usize>> + use<> {
+    pub(super) fn blocks(&self) -> impl Iterator<Item = std::ops::Range<usize>> + use<> {
         let per = (BLOCK_FLOATS / (self.k() * self.ohw()).max(1)).max(1);
         let batch = self.batch;
         (0..batch)
@@ -125,7 +125,7 @@ impl ConvGeom {
     /// Stride 1 with "same" padding: the output plane has the input's
     /// shape, so each column-matrix row of an image is the input plane
     /// shifted, copied in one run.
-    fn same_shape(&self) -> bool {
+    pub(super) fn same_shape(&self) -> bool {
         self.stride == 1 && (self.oh, self.ow) == (self.h, self.w)
     }
 
@@ -300,7 +300,7 @@ fn inside(t: usize, n: usize, o_n: usize, s: usize, p: usize) -> std::ops::Range
 /// several rows at once; rows a power-of-two number of lines apart (n =
 /// 4096, 1024, …: whole images of 32×32, 16×16 planes) share an L1 set and
 /// evict each other, an odd distance spreads them over every set.
-fn row_stride(n: usize) -> usize {
+pub(super) fn row_stride(n: usize) -> usize {
     let lines = n.div_ceil(16);
     (lines | 1) * 16
 }
@@ -321,7 +321,7 @@ fn zero_edge(dst: &mut [f32]) {
 /// `dst = src` for the short runs of im2col (an output row): whole vectors
 /// of 8 inline, where `copy_from_slice` would call `memcpy` per run.
 #[inline]
-fn copy_run(dst: &mut [f32], src: &[f32]) {
+pub(super) fn copy_run(dst: &mut [f32], src: &[f32]) {
     let mut d = dst.chunks_exact_mut(8);
     let mut s = src.chunks_exact(8);
     for (d8, s8) in (&mut d).zip(&mut s) {
@@ -383,7 +383,7 @@ pub(super) fn gemm_f32(
 /// column order of im2col, rows `ld` apart) in the memory order of
 /// `[images, channels, ohw]`, with their channel: how a block's output is
 /// appended.
-fn image_runs(
+pub(super) fn image_runs(
     prod: &[f32],
     ld: usize,
     channels: usize,
@@ -398,6 +398,9 @@ fn image_runs(
 pub(crate) fn forward(g: &ConvGeom, x: &[f32], weight: &[f32], bias: &[f32]) -> Vec<f32> {
     if winograd::applies(g) {
         return winograd::forward(g, x, weight, bias);
+    }
+    if channels_last::applies(g) {
+        return channels_last::forward(g, x, weight, bias);
     }
     let (k, ohw) = (g.k(), g.ohw());
     // Filled in memory order (image, channel), so never zeroed first.
@@ -455,6 +458,9 @@ pub(crate) fn backward(
             weight: winograd::weight_grad(g, x, dout),
             bias: db.into_iter().map(|v| v as f32).collect(),
         };
+    }
+    if channels_last::applies(g) {
+        return channels_last::backward(g, x, weight, dout, want_x);
     }
     let (k, ohw) = (g.k(), g.ohw());
     let mut dw = vec![0.0f32; g.c_out * k];

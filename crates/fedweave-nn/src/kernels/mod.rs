@@ -25,6 +25,7 @@
 
 mod batch_norm;
 mod batch_norm_ops;
+mod channels_last;
 mod conv;
 mod grouped;
 mod in_place;

@@ -1,0 +1,278 @@
+//! Convolutions over many channels and small planes (the ResNets' 3×3 of
+//! stride 2, and their 3×3 on 4×4 planes) through a column matrix built
+//! channels-last. The channels-first im2col of [`super::conv`] copies runs
+//! of one output row read at the stride (8 or 4 values at the ResNets'
+//! widths) or of one small plane, and it reads the planes of a block's
+//! images interleaved; here each image is first transposed to `[h, w, c]`
+//! in one sequential pass, and each entry of the column matrix is then a
+//! run of `c_in` contiguous values (16–64). The matrix is `n × K` with K
+//! ordered (i, j, c), so the weight is permuted to match.
+//!
+//! Every product is a `gemm` of the same block of images as the
+//! channels-first path, on the calling thread; results are a function of
+//! the shapes only. They differ from the channels-first path's in the
+//! order of each K-long sum, so no model takes both: the choice is made by
+//! shape ([`applies`]).
+
+use super::conv::{ConvGeom, ConvGrads, copy_run, gemm_f32, image_runs, row_stride};
+use super::sum_f64;
+
+/// Whether a convolution takes this path: a window of several taps whose
+/// channel runs (`c_in` values) are longer than the runs the channels-first
+/// im2col copies: an output row (`ow`) for a strided convolution, a whole
+/// plane (`h·w`) for a stride-1 "same" one. Measured (docs/results.md):
+/// `resnet8`'s strided 3×3 and its 4×4 planes of 64 channels gain, its 8×8
+/// and 16×16 "same" planes lose. Valid stride-1 convolutions (the seed
+/// CNNs') stay channels-first.
+pub(super) fn applies(g: &ConvGeom) -> bool {
+    let runs_longer = if g.stride > 1 {
+        g.c_in >= g.ow
+    } else {
+        g.same_shape() && g.c_in > g.h * g.w
+    };
+    g.kh * g.kw > 1 && runs_longer
+}
+
+/// `[o, c, i, j]` → `[o, (i, j, c)]`: the weight in the column order here.
+fn permuted(g: &ConvGeom, weight: &[f32]) -> Vec<f32> {
+    let (taps, k) = (g.kh * g.kw, g.k());
+    let mut wp = vec![0.0f32; weight.len()];
+    for (o, (src, dst)) in weight
+        .chunks_exact(k)
+        .zip(wp.chunks_exact_mut(k))
+        .enumerate()
+    {
+        debug_assert!(o < g.c_out);
+        for c in 0..g.c_in {
+            for t in 0..taps {
+                dst[t * g.c_in + c] = src[c * taps + t];
+            }
+        }
+    }
+    wp
+}
+
+/// The images of `images` as `[image, h, w, c]` into `xt`.
+fn transpose_in(g: &ConvGeom, x: &[f32], images: std::ops::Range<usize>, xt: &mut Vec<f32>) {
+    let (c_in, hw) = (g.c_in, g.h * g.w);
+    xt.resize(images.len() * hw * c_in, 0.0);
+    for (b, dst) in images.zip(xt.chunks_exact_mut(hw * c_in)) {
+        let image = &x[b * c_in * hw..][..c_in * hw];
+        for (c, plane) in image.chunks_exact(hw).enumerate() {
+            for (q, &v) in plane.iter().enumerate() {
+                dst[q * c_in + c] = v;
+            }
+        }
+    }
+}
+
+/// Visits every (output position, tap) of a block of `images` images: `f(row
+/// offset in the column matrix, input offset in the transposed block or
+/// None for padding)`, rows `ld` apart, each entry `c_in` long.
+fn entries(g: &ConvGeom, images: usize, ld: usize, mut f: impl FnMut(usize, Option<usize>)) {
+    let (s, p) = (g.stride, g.pad);
+    let mut row = 0;
+    for b in 0..images {
+        for oy in 0..g.oh {
+            for ox in 0..g.ow {
+                for i in 0..g.kh {
+                    let iy = (oy * s + i).checked_sub(p).filter(|&iy| iy < g.h);
+                    for j in 0..g.kw {
+                        let ix = (ox * s + j).checked_sub(p).filter(|&ix| ix < g.w);
+                        let at = row + (i * g.kw + j) * g.c_in;
+                        let from = iy
+                            .zip(ix)
+                            .map(|(iy, ix)| ((b * g.h + iy) * g.w + ix) * g.c_in);
+                        f(at, from);
+                    }
+                }
+                row += ld;
+            }
+        }
+    }
+}
+
+/// The channels-last column matrix (`n × K`, rows `row_stride(K)` apart)
+/// of a transposed block into `cols`; returns the row stride.
+fn im2col(g: &ConvGeom, xt: &[f32], images: usize, cols: &mut Vec<f32>) -> usize {
+    let ld = row_stride(g.k());
+    cols.resize(images * g.ohw() * ld, 0.0);
+    entries(g, images, ld, |at, from| {
+        let dst = &mut cols[at..][..g.c_in];
+        match from {
+            Some(from) => copy_run(dst, &xt[from..][..g.c_in]),
+            None => dst.fill(0.0),
+        }
+    });
+    ld
+}
+
+/// The forward pass: `[batch, c_out, oh, ow]`.
+pub(super) fn forward(g: &ConvGeom, x: &[f32], weight: &[f32], bias: &[f32]) -> Vec<f32> {
+    let (k, ohw) = (g.k(), g.ohw());
+    let wp = permuted(g, weight);
+    let mut out = Vec::with_capacity(g.out_len());
+    let (mut xt, mut cols, mut prod) = (Vec::new(), Vec::new(), Vec::new());
+    for images in g.blocks() {
+        let n = images.len() * ohw;
+        transpose_in(g, x, images.clone(), &mut xt);
+        let ld_cols = im2col(g, &xt, images.len(), &mut cols);
+        let ld = row_stride(n);
+        prod.resize(g.c_out * ld, 0.0);
+        gemm_f32(
+            g.c_out,
+            n,
+            k,
+            (&mut prod, ld),
+            false,
+            &wp,
+            (k, 1),
+            &cols,
+            (1, ld_cols),
+        );
+        for (o, run) in image_runs(&prod, ld, g.c_out, images.len(), ohw) {
+            out.extend(run.iter().map(|s| s + bias[o]));
+        }
+    }
+    out
+}
+
+/// The backward pass from the output's gradient `dout`.
+pub(super) fn backward(
+    g: &ConvGeom,
+    x: &[f32],
+    weight: &[f32],
+    dout: &[f32],
+    want_x: bool,
+) -> ConvGrads {
+    let (k, ohw, hw) = (g.k(), g.ohw(), g.h * g.w);
+    let wp = permuted(g, weight);
+    let mut dwp = vec![0.0f32; g.c_out * k];
+    let mut db = vec![0.0f32; g.c_out];
+    let mut dx = want_x.then(|| Vec::with_capacity(x.len()));
+    let (mut xt, mut cols, mut dmat, mut dxt) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (block, images) in g.blocks().enumerate() {
+        let n = images.len() * ohw;
+        // dout of the block as c_out × n, rows `ld` apart.
+        let ld = row_stride(n);
+        dmat.resize(g.c_out * ld, 0.0);
+        for (bi, b) in images.clone().enumerate() {
+            for o in 0..g.c_out {
+                dmat[o * ld + bi * ohw..][..ohw]
+                    .copy_from_slice(&dout[(b * g.c_out + o) * ohw..][..ohw]);
+            }
+        }
+        for (o, d) in db.iter_mut().enumerate() {
+            *d += sum_f64(&dmat[o * ld..][..n], |v| v) as f32;
+        }
+        // dW (permuted) += dout · cols.
+        transpose_in(g, x, images.clone(), &mut xt);
+        let ld_cols = im2col(g, &xt, images.len(), &mut cols);
+        gemm_f32(
+            g.c_out,
+            k,
+            n,
+            (&mut dwp, k),
+            block > 0,
+            &dmat,
+            (ld, 1),
+            &cols,
+            (ld_cols, 1),
+        );
+        let Some(dx) = dx.as_mut() else { continue };
+        // dcols = doutᵀ · W (permuted), folded back onto the transposed
+        // block, then transposed to `[image, c, h, w]`.
+        gemm_f32(
+            n,
+            k,
+            g.c_out,
+            (&mut cols, ld_cols),
+            false,
+            &dmat,
+            (1, ld),
+            &wp,
+            (k, 1),
+        );
+        dxt.clear();
+        dxt.resize(images.len() * hw * g.c_in, 0.0);
+        entries(g, images.len(), ld_cols, |at, from| {
+            if let Some(from) = from {
+                let src = &cols[at..][..g.c_in];
+                for (d, v) in dxt[from..][..g.c_in].iter_mut().zip(src) {
+                    *d += v;
+                }
+            }
+        });
+        for image in dxt.chunks_exact(hw * g.c_in) {
+            for c in 0..g.c_in {
+                dx.extend(image.iter().skip(c).step_by(g.c_in));
+            }
+        }
+    }
+    let taps = g.kh * g.kw;
+    let mut dw = vec![0.0f32; dwp.len()];
+    for (src, dst) in dwp.chunks_exact(k).zip(dw.chunks_exact_mut(k)) {
+        for c in 0..g.c_in {
+            for t in 0..taps {
+                dst[c * taps + t] = src[t * g.c_in + c];
+            }
+        }
+    }
+    ConvGrads {
+        x: dx,
+        weight: dw,
+        bias: db,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::conv::tests::{close, direct, filled};
+    use super::*;
+
+    /// Forward and all three gradients against the definition, for strided
+    /// shapes with padding 0–2, partial windows at the edges, blocks of one
+    /// image and of several.
+    #[test]
+    fn strided_convolutions_match_the_definition() {
+        for (x, w, s, p) in [
+            ([3, 8, 7, 6], [5, 8, 3, 3], 2, 1),
+            ([2, 6, 9, 9], [4, 6, 3, 3], 3, 0),
+            ([2, 5, 8, 8], [3, 5, 5, 5], 2, 2),
+            ([40, 16, 8, 8], [8, 16, 3, 3], 2, 1),
+            ([3, 40, 2, 3], [6, 40, 3, 3], 1, 1),
+            ([2, 30, 5, 5], [4, 30, 5, 5], 1, 2),
+        ] {
+            let g = ConvGeom::new(x, w, s, p).unwrap();
+            assert!(applies(&g), "{g:?}");
+            let xs = filled(x.iter().product(), 1);
+            let ws = filled(w.iter().product(), 2);
+            let b = filled(g.c_out, 3);
+            let dout = filled(g.out_len(), 4);
+            let (y, dx, dw, db) = direct(&g, &xs, &ws, &b, &dout);
+            close(&forward(&g, &xs, &ws, &b), &y, 1e-4, "y", &g);
+            let grads = backward(&g, &xs, &ws, &dout, true);
+            close(grads.x.as_ref().unwrap(), &dx, 1e-4, "dx", &g);
+            close(&grads.weight, &dw, 1e-4, "dw", &g);
+            close(&grads.bias, &db, 1e-4, "db", &g);
+            assert!(backward(&g, &xs, &ws, &dout, false).x.is_none());
+        }
+    }
+
+    /// Which shapes take the path: `resnet8`'s strided 3×3 and its 3×3 on
+    /// 4×4 planes; not its 1×1 shortcuts, its larger planes, `resnet18`'s
+    /// stem or the seed CNNs' valid convolutions.
+    #[test]
+    fn only_windows_over_many_channels_and_short_runs_apply() {
+        let geom = |x, w, s, p| ConvGeom::new(x, w, s, p).unwrap();
+        assert!(applies(&geom([64, 16, 16, 16], [32, 16, 3, 3], 2, 1)));
+        assert!(applies(&geom([64, 32, 8, 8], [64, 32, 3, 3], 2, 1)));
+        assert!(applies(&geom([64, 64, 4, 4], [64, 64, 3, 3], 1, 1)));
+        assert!(!applies(&geom([64, 32, 8, 8], [32, 32, 3, 3], 1, 1)));
+        assert!(!applies(&geom([64, 16, 16, 16], [16, 16, 3, 3], 1, 1)));
+        assert!(!applies(&geom([64, 16, 16, 16], [32, 16, 1, 1], 2, 0)));
+        assert!(!applies(&geom([64, 3, 224, 224], [64, 3, 7, 7], 2, 3)));
+        assert!(!applies(&geom([64, 32, 12, 12], [64, 32, 5, 5], 1, 0)));
+        assert!(!applies(&geom([64, 1, 28, 28], [6, 1, 5, 5], 1, 0)));
+    }
+}
