@@ -20,15 +20,16 @@ use super::sum_f64;
 /// Whether a convolution takes this path: a window of several taps whose
 /// channel runs (`c_in` values) are longer than the runs the channels-first
 /// im2col copies: an output row (`ow`) for a strided convolution, a whole
-/// plane (`h·w`) for a stride-1 "same" one. Measured (docs/results.md):
-/// `resnet8`'s strided 3×3 and its 4×4 planes of 64 channels gain, its 8×8
-/// and 16×16 "same" planes lose. Valid stride-1 convolutions (the seed
-/// CNNs') stay channels-first.
+/// plane for a stride-1 "same" one, when that plane fits one 64-byte line
+/// (h·w ≤ 16). Measured (docs/results.md): `resnet8`'s strided 3×3 and its
+/// 4×4 planes of 64 channels gain; 8×8 planes lose at 32 channels and
+/// break even at 256 (`resnet9`), 16×16 planes lose. Valid stride-1
+/// convolutions (the seed CNNs') stay channels-first.
 pub(super) fn applies(g: &ConvGeom) -> bool {
     let runs_longer = if g.stride > 1 {
         g.c_in >= g.ow
     } else {
-        g.same_shape() && g.c_in > g.h * g.w
+        g.same_shape() && g.h * g.w <= 16 && g.c_in > g.h * g.w
     };
     g.kh * g.kw > 1 && runs_longer
 }
@@ -241,7 +242,7 @@ mod tests {
             ([2, 5, 8, 8], [3, 5, 5, 5], 2, 2),
             ([40, 16, 8, 8], [8, 16, 3, 3], 2, 1),
             ([3, 40, 2, 3], [6, 40, 3, 3], 1, 1),
-            ([2, 30, 5, 5], [4, 30, 5, 5], 1, 2),
+            ([2, 20, 4, 3], [4, 20, 5, 5], 1, 2),
         ] {
             let g = ConvGeom::new(x, w, s, p).unwrap();
             assert!(applies(&g), "{g:?}");
@@ -260,8 +261,8 @@ mod tests {
     }
 
     /// Which shapes take the path: `resnet8`'s strided 3×3 and its 3×3 on
-    /// 4×4 planes; not its 1×1 shortcuts, its larger planes, `resnet18`'s
-    /// stem or the seed CNNs' valid convolutions.
+    /// 4×4 planes; not its 1×1 shortcuts, its larger planes, `resnet9`'s
+    /// 8×8 planes, `resnet18`'s stem or the seed CNNs' valid convolutions.
     #[test]
     fn only_windows_over_many_channels_and_short_runs_apply() {
         let geom = |x, w, s, p| ConvGeom::new(x, w, s, p).unwrap();
@@ -269,6 +270,7 @@ mod tests {
         assert!(applies(&geom([64, 32, 8, 8], [64, 32, 3, 3], 2, 1)));
         assert!(applies(&geom([64, 64, 4, 4], [64, 64, 3, 3], 1, 1)));
         assert!(!applies(&geom([64, 32, 8, 8], [32, 32, 3, 3], 1, 1)));
+        assert!(!applies(&geom([64, 256, 8, 8], [256, 256, 3, 3], 1, 1)));
         assert!(!applies(&geom([64, 16, 16, 16], [16, 16, 3, 3], 1, 1)));
         assert!(!applies(&geom([64, 16, 16, 16], [32, 16, 1, 1], 2, 0)));
         assert!(!applies(&geom([64, 3, 224, 224], [64, 3, 7, 7], 2, 3)));
