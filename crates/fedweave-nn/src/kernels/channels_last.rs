@@ -14,8 +14,7 @@
 //! order of each K-long sum, so no model takes both: the choice is made by
 //! shape ([`applies`]).
 
-use super::conv::{ConvGeom, ConvGrads, copy_run, gemm_f32, image_runs, row_stride};
-use super::sum_f64;
+use super::conv::{ConvGeom, ConvGrads, copy_run, forward_by_blocks, gemm_f32, row_stride};
 
 /// Whether a convolution takes this path: a window of several taps whose
 /// channel runs (`c_in` values) are longer than the runs the channels-first
@@ -110,32 +109,11 @@ fn im2col(g: &ConvGeom, xt: &[f32], images: usize, cols: &mut Vec<f32>) -> usize
 
 /// The forward pass: `[batch, c_out, oh, ow]`.
 pub(super) fn forward(g: &ConvGeom, x: &[f32], weight: &[f32], bias: &[f32]) -> Vec<f32> {
-    let (k, ohw) = (g.k(), g.ohw());
-    let wp = permuted(g, weight);
-    let mut out = Vec::with_capacity(g.out_len());
-    let (mut xt, mut cols, mut prod) = (Vec::new(), Vec::new(), Vec::new());
-    for images in g.blocks() {
-        let n = images.len() * ohw;
+    let mut xt = Vec::new();
+    forward_by_blocks(g, &permuted(g, weight), bias, |images, cols| {
         transpose_in(g, x, images.clone(), &mut xt);
-        let ld_cols = im2col(g, &xt, images.len(), &mut cols);
-        let ld = row_stride(n);
-        prod.resize(g.c_out * ld, 0.0);
-        gemm_f32(
-            g.c_out,
-            n,
-            k,
-            (&mut prod, ld),
-            false,
-            &wp,
-            (k, 1),
-            &cols,
-            (1, ld_cols),
-        );
-        for (o, run) in image_runs(&prod, ld, g.c_out, images.len(), ohw) {
-            out.extend(run.iter().map(|s| s + bias[o]));
-        }
-    }
-    out
+        (1, im2col(g, &xt, images.len(), cols))
+    })
 }
 
 /// The backward pass from the output's gradient `dout`.
@@ -155,17 +133,7 @@ pub(super) fn backward(
     for (block, images) in g.blocks().enumerate() {
         let n = images.len() * ohw;
         // dout of the block as c_out × n, rows `ld` apart.
-        let ld = row_stride(n);
-        dmat.resize(g.c_out * ld, 0.0);
-        for (bi, b) in images.clone().enumerate() {
-            for o in 0..g.c_out {
-                dmat[o * ld + bi * ohw..][..ohw]
-                    .copy_from_slice(&dout[(b * g.c_out + o) * ohw..][..ohw]);
-            }
-        }
-        for (o, d) in db.iter_mut().enumerate() {
-            *d += sum_f64(&dmat[o * ld..][..n], |v| v) as f32;
-        }
+        let ld = g.gather_dout(dout, images.clone(), &mut dmat, &mut db);
         // dW (permuted) += dout · cols.
         transpose_in(g, x, images.clone(), &mut xt);
         let ld_cols = im2col(g, &xt, images.len(), &mut cols);
@@ -228,7 +196,7 @@ pub(super) fn backward(
 
 #[cfg(test)]
 mod tests {
-    use super::super::conv::tests::{close, direct, filled};
+    use super::super::conv::tests::check_against_definition;
     use super::*;
 
     /// Forward and all three gradients against the definition, for strided
@@ -246,17 +214,7 @@ mod tests {
         ] {
             let g = ConvGeom::new(x, w, s, p).unwrap();
             assert!(applies(&g), "{g:?}");
-            let xs = filled(x.iter().product(), 1);
-            let ws = filled(w.iter().product(), 2);
-            let b = filled(g.c_out, 3);
-            let dout = filled(g.out_len(), 4);
-            let (y, dx, dw, db) = direct(&g, &xs, &ws, &b, &dout);
-            close(&forward(&g, &xs, &ws, &b), &y, 1e-4, "y", &g);
-            let grads = backward(&g, &xs, &ws, &dout, true);
-            close(grads.x.as_ref().unwrap(), &dx, 1e-4, "dx", &g);
-            close(&grads.weight, &dw, 1e-4, "dw", &g);
-            close(&grads.bias, &db, 1e-4, "db", &g);
-            assert!(backward(&g, &xs, &ws, &dout, false).x.is_none());
+            check_against_definition(&g, forward, backward);
         }
     }
 
