@@ -33,37 +33,35 @@ pub(super) fn applies(g: &ConvGeom) -> bool {
     g.kh * g.kw > 1 && runs_longer
 }
 
-/// `[o, c, i, j]` → `[o, (i, j, c)]`: the weight in the column order here.
-fn permuted(g: &ConvGeom, weight: &[f32]) -> Vec<f32> {
-    let (taps, k) = (g.kh * g.kw, g.k());
-    let mut wp = vec![0.0f32; weight.len()];
-    for (o, (src, dst)) in weight
-        .chunks_exact(k)
-        .zip(wp.chunks_exact_mut(k))
-        .enumerate()
+/// Each `rows × cols` matrix of `src` (row-major, one after another)
+/// transposed into the same place of `dst`: how the weight goes to and
+/// from the (tap, channel) order and an image to and from `[h, w, c]`.
+fn transpose_each(src: &[f32], dst: &mut [f32], rows: usize, cols: usize) {
+    for (src, dst) in src
+        .chunks_exact(rows * cols)
+        .zip(dst.chunks_exact_mut(rows * cols))
     {
-        debug_assert!(o < g.c_out);
-        for c in 0..g.c_in {
-            for t in 0..taps {
-                dst[t * g.c_in + c] = src[c * taps + t];
+        for (r, row) in src.chunks_exact(cols).enumerate() {
+            for (q, &v) in row.iter().enumerate() {
+                dst[q * rows + r] = v;
             }
         }
     }
+}
+
+/// `[o, c, i, j]` → `[o, (i, j, c)]`: the weight in the column order here.
+fn permuted(g: &ConvGeom, weight: &[f32]) -> Vec<f32> {
+    let mut wp = vec![0.0f32; weight.len()];
+    transpose_each(weight, &mut wp, g.c_in, g.kh * g.kw);
     wp
 }
 
 /// The images of `images` as `[image, h, w, c]` into `xt`.
 fn transpose_in(g: &ConvGeom, x: &[f32], images: std::ops::Range<usize>, xt: &mut Vec<f32>) {
-    let (c_in, hw) = (g.c_in, g.h * g.w);
-    xt.resize(images.len() * hw * c_in, 0.0);
-    for (b, dst) in images.zip(xt.chunks_exact_mut(hw * c_in)) {
-        let image = &x[b * c_in * hw..][..c_in * hw];
-        for (c, plane) in image.chunks_exact(hw).enumerate() {
-            for (q, &v) in plane.iter().enumerate() {
-                dst[q * c_in + c] = v;
-            }
-        }
-    }
+    let image = g.c_in * g.h * g.w;
+    xt.resize(images.len() * image, 0.0);
+    let src = &x[images.start * image..images.end * image];
+    transpose_each(src, xt, g.c_in, g.h * g.w);
 }
 
 /// Visits every (output position, tap) of a block of `images` images: `f(row
@@ -128,7 +126,7 @@ pub(super) fn backward(
     let wp = permuted(g, weight);
     let mut dwp = vec![0.0f32; g.c_out * k];
     let mut db = vec![0.0f32; g.c_out];
-    let mut dx = want_x.then(|| Vec::with_capacity(x.len()));
+    let mut dx = want_x.then(|| vec![0.0f32; x.len()]);
     let (mut xt, mut cols, mut dmat, mut dxt) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (block, images) in g.blocks().enumerate() {
         let n = images.len() * ohw;
@@ -172,21 +170,12 @@ pub(super) fn backward(
                 }
             }
         });
-        for image in dxt.chunks_exact(hw * g.c_in) {
-            for c in 0..g.c_in {
-                dx.extend(image.iter().skip(c).step_by(g.c_in));
-            }
-        }
+        let image = hw * g.c_in;
+        let dst = &mut dx[images.start * image..images.end * image];
+        transpose_each(&dxt, dst, hw, g.c_in);
     }
-    let taps = g.kh * g.kw;
     let mut dw = vec![0.0f32; dwp.len()];
-    for (src, dst) in dwp.chunks_exact(k).zip(dw.chunks_exact_mut(k)) {
-        for c in 0..g.c_in {
-            for t in 0..taps {
-                dst[c * taps + t] = src[t * g.c_in + c];
-            }
-        }
-    }
+    transpose_each(&dwp, &mut dw, g.kh * g.kw, g.c_in);
     ConvGrads {
         x: dx,
         weight: dw,
