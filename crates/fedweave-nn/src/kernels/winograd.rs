@@ -40,11 +40,12 @@
 //! transforms add and halve before multiplying), by a few units in the
 //! last place of the sums' magnitude.
 //!
-//! Off unless `FEDWEAVE_WINOGRAD=1`: on a 2-core Zen 3 (AVX2) it speeds
-//! `resnet9` (64–256 channels) up by 10–14 % but slows `resnet8` (16–64
-//! channels on 8×8 to 32×32 planes) by ~35 % and `cnn-dwa` by ~6 %: at
-//! those widths each transformed value feeds too few multiply-adds to pay
-//! for its transforms (docs/results.md, session 26).
+//! Which convolutions take it is chosen per layer ([`pays`]): at 16–64
+//! channels each transformed value feeds too few multiply-adds to pay for
+//! its transforms (all on, `resnet8` ran at ~0.6× and `cnn-dwa` at ~0.9×
+//! of im2col), while `resnet9`'s 64–256-channel layers run 1.15–1.5×
+//! faster (docs/results.md, sessions 26 and 28). `FEDWEAVE_WINOGRAD=1`
+//! takes every convolution that fits, `0` none.
 
 use super::conv::{ConvGeom, gemm_f32};
 use std::ops::Range;
@@ -55,11 +56,34 @@ use std::sync::OnceLock;
 /// widths.
 const BLOCK_FLOATS: usize = 1 << 20;
 
-/// Whether `FEDWEAVE_WINOGRAD=1` asked for it (read once).
-fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        std::env::var("FEDWEAVE_WINOGRAD").is_ok_and(|v| matches!(v.trim(), "1" | "on"))
+/// Which convolutions take F(2×2, 3×3), from `FEDWEAVE_WINOGRAD`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Unset or `auto`: those where it [`pays`].
+    Auto,
+    /// `1` or `on`: every one that [`fits`].
+    On,
+    /// `0` or `off`: none.
+    Off,
+}
+
+/// `FEDWEAVE_WINOGRAD`'s mode (read once); an unknown value is `auto`,
+/// with a warning.
+fn mode() -> Mode {
+    static MODE: OnceLock<Mode> = OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("FEDWEAVE_WINOGRAD") {
+        Err(_) => Mode::Auto,
+        Ok(v) => match v.trim() {
+            "" | "auto" => Mode::Auto,
+            "1" | "on" => Mode::On,
+            "0" | "off" => Mode::Off,
+            other => {
+                tracing::warn!(
+                    "FEDWEAVE_WINOGRAD={other:?} is not auto, on/1 or off/0: using auto"
+                );
+                Mode::Auto
+            }
+        },
     })
 }
 
@@ -70,10 +94,28 @@ fn fits(g: &ConvGeom) -> bool {
     g.kh == 3 && g.kw == 3 && g.stride == 1 && g.pad <= 2
 }
 
-/// Whether `g` takes F(2×2, 3×3): it [`fits`] and the variable asked for
-/// it.
+/// Whether F(2×2, 3×3) is faster than im2col for `g` (forward and
+/// backward together), from single layers timed at batch 64 on a Zen 4
+/// core (docs/results.md, session 28): each transformed value must feed
+/// enough multiply-adds (≥ 64 channels in and out; at 32 it is a wash at
+/// best) and the plane must fill its tiles (≥ 8×8 outputs: a 4×4 plane is
+/// 2×2 tiles plus a spare column, a third of the products wasted). So
+/// `resnet9` takes it everywhere but its stem, and the stems, `resnet8`
+/// (16–64 channels, 4×4–16×16 planes) and `cnn-dwa` (32–64) stay on
+/// im2col.
+fn pays(g: &ConvGeom) -> bool {
+    g.c_in.min(g.c_out) >= 64 && g.ohw() >= 64
+}
+
+/// Whether `g` takes F(2×2, 3×3): it [`fits`], and `FEDWEAVE_WINOGRAD`'s
+/// mode chooses it.
 pub(super) fn applies(g: &ConvGeom) -> bool {
-    fits(g) && enabled()
+    fits(g)
+        && match mode() {
+            Mode::Auto => pays(g),
+            Mode::On => true,
+            Mode::Off => false,
+        }
 }
 
 /// `fn $name(args)` runs `$body(args)` compiled for AVX2 and FMA where the
@@ -613,6 +655,30 @@ fn weight_grad_in_blocks(g: &ConvGeom, x: &[f32], dout: &[f32], budget: usize) -
 mod tests {
     use super::*;
     use crate::kernels::conv::tests::{close, direct, filled};
+
+    /// Which layers take it by default: `resnet9`'s 3×3s past its stem,
+    /// not the stems, `resnet8`'s (16–64 channels, 4×4 planes), `cnn-dwa`'s
+    /// (32 channels in) or a 5×5.
+    #[test]
+    fn only_wide_layers_on_full_planes_pay() {
+        let geom = |x, w, p| ConvGeom::new(x, w, 1, p).unwrap();
+        for (c_in, c_out, hw) in [(64, 128, 32), (128, 128, 16), (128, 256, 16), (256, 256, 8)] {
+            let g = geom([64, c_in, hw, hw], [c_out, c_in, 3, 3], 1);
+            assert!(fits(&g) && pays(&g), "{g:?}");
+        }
+        for (c_in, c_out, hw) in [
+            (3, 64, 32),
+            (3, 16, 32),
+            (16, 16, 16),
+            (32, 32, 8),
+            (64, 64, 4),
+        ] {
+            let g = geom([64, c_in, hw, hw], [c_out, c_in, 3, 3], 1);
+            assert!(!pays(&g), "{g:?}");
+        }
+        assert!(!pays(&geom([64, 32, 15, 15], [64, 32, 3, 3], 0)));
+        assert!(!fits(&geom([64, 64, 16, 16], [64, 64, 5, 5], 2)));
+    }
 
     /// Paddings 0–2, odd and even planes (partial tiles on the bottom and
     /// right edges), one channel and several, planes narrower than a tile.
