@@ -71,20 +71,24 @@ enum Mode {
 /// with a warning.
 fn mode() -> Mode {
     static MODE: OnceLock<Mode> = OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("FEDWEAVE_WINOGRAD") {
-        Err(_) => Mode::Auto,
-        Ok(v) => match v.trim() {
-            "" | "auto" => Mode::Auto,
-            "1" | "on" => Mode::On,
-            "0" | "off" => Mode::Off,
-            other => {
-                tracing::warn!(
-                    "FEDWEAVE_WINOGRAD={other:?} is not auto, on/1 or off/0: using auto"
-                );
-                Mode::Auto
-            }
-        },
+    *MODE.get_or_init(|| {
+        let var = std::env::var("FEDWEAVE_WINOGRAD").ok();
+        parse_mode(var.as_deref()).unwrap_or_else(|other| {
+            tracing::warn!("FEDWEAVE_WINOGRAD={other:?} is not auto, on/1 or off/0: using auto");
+            Mode::Auto
+        })
     })
+}
+
+/// The mode a value of `FEDWEAVE_WINOGRAD` names (`None`: unset), or the
+/// value when it names none.
+fn parse_mode(value: Option<&str>) -> Result<Mode, &str> {
+    match value.map(str::trim) {
+        None | Some("" | "auto") => Ok(Mode::Auto),
+        Some("1" | "on") => Ok(Mode::On),
+        Some("0" | "off") => Ok(Mode::Off),
+        Some(other) => Err(other),
+    }
 }
 
 /// Whether `g` can take F(2×2, 3×3): a 3×3 kernel at stride 1 whose
@@ -678,6 +682,18 @@ mod tests {
         }
         assert!(!pays(&geom([64, 32, 15, 15], [64, 32, 3, 3], 0)));
         assert!(!fits(&geom([64, 64, 16, 16], [64, 64, 5, 5], 2)));
+    }
+
+    #[test]
+    fn the_variable_names_a_mode_or_is_refused() {
+        assert_eq!(parse_mode(None), Ok(Mode::Auto));
+        assert_eq!(parse_mode(Some(" auto")), Ok(Mode::Auto));
+        assert_eq!(parse_mode(Some("")), Ok(Mode::Auto));
+        assert_eq!(parse_mode(Some("1")), Ok(Mode::On));
+        assert_eq!(parse_mode(Some("on\n")), Ok(Mode::On));
+        assert_eq!(parse_mode(Some("0")), Ok(Mode::Off));
+        assert_eq!(parse_mode(Some("off")), Ok(Mode::Off));
+        assert_eq!(parse_mode(Some(" yes ")), Err("yes"));
     }
 
     /// Paddings 0–2, odd and even planes (partial tiles on the bottom and
