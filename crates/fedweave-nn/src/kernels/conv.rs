@@ -265,8 +265,7 @@ impl ConvGeom {
             self.tap_planes(images, ld, |at, plane, i, j| {
                 let src = &x[plane + i * w + j..];
                 by_width(ow, ohw, |n, r| {
-                    let (d, s) = (at + r * n, r * w);
-                    copy_run(&mut cols[d..][..n], &src[s..][..n]);
+                    copy_run(&mut cols[at + r * n..][..n], &src[r * w..][..n]);
                 });
             });
             return;
