@@ -42,8 +42,14 @@ pub(crate) struct BnForward {
     pub inv_std: Vec<f32>,
 }
 
-/// Normalises `y` by its own per-channel statistics.
-pub(crate) fn forward(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f32) -> BnForward {
+wide! {
+    /// Normalises `y` by its own per-channel statistics.
+    pub(crate) fn forward(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f32) -> BnForward => forward_body
+}
+
+/// [`forward`] for any target.
+#[inline(always)]
+fn forward_body(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f32) -> BnForward {
     // Each pass walks `y` in memory order; a channel's runs still add up
     // image by image, so the sums are those of a walk channel by channel.
     let mut sums = vec![0.0f64; g.channels];
@@ -75,7 +81,7 @@ pub(crate) fn forward(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f
 }
 
 /// Σ a and Σ a·f(b) in `f64` over 8 lanes each.
-#[inline]
+#[inline(always)]
 fn sums_f64(a: &[f32], b: &[f32], f: impl Fn(f32) -> f32) -> (f64, f64) {
     let (mut sa, mut sab) = ([0.0f64; 8], [0.0f64; 8]);
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
@@ -106,10 +112,16 @@ pub(crate) struct BnGrads {
     pub beta: Vec<f32>,
 }
 
-/// The backward pass from the output gradient `dout`: with x̂ = (y −
-/// mean)·s, dβ = Σ dout, dγ = Σ dout·x̂ and dy = γ·s·(dout − dβ/M −
-/// x̂·dγ/M) over the M values of each channel.
-pub(crate) fn backward(
+wide! {
+    /// The backward pass from the output gradient `dout`: with x̂ = (y −
+    /// mean)·s, dβ = Σ dout, dγ = Σ dout·x̂ and dy = γ·s·(dout − dβ/M −
+    /// x̂·dγ/M) over the M values of each channel.
+    pub(crate) fn backward(g: &BnGeom, y: &[f32], mean: &[f32], inv_std: &[f32], gamma: &[f32], dout: &[f32]) -> BnGrads => backward_body
+}
+
+/// [`backward`] for any target.
+#[inline(always)]
+fn backward_body(
     g: &BnGeom,
     y: &[f32],
     mean: &[f32],

@@ -552,7 +552,8 @@ pub(crate) fn backward(
         return channels_last::backward(g, x, weight, dout, want_x);
     }
     let (k, ohw) = (g.k(), g.ohw());
-    let mut dw = vec![0.0f32; g.c_out * k];
+    // dW transposed (K × c_out): see the product below.
+    let mut dwt = vec![0.0f32; k * g.c_out];
     let mut db = vec![0.0f32; g.c_out];
     let transposed = want_x.then(|| g.transposed(weight)).flatten();
     // col2im adds into a zeroed dx; the transposed convolution fills it in
@@ -567,18 +568,22 @@ pub(crate) fn backward(
         let n = images.len() * ohw;
         // dout of the block as c_out × n (the column order of `cols`).
         let ld = g.gather_dout(dout, images.clone(), &mut dmat, &mut db);
-        // dW += dout · colsᵀ.
+        // dWᵀ += cols · doutᵀ. Both operands run along n, which `gemm`
+        // wants along its output's columns for one of them: written as dW
+        // it copied all of `cols` (K × n) element by element into its
+        // panels; as dWᵀ it packs `dout`'s c_out × n instead. The same
+        // dot products in the same order, so the same bits.
         let ld_cols = g.im2col(x, images.clone(), &mut cols);
         gemm_f32(
-            g.c_out,
             k,
+            g.c_out,
             n,
-            (&mut dw, k),
+            (&mut dwt, g.c_out),
             block > 0,
-            &dmat,
-            (ld, 1),
             &cols,
-            (1, ld_cols),
+            (ld_cols, 1),
+            &dmat,
+            (1, ld),
         );
         if let (Some(dx), Some((tg, wt))) = (dx.as_mut(), transposed.as_ref()) {
             // dx of the block = the transposed convolution of its dout,
@@ -616,6 +621,12 @@ pub(crate) fn backward(
                 (ld, 1),
             );
             g.col2im(&dcols, images, ld, dx);
+        }
+    }
+    let mut dw = vec![0.0f32; dwt.len()];
+    for (kk, row) in dwt.chunks_exact(g.c_out).enumerate() {
+        for (o, &v) in row.iter().enumerate() {
+            dw[o * k + kk] = v;
         }
     }
     ConvGrads {

@@ -23,6 +23,34 @@
 //! written into the old state's buffers ([`in_place`]), which CUDA graphs
 //! need.
 
+/// `fn $name(args)` runs `$body(args)` compiled for AVX2 and FMA where the
+/// CPU has them: the kernels' element-wise loops, which the default x86-64
+/// target vectorises only 4 lanes wide (and not at all where a loop
+/// selects, as max pooling's does). Rust never contracts `a·b + c` into an
+/// FMA, and adds, products and selects round the same at any width, so the
+/// bits are the same either way.
+/// `$body` must be `#[inline(always)]`, so that it is compiled into the
+/// wide copy.
+macro_rules! wide {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($($a:ident: $t:ty),* $(,)?) $(-> $ret:ty)? => $body:ident) => {
+        $(#[$doc])*
+        $vis fn $name($($a: $t),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                #[target_feature(enable = "avx2,fma")]
+                fn wide($($a: $t),*) $(-> $ret)? {
+                    $body($($a),*)
+                }
+                // SAFETY: the CPU has the features `wide` is compiled for.
+                return unsafe { wide($($a),*) };
+            }
+            $body($($a),*)
+        }
+    };
+}
+
 mod batch_norm;
 mod batch_norm_ops;
 mod channels_last;
@@ -209,7 +237,7 @@ pub(crate) fn batch_norm_train(
 
 /// Σ f(v) in `f64` over 8 independent lanes (a single running sum is one
 /// long chain of dependent adds, several times slower).
-#[inline]
+#[inline(always)]
 pub(crate) fn sum_f64(v: &[f32], f: impl Fn(f32) -> f32) -> f64 {
     let mut lanes = [0.0f64; 8];
     let chunks = v.chunks_exact(8);

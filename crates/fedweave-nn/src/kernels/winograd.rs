@@ -122,31 +122,6 @@ pub(super) fn applies(g: &ConvGeom) -> bool {
         }
 }
 
-/// `fn $name(args)` runs `$body(args)` compiled for AVX2 and FMA where the
-/// CPU has them: the transforms are element-wise loops that the default
-/// x86-64 target vectorises only 4 lanes wide. Adds, subtractions and
-/// halvings round the same at any width, so the bits are the same either
-/// way.
-macro_rules! wide {
-    ($(#[$doc:meta])* fn $name:ident($($a:ident: $t:ty),* $(,)?) => $body:ident) => {
-        $(#[$doc])*
-        fn $name($($a: $t),*) {
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                #[target_feature(enable = "avx2,fma")]
-                fn wide($($a: $t),*) {
-                    $body($($a),*)
-                }
-                // SAFETY: the CPU has the features `wide` is compiled for.
-                return unsafe { wide($($a),*) };
-            }
-            $body($($a),*)
-        }
-    };
-}
-
 thread_local! {
     /// Each thread's two block buffers (transformed inputs, and products or
     /// transformed gradients), kept between calls: at a few MiB each, fresh
