@@ -14,6 +14,8 @@
 //! Every block has the same size whatever the thread count, and each `gemm`
 //! runs on the calling thread, so results are a function of the shapes only.
 
+#[cfg(target_arch = "x86_64")]
+use super::direct;
 use super::{channels_last, sum_f64, winograd};
 
 /// Floats of one block's column matrix: with its `gemm` operands this stays
@@ -476,6 +478,10 @@ pub(crate) fn forward(g: &ConvGeom, x: &[f32], weight: &[f32], bias: &[f32]) -> 
     if channels_last::applies(g) {
         return channels_last::forward(g, x, weight, bias);
     }
+    #[cfg(target_arch = "x86_64")]
+    if direct::applies(g) {
+        return direct::forward(g, x, weight, bias);
+    }
     forward_by_blocks(g, weight, bias, |images, cols| {
         (g.im2col(x, images, cols), 1)
     })
@@ -550,6 +556,10 @@ pub(crate) fn backward(
     }
     if channels_last::applies(g) {
         return channels_last::backward(g, x, weight, dout, want_x);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if direct::applies(g) && !want_x {
+        return direct::backward(g, x, dout);
     }
     let (k, ohw) = (g.k(), g.ohw());
     // dW transposed (K × c_out): see the product below.
