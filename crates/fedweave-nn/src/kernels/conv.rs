@@ -14,8 +14,6 @@
 //! Every block has the same size whatever the thread count, and each `gemm`
 //! runs on the calling thread, so results are a function of the shapes only.
 
-#[cfg(target_arch = "x86_64")]
-use super::direct;
 use super::{channels_last, sum_f64, winograd};
 
 /// Floats of one block's column matrix: with its `gemm` operands this stays
@@ -478,10 +476,6 @@ pub(crate) fn forward(g: &ConvGeom, x: &[f32], weight: &[f32], bias: &[f32]) -> 
     if channels_last::applies(g) {
         return channels_last::forward(g, x, weight, bias);
     }
-    #[cfg(target_arch = "x86_64")]
-    if direct::applies(g) {
-        return direct::forward(g, x, weight, bias);
-    }
     forward_by_blocks(g, weight, bias, |images, cols| {
         (g.im2col(x, images, cols), 1)
     })
@@ -557,13 +551,10 @@ pub(crate) fn backward(
     if channels_last::applies(g) {
         return channels_last::backward(g, x, weight, dout, want_x);
     }
-    #[cfg(target_arch = "x86_64")]
-    if direct::applies(g) && !want_x {
-        return direct::backward(g, x, dout);
-    }
     let (k, ohw) = (g.k(), g.ohw());
-    // dW transposed (K × c_out): see the product below.
-    let mut dwt = vec![0.0f32; k * g.c_out];
+    // dW, or dW transposed (K × c_out): see the product below.
+    let pack_dout = g.c_out <= k;
+    let mut dw = vec![0.0f32; k * g.c_out];
     let mut db = vec![0.0f32; g.c_out];
     let transposed = want_x.then(|| g.transposed(weight)).flatten();
     // col2im adds into a zeroed dx; the transposed convolution fills it in
@@ -578,23 +569,38 @@ pub(crate) fn backward(
         let n = images.len() * ohw;
         // dout of the block as c_out × n (the column order of `cols`).
         let ld = g.gather_dout(dout, images.clone(), &mut dmat, &mut db);
-        // dWᵀ += cols · doutᵀ. Both operands run along n, which `gemm`
-        // wants along its output's columns for one of them: written as dW
-        // it copied all of `cols` (K × n) element by element into its
-        // panels; as dWᵀ it packs `dout`'s c_out × n instead. The same
-        // dot products in the same order, so the same bits.
+        // dW += dout · colsᵀ. Both operands run along n, and `gemm` wants
+        // one of them along its output's columns: it copies that one
+        // element by element into its panels. Written as dW that is `cols`
+        // (K × n), as dWᵀ = cols · doutᵀ it is `dout` (c_out × n), so the
+        // product is written whichever way packs fewer rows. The same dot
+        // products in the same order either way, so the same bits.
         let ld_cols = g.im2col(x, images.clone(), &mut cols);
-        gemm_f32(
-            k,
-            g.c_out,
-            n,
-            (&mut dwt, g.c_out),
-            block > 0,
-            &cols,
-            (ld_cols, 1),
-            &dmat,
-            (1, ld),
-        );
+        if pack_dout {
+            gemm_f32(
+                k,
+                g.c_out,
+                n,
+                (&mut dw, g.c_out),
+                block > 0,
+                &cols,
+                (ld_cols, 1),
+                &dmat,
+                (1, ld),
+            );
+        } else {
+            gemm_f32(
+                g.c_out,
+                k,
+                n,
+                (&mut dw, k),
+                block > 0,
+                &dmat,
+                (ld, 1),
+                &cols,
+                (1, ld_cols),
+            );
+        }
         if let (Some(dx), Some((tg, wt))) = (dx.as_mut(), transposed.as_ref()) {
             // dx of the block = the transposed convolution of its dout,
             // appended image by image.
@@ -633,10 +639,13 @@ pub(crate) fn backward(
             g.col2im(&dcols, images, ld, dx);
         }
     }
-    let mut dw = vec![0.0f32; dwt.len()];
-    for (kk, row) in dwt.chunks_exact(g.c_out).enumerate() {
-        for (o, &v) in row.iter().enumerate() {
-            dw[o * k + kk] = v;
+    if pack_dout {
+        let dwt = std::mem::take(&mut dw);
+        dw = vec![0.0f32; dwt.len()];
+        for (kk, row) in dwt.chunks_exact(g.c_out).enumerate() {
+            for (o, &v) in row.iter().enumerate() {
+                dw[o * k + kk] = v;
+            }
         }
     }
     ConvGrads {

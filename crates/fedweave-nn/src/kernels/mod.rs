@@ -55,8 +55,6 @@ mod batch_norm;
 mod batch_norm_ops;
 mod channels_last;
 mod conv;
-#[cfg(target_arch = "x86_64")]
-mod direct;
 mod grouped;
 mod in_place;
 mod pool;
