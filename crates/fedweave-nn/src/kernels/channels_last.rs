@@ -36,7 +36,7 @@ pub(super) fn applies(g: &ConvGeom) -> bool {
 /// Each `rows × cols` matrix of `src` (row-major, one after another)
 /// transposed into the same place of `dst`: how the weight goes to and
 /// from the (tap, channel) order and an image to and from `[h, w, c]`.
-fn transpose_each(src: &[f32], dst: &mut [f32], rows: usize, cols: usize) {
+pub(super) fn transpose_each(src: &[f32], dst: &mut [f32], rows: usize, cols: usize) {
     for (src, dst) in src
         .chunks_exact(rows * cols)
         .zip(dst.chunks_exact_mut(rows * cols))

@@ -576,31 +576,24 @@ pub(crate) fn backward(
         // product is written whichever way packs fewer rows. The same dot
         // products in the same order either way, so the same bits.
         let ld_cols = g.im2col(x, images.clone(), &mut cols);
-        if pack_dout {
-            gemm_f32(
-                k,
-                g.c_out,
-                n,
-                (&mut dw, g.c_out),
-                block > 0,
-                &cols,
-                (ld_cols, 1),
-                &dmat,
-                (1, ld),
-            );
+        let (lhs, rhs) = ((&dmat, ld), (&cols, ld_cols));
+        let (rows, (lhs, ld_lhs), (rhs, ld_rhs)) = if pack_dout {
+            (k, rhs, lhs)
         } else {
-            gemm_f32(
-                g.c_out,
-                k,
-                n,
-                (&mut dw, k),
-                block > 0,
-                &dmat,
-                (ld, 1),
-                &cols,
-                (1, ld_cols),
-            );
-        }
+            (g.c_out, lhs, rhs)
+        };
+        let width = dw.len() / rows;
+        gemm_f32(
+            rows,
+            width,
+            n,
+            (&mut dw, width),
+            block > 0,
+            lhs,
+            (ld_lhs, 1),
+            rhs,
+            (1, ld_rhs),
+        );
         if let (Some(dx), Some((tg, wt))) = (dx.as_mut(), transposed.as_ref()) {
             // dx of the block = the transposed convolution of its dout,
             // appended image by image.
@@ -642,11 +635,7 @@ pub(crate) fn backward(
     if pack_dout {
         let dwt = std::mem::take(&mut dw);
         dw = vec![0.0f32; dwt.len()];
-        for (kk, row) in dwt.chunks_exact(g.c_out).enumerate() {
-            for (o, &v) in row.iter().enumerate() {
-                dw[o * k + kk] = v;
-            }
-        }
+        channels_last::transpose_each(&dwt, &mut dw, k, g.c_out);
     }
     ConvGrads {
         x: dx,

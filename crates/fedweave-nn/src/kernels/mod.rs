@@ -29,6 +29,7 @@
 /// selects, as max pooling's does). Rust never contracts `a·b + c` into an
 /// FMA, and adds, products and selects round the same at any width, so the
 /// bits are the same either way.
+///
 /// `$body` must be `#[inline(always)]`, so that it is compiled into the
 /// wide copy.
 macro_rules! wide {
