@@ -106,7 +106,8 @@ impl Backend {
 /// goldens' bits, nothing else does on x86-64):
 /// - the vector level of burn-flex's element-wise kernels and reductions
 ///   (macerator's `Arch`: x86-64-v4 = AVX-512 sums in 16 lanes, v3 = AVX2
-///   in 8);
+///   in 8), which is also the level of gemm's microkernels (16-lane
+///   AVX-512 tiles on v4, 8-lane AVX2 ones on v3);
 /// - the L1 data cache as gemm reads it (size, ways, line): gemm's k-block
 ///   depth comes from it (512 terms on a 32 KiB 8-way L1, 1024 on a 48 KiB
 ///   12-way one), and a product with more terms than a block is summed in
