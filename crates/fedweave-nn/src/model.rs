@@ -8,6 +8,7 @@ use crate::arch::sequential::SequentialConfig;
 use crate::arch::{Draw, LayerDesc, Net};
 use crate::kernels;
 use crate::resident::BatchStats;
+use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor, TensorData};
 use fedweave_core::{ParamLayout, RngStream};
 use rand::{Rng, RngCore};
@@ -410,9 +411,7 @@ impl Norm<'_> {
             && let Some(op) = kernels::batch_norm_for(&y)
         {
             let (out, mean, var) = kernels::batch_norm_train(op, y, gamma.t1(), beta.t1(), BN_EPS);
-            debug_assert_eq!(record.len(), which, "batch norms run in order");
-            let (mean, var) = (mean.reshape([1, c, 1, 1]), var.reshape([1, c, 1, 1]));
-            record.push(BatchStats::of(&mean, &var, h * w));
+            record_stats(record, which, c, h * w, mean, var);
             return out;
         }
         let (mean, var): (Tensor<4>, Tensor<4>) = match self {
@@ -436,6 +435,42 @@ impl Norm<'_> {
         let shift = beta.t1().reshape([1, c, 1, 1]);
         (y - mean) / (var + BN_EPS).sqrt() * scale + shift
     }
+
+    /// [`Norm::apply`] then ReLU: one kernel each way when training on the
+    /// CPU in `f32` (the same bits as the two operations).
+    pub(crate) fn apply_relu(
+        &mut self,
+        which: usize,
+        (c, at): (usize, usize),
+        y: Tensor<4>,
+        gamma: &ParamTensor,
+        beta: &ParamTensor,
+    ) -> Tensor<4> {
+        if let Norm::Batch(record, _) = self
+            && kernels::on_cpu_f32(&y)
+        {
+            let [_, _, h, w] = y.dims();
+            let (out, mean, var) = kernels::batch_norm_relu_train(y, gamma.t1(), beta.t1(), BN_EPS);
+            record_stats(record, which, c, h * w, mean, var);
+            return out;
+        }
+        relu(self.apply(which, (c, at), y, gamma, beta))
+    }
+}
+
+/// Appends batch norm `which`'s batch statistics (`[c]`) over planes of
+/// `hw` values to `record`.
+fn record_stats(
+    record: &mut Vec<BatchStats>,
+    which: usize,
+    c: usize,
+    hw: usize,
+    mean: Tensor<1>,
+    var: Tensor<1>,
+) {
+    debug_assert_eq!(record.len(), which, "batch norms run in order");
+    let (mean, var) = (mean.reshape([1, c, 1, 1]), var.reshape([1, c, 1, 1]));
+    record.push(BatchStats::of(&mean, &var, hw));
 }
 
 /// Σ over the batch and the plane of each channel of `y` (`[b, c, h, w]`)

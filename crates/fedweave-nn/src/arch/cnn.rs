@@ -7,7 +7,7 @@ use super::{
 };
 use crate::NnError;
 use crate::batched::BatchedCx;
-use crate::kernels::{conv2d, max_pool2d};
+use crate::kernels::{conv2d, relu_max_pool2d};
 use crate::model::{Norm, ParamTensor, flatten, to_image};
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
@@ -73,8 +73,8 @@ pub(crate) fn pool() -> MaxPoolOptions<2> {
 impl Net for Cnn {
     fn features(&self, p: &[ParamTensor], x: Tensor<2>, _: &mut Norm) -> Tensor<2> {
         let x = to_image(x, self.image);
-        let y = max_pool2d(relu(conv2d(x, p[0].t4(), Some(p[1].t1()), conv())), pool());
-        let y = max_pool2d(relu(conv2d(y, p[2].t4(), Some(p[3].t1()), conv())), pool());
+        let y = relu_max_pool2d(conv2d(x, p[0].t4(), Some(p[1].t1()), conv()), pool());
+        let y = relu_max_pool2d(conv2d(y, p[2].t4(), Some(p[3].t1()), conv()), pool());
         let y = flatten(y);
         let y = relu(linear(y, p[4].t2(), Some(p[5].t1())));
         relu(linear(y, p[6].t2(), Some(p[7].t1())))
@@ -114,8 +114,8 @@ impl Batched for Cnn {
     fn forward(&self, cx: &mut BatchedCx, x: Tensor<3>) -> Tensor<3> {
         let x = cx.image(x, self.image);
         let p = &cx.stack;
-        let y = max_pool2d(relu(p.conv(x, 0)), pool());
-        let y = max_pool2d(relu(p.conv(y, 2)), pool());
+        let y = relu_max_pool2d(p.conv(x, 0), pool());
+        let y = relu_max_pool2d(p.conv(y, 2), pool());
         let y = relu(p.linear(cx.flatten(y), 4));
         let y = relu(p.linear(y, 6));
         p.linear(y, 8)

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::NnError;
 use crate::batched::BatchedCx;
-use crate::kernels::{conv2d, max_pool2d};
+use crate::kernels::{conv2d, max_pool2d, relu_max_pool2d};
 use crate::model::{Norm, ParamTensor, flatten, to_image};
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
@@ -89,10 +89,10 @@ impl Net for ConvBnFc {
         for (i, (at, bn)) in [(0, (32, 0)), (4, (64, 64))].into_iter().enumerate() {
             let z = conv2d(y, p[at].t4(), Some(p[at + 1].t1()), conv());
             y = if self.bn_after_pool {
-                let z = max_pool2d(relu(z), pool());
+                let z = relu_max_pool2d(z, pool());
                 norm.apply(i, bn, z, &p[at + 2], &p[at + 3])
             } else {
-                max_pool2d(relu(norm.apply(i, bn, z, &p[at + 2], &p[at + 3])), pool())
+                max_pool2d(norm.apply_relu(i, bn, z, &p[at + 2], &p[at + 3]), pool())
             };
         }
         relu(linear(flatten(y), p[8].t2(), Some(p[9].t1())))
@@ -136,10 +136,10 @@ impl Batched for ConvBnFc {
         for at in [0, 4] {
             let z = cx.stack.conv(y, at);
             y = if self.bn_after_pool {
-                let z = max_pool2d(relu(z), pool());
+                let z = relu_max_pool2d(z, pool());
                 cx.batch_norm(z, at + 2)
             } else {
-                max_pool2d(relu(cx.batch_norm(z, at + 2)), pool())
+                relu_max_pool2d(cx.batch_norm(z, at + 2), pool())
             };
         }
         let y = relu(cx.stack.linear(cx.flatten(y), 8));

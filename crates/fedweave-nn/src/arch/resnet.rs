@@ -573,16 +573,16 @@ impl Walk<'_, '_, '_> {
         let w = self.p[self.at].t4();
         let options = ConvOptions::new([stride, stride], [pad, pad], [1, 1], 1);
         let y = conv2d(x, w, None, options);
-        let y = self.norm.apply(
-            self.bn,
-            self.norms[self.bn],
-            y,
-            &self.p[self.at + 1],
-            &self.p[self.at + 2],
-        );
+        let (gamma, beta) = (&self.p[self.at + 1], &self.p[self.at + 2]);
+        let (which, channels) = (self.bn, self.norms[self.bn]);
+        let y = if then_relu {
+            self.norm.apply_relu(which, channels, y, gamma, beta)
+        } else {
+            self.norm.apply(which, channels, y, gamma, beta)
+        };
         self.at += 3;
         self.bn += 1;
-        if then_relu { relu(y) } else { y }
+        y
     }
 }
 

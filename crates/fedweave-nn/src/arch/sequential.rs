@@ -21,7 +21,7 @@
 use super::{Batched, BatchedInput, BuildCx, Built, Draw, LayerDesc, ModelInfo, Net, bn_desc};
 use crate::NnError;
 use crate::batched::BatchedCx;
-use crate::kernels::{conv2d, max_pool2d};
+use crate::kernels::{conv2d, max_pool2d, relu_max_pool2d};
 use crate::model::{BN_EPS, InputValues, Norm, ParamTensor, flatten};
 use burn::tensor::activation::{gelu, relu, tanh};
 use burn::tensor::module::{adaptive_avg_pool2d, avg_pool2d, embedding, linear};
@@ -927,7 +927,23 @@ fn dropout<const D: usize>(x: Tensor<D>, p: f64, rng: &mut impl Rng) -> Tensor<D
 impl Sequential {
     /// Runs `ops` from `x` (the one-client path).
     fn run(&self, ops: &[Op], mut x: Act<2>, p: &[ParamTensor], norm: &mut Norm) -> Act<2> {
-        for op in ops {
+        let mut ops = ops.iter().peekable();
+        while let Some(op) = ops.next() {
+            // Batch norm then ReLU, and ReLU then max pooling, each in one
+            // kernel on the CPU (the bits of the two layers).
+            match (op, ops.peek()) {
+                (Op::BatchNorm { at, which, norm: n }, Some(Op::Relu)) => {
+                    x = Act::Map(norm.apply_relu(*which, *n, x.map(), &p[*at], &p[at + 1]));
+                    ops.next();
+                    continue;
+                }
+                (Op::Relu, Some(Op::MaxPool { k, stride, pad })) if matches!(x, Act::Map(_)) => {
+                    x = Act::Map(relu_max_pool2d(x.map(), max_options(*k, *stride, *pad)));
+                    ops.next();
+                    continue;
+                }
+                _ => {}
+            }
             x = match op {
                 _ if op.is_stateless() => x.stateless(op),
                 Op::Linear { at, bias, .. } => {

@@ -5,8 +5,15 @@
 //!
 //! Layout `[batch, channels, hw]`; statistics per channel over batch·hw
 //! values, the variance biased (PyTorch's normalisation).
+//!
+//! Batch norm followed by ReLU (every one of the ResNets' and `cnn-bn`'s)
+//! has its own pair, [`forward_relu`] and [`backward_relu`]: the ReLU is
+//! applied as the output is written and its mask recomputed from the input
+//! in the backward pass, which saves ReLU's two passes over the activations
+//! each way and their buffers. The bits are those of burn's ReLU after
+//! [`forward`] and its backward step before [`backward`].
 
-use super::sum_f64;
+use super::{extend_zip, sum_f64};
 
 /// The shape of one batch norm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,12 +51,33 @@ pub(crate) struct BnForward {
 
 wide! {
     /// Normalises `y` by its own per-channel statistics.
-    pub(crate) fn forward(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f32) -> BnForward => forward_body
+    pub(crate) fn forward(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f32) -> BnForward => forward_body::<false>
 }
 
-/// [`forward`] for any target.
+wide! {
+    /// [`forward`], then ReLU on the output as it is written.
+    pub(crate) fn forward_relu(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f32) -> BnForward => forward_body::<true>
+}
+
+/// burn's ReLU when `RELU` (NaN kept, −0 and negatives to +0), else `v`.
 #[inline(always)]
-fn forward_body(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f32) -> BnForward {
+fn relu_if<const RELU: bool>(v: f32) -> f32 {
+    if !RELU || v.is_nan() || v > 0.0 {
+        v
+    } else {
+        0.0
+    }
+}
+
+/// [`forward`] (and [`forward_relu`] when `RELU`) for any target.
+#[inline(always)]
+fn forward_body<const RELU: bool>(
+    g: &BnGeom,
+    y: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+    eps: f32,
+) -> BnForward {
     // Each pass walks `y` in memory order; a channel's runs still add up
     // image by image, so the sums are those of a walk channel by channel.
     let mut sums = vec![0.0f64; g.channels];
@@ -70,7 +98,10 @@ fn forward_body(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f32) ->
     let mut out = Vec::with_capacity(y.len());
     for (c, r) in g.runs_in_order() {
         let (m, scale, shift) = affine[c];
-        out.extend(y[r].iter().map(|&x| (x - m) * scale + shift));
+        out.extend(
+            y[r].iter()
+                .map(|&x| relu_if::<RELU>((x - m) * scale + shift)),
+        );
     }
     BnForward {
         out,
@@ -80,22 +111,31 @@ fn forward_body(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f32) ->
     }
 }
 
-/// Σ a and Σ a·f(b) in `f64` over 8 lanes each.
+/// Σ d and Σ d·x̂ in `f64` over 8 lanes each, with (d, x̂) = f(a, b).
 #[inline(always)]
-fn sums_f64(a: &[f32], b: &[f32], f: impl Fn(f32) -> f32) -> (f64, f64) {
+fn sums_f64(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> (f32, f32)) -> (f64, f64) {
     let (mut sa, mut sab) = ([0.0f64; 8], [0.0f64; 8]);
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let mut tail = (0.0, 0.0);
     for (&x, &y) in ca.remainder().iter().zip(cb.remainder()) {
-        tail.0 += x as f64;
-        tail.1 += (x * f(y)) as f64;
+        let (d, xhat) = f(x, y);
+        tail.0 += d as f64;
+        tail.1 += (d * xhat) as f64;
     }
     for (xa, xb) in ca.zip(cb) {
         let xa: &[f32; 8] = xa.try_into().expect("a chunk of 8");
         let xb: &[f32; 8] = xb.try_into().expect("a chunk of 8");
+        // The 8 lanes' f32 values first, then their f64 sums, so that each
+        // step is one vector operation (mixed per lane, the compiler built
+        // the vectors element by element).
+        let (mut d, mut dx) = ([0.0f32; 8], [0.0f32; 8]);
         for i in 0..8 {
-            sa[i] += xa[i] as f64;
-            sab[i] += (xa[i] * f(xb[i])) as f64;
+            let (di, xhat) = f(xa[i], xb[i]);
+            (d[i], dx[i]) = (di, di * xhat);
+        }
+        for i in 0..8 {
+            sa[i] += d[i] as f64;
+            sab[i] += dx[i] as f64;
         }
     }
     (
@@ -116,19 +156,37 @@ wide! {
     /// The backward pass from the output gradient `dout`: with x̂ = (y −
     /// mean)·s, dβ = Σ dout, dγ = Σ dout·x̂ and dy = γ·s·(dout − dβ/M −
     /// x̂·dγ/M) over the M values of each channel.
-    pub(crate) fn backward(g: &BnGeom, y: &[f32], mean: &[f32], inv_std: &[f32], gamma: &[f32], dout: &[f32]) -> BnGrads => backward_body
+    pub(crate) fn backward(g: &BnGeom, y: &[f32], mean: &[f32], inv_std: &[f32], gamma: &[f32], beta: &[f32], dout: &[f32]) -> BnGrads => backward_body::<false>
 }
 
-/// [`backward`] for any target.
+wide! {
+    /// The backward pass of [`forward_relu`]: [`backward`] of `dout` zeroed
+    /// where the normalised value (recomputed from `y`, the forward's bits)
+    /// was not positive, as burn's ReLU step masks it.
+    pub(crate) fn backward_relu(g: &BnGeom, y: &[f32], mean: &[f32], inv_std: &[f32], gamma: &[f32], beta: &[f32], dout: &[f32]) -> BnGrads => backward_body::<true>
+}
+
+/// [`backward`] (and [`backward_relu`] when `RELU`) for any target.
 #[inline(always)]
-fn backward_body(
+fn backward_body<const RELU: bool>(
     g: &BnGeom,
     y: &[f32],
     mean: &[f32],
     inv_std: &[f32],
     gamma: &[f32],
+    beta: &[f32],
     dout: &[f32],
 ) -> BnGrads {
+    // ReLU's mask: where burn's ReLU passes the gradient (its input, the
+    // forward's output before ReLU, positive or NaN).
+    let masked = |d: f32, x: f32, m: f32, scale: f32, shift: f32| {
+        let z = (x - m) * scale + shift;
+        if !RELU || z.is_nan() || z > 0.0 {
+            d
+        } else {
+            0.0
+        }
+    };
     let (mut dgamma, mut dbeta) = (Vec::new(), Vec::new());
     let mut coef = Vec::with_capacity(g.channels);
     // In memory order, each channel's runs added image by image (as in
@@ -136,7 +194,10 @@ fn backward_body(
     let mut sums = vec![(0.0f64, 0.0f64); g.channels];
     for (c, r) in g.runs_in_order() {
         let (m, s) = (mean[c], inv_std[c]);
-        let (d, dx) = sums_f64(&dout[r.clone()], &y[r], |x| (x - m) * s);
+        let (scale, shift) = (gamma[c] * s, beta[c]);
+        let (d, dx) = sums_f64(&dout[r.clone()], &y[r], |d, x| {
+            (masked(d, x, m, scale, shift), (x - m) * s)
+        });
         sums[c].0 += d;
         sums[c].1 += dx;
     }
@@ -144,19 +205,17 @@ fn backward_body(
         let (m, s) = (mean[c], inv_std[c]);
         let (db, dg) = (sum_d as f32, sum_dx as f32);
         let (mean_d, mean_dx) = ((sum_d / g.count()) as f32, (sum_dx / g.count()) as f32);
-        coef.push((gamma[c] * s, mean_d, m, s, mean_dx));
+        coef.push((gamma[c] * s, mean_d, m, s, mean_dx, beta[c]));
         dgamma.push(dg);
         dbeta.push(db);
     }
     let mut dy = Vec::with_capacity(y.len());
     for (c, r) in g.runs_in_order() {
-        let (k, mean_d, m, s, mean_dx) = coef[c];
-        dy.extend(
-            dout[r.clone()]
-                .iter()
-                .zip(&y[r])
-                .map(|(&d, &x)| k * (d - mean_d - (x - m) * s * mean_dx)),
-        );
+        let (k, mean_d, m, s, mean_dx, shift) = coef[c];
+        extend_zip(&mut dy, &dout[r.clone()], &y[r], |d, x| {
+            let d = masked(d, x, m, k, shift);
+            k * (d - mean_d - (x - m) * s * mean_dx)
+        });
     }
     BnGrads {
         y: dy,
@@ -168,6 +227,58 @@ fn backward_body(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// burn-flex's ReLU, and its backward step's mask by the ReLU's input.
+    fn burn_relu(x: f32) -> f32 {
+        if x.is_nan() || x > 0.0 { x } else { 0.0 }
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// The fused pair has the bits of burn's ReLU after [`forward`] and of
+    /// [`backward`] after burn's ReLU step: on a plane length off the
+    /// 8-lane chunks, a channel whose outputs are ±0 exactly (γ = 0, β =
+    /// −0) and a channel holding NaN.
+    #[test]
+    fn fused_relu_has_the_bits_of_relu_after_batch_norm() {
+        let g = BnGeom {
+            batch: 3,
+            channels: 3,
+            hw: 11,
+        };
+        let n = g.batch * g.channels * g.hw;
+        let mut y: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 29) as f32 - 14.0) / 3.0)
+            .collect();
+        y[2 * g.hw + 4] = f32::NAN;
+        let dout: Vec<f32> = (0..n).map(|i| ((i * 13 % 19) as f32 - 9.0) / 4.0).collect();
+        let (gamma, beta) = ([1.25f32, 0.0, 0.75], [0.3f32, -0.0, -0.1]);
+        let plain = forward(&g, &y, &gamma, &beta, 1e-5);
+        let fused = forward_relu(&g, &y, &gamma, &beta, 1e-5);
+        let relu_out: Vec<f32> = plain.out.iter().map(|&v| burn_relu(v)).collect();
+        assert_eq!(bits(&fused.out), bits(&relu_out));
+        assert!(plain.out.iter().any(|v| v.to_bits() == (-0.0f32).to_bits()));
+        assert!(fused.out.iter().any(|v| v.is_nan()));
+        assert_eq!(bits(&fused.mean), bits(&plain.mean));
+        assert_eq!(bits(&fused.var), bits(&plain.var));
+        // burn's ReLU step: the gradient where its input is positive or NaN.
+        let masked: Vec<f32> = dout
+            .iter()
+            .zip(&plain.out)
+            .map(|(&d, &z)| if z.is_nan() || z > 0.0 { d } else { 0.0 })
+            .collect();
+        let (m, s) = (&plain.mean, &plain.inv_std);
+        let want = backward(&g, &y, m, s, &gamma, &beta, &masked);
+        let got = backward_relu(&g, &y, m, s, &gamma, &beta, &dout);
+        assert_eq!(bits(&got.y), bits(&want.y));
+        assert_eq!(bits(&got.gamma), bits(&want.gamma));
+        assert_eq!(bits(&got.beta), bits(&want.beta));
+        // The mask did something: the unmasked gradient differs.
+        let unmasked = backward(&g, &y, m, s, &gamma, &beta, &dout);
+        assert_ne!(bits(&unmasked.y), bits(&want.y));
+    }
 
     impl BnGeom {
         /// The `hw`-long runs of channel `c`, one per image.
@@ -214,7 +325,7 @@ mod tests {
             let want = gamma[c].powi(2) * f.var[c] / (f.var[c] + 1e-5);
             assert!((var - want).abs() < 1e-4, "{var} vs {want}");
         }
-        let grads = backward(&g, &y, &f.mean, &f.inv_std, &gamma, &w);
+        let grads = backward(&g, &y, &f.mean, &f.inv_std, &gamma, &beta, &w);
         // Central differences of the f64 definition.
         let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
         let (y64, g64, b64, w64) = (to64(&y), to64(&gamma), to64(&beta), to64(&w));

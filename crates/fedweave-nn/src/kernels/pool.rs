@@ -60,8 +60,9 @@ impl PoolGeom {
     }
 }
 
-/// The maxima, `[planes, oh, ow]`, and each one's index in its input plane.
-pub(crate) fn forward(g: &PoolGeom, x: &[f32]) -> (Vec<f32>, Vec<u32>) {
+/// The maxima, `[planes, oh, ow]` (through burn's ReLU when `relu`), and
+/// each one's index in its input plane.
+pub(crate) fn forward(g: &PoolGeom, x: &[f32], relu: bool) -> (Vec<f32>, Vec<u32>) {
     let mut out = vec![0.0f32; g.out_len()];
     let mut arg = vec![0u32; g.out_len()];
     let (hw, ohw) = (g.h * g.w, g.oh * g.ow);
@@ -71,6 +72,11 @@ pub(crate) fn forward(g: &PoolGeom, x: &[f32]) -> (Vec<f32>, Vec<u32>) {
             pool2x2(g, plane, out, arg);
         } else {
             pool_any(g, plane, out, arg);
+        }
+    }
+    if relu {
+        for v in &mut out {
+            *v = if v.is_nan() || *v > 0.0 { *v } else { 0.0 };
         }
     }
     (out, arg)
@@ -164,14 +170,30 @@ fn window3(plane: &[f32], w: usize, i0: usize, j0: usize) -> Option<(f32, usize)
 }
 
 /// Routes each output gradient to its window's winner (windows that
-/// overlap add up): `dx` of `[planes, h, w]`.
-pub(crate) fn backward(g: &PoolGeom, dout: &[f32], arg: &[u32]) -> Vec<f32> {
+/// overlap add up): `dx` of `[planes, h, w]`. With `relu_out` (the output
+/// of [`forward`] with ReLU), burn's ReLU step first: a gradient passes
+/// where that output is positive or NaN, else +0 is routed.
+pub(crate) fn backward(
+    g: &PoolGeom,
+    dout: &[f32],
+    arg: &[u32],
+    relu_out: Option<&[f32]>,
+) -> Vec<f32> {
     let (hw, ohw) = (g.h * g.w, g.oh * g.ow);
     let mut dx = vec![0.0f32; g.planes * hw];
     let planes = dx.chunks_exact_mut(hw).zip(dout.chunks_exact(ohw));
-    for ((dx, dout), arg) in planes.zip(arg.chunks_exact(ohw)) {
-        for (&d, &a) in dout.iter().zip(arg) {
-            dx[a as usize] += d;
+    for (p, ((dx, dout), arg)) in planes.zip(arg.chunks_exact(ohw)).enumerate() {
+        match relu_out {
+            None => {
+                for (&d, &a) in dout.iter().zip(arg) {
+                    dx[a as usize] += d;
+                }
+            }
+            Some(out) => {
+                for ((&d, &a), &o) in dout.iter().zip(arg).zip(&out[p * ohw..][..ohw]) {
+                    dx[a as usize] += if o.is_nan() || o > 0.0 { d } else { 0.0 };
+                }
+            }
         }
     }
     dx
@@ -189,10 +211,10 @@ mod tests {
         //  9 9   9 9
         let x = [1.0, 5.0, 2.0, 2.0, 3.0, 0.0, 2.0, 7.0, 9.0, 9.0, 9.0, 9.0];
         let g = PoolGeom::new(1, 3, 4, 2, 2, 0).unwrap();
-        let (out, arg) = forward(&g, &x);
+        let (out, arg) = forward(&g, &x, false);
         assert_eq!(out, [5.0, 7.0]);
         assert_eq!(arg, [1, 7]);
-        let dx = backward(&g, &[10.0, 20.0], &arg);
+        let dx = backward(&g, &[10.0, 20.0], &arg, None);
         assert_eq!(
             dx,
             [0.0, 10.0, 0.0, 0.0, 0.0, 0.0, 0.0, 20.0, 0.0, 0.0, 0.0, 0.0]
@@ -203,12 +225,12 @@ mod tests {
     fn ties_go_to_the_first_and_nan_wins() {
         let x = [4.0, 4.0, 4.0, 4.0, 1.0, f32::NAN, 2.0, f32::NAN];
         let g = PoolGeom::new(2, 2, 2, 2, 2, 0).unwrap();
-        let (out, arg) = forward(&g, &x);
+        let (out, arg) = forward(&g, &x, false);
         assert_eq!((out[0], arg[0]), (4.0, 0));
         assert!(out[1].is_nan());
         assert_eq!(arg[1], 1);
         let any = PoolGeom::new(2, 2, 2, 2, 1, 0).unwrap();
-        let (out, arg) = forward(&any, &x);
+        let (out, arg) = forward(&any, &x, false);
         assert_eq!((out[0], arg[0]), (4.0, 0));
         assert!(out[1].is_nan());
         assert_eq!(arg[1], 1);
@@ -228,10 +250,10 @@ mod tests {
         ];
         let g = PoolGeom::new(1, 4, 5, 3, 2, 1).unwrap();
         assert_eq!((g.oh, g.ow), (2, 3));
-        let (out, arg) = forward(&g, &x);
+        let (out, arg) = forward(&g, &x, false);
         assert_eq!(out, [6.0, 9.0, 9.0, 6.0, 9.0, 9.0]);
         assert_eq!(arg, [6, 8, 8, 6, 8, 8]);
-        let dx = backward(&g, &[1.0; 6], &arg);
+        let dx = backward(&g, &[1.0; 6], &arg, None);
         assert_eq!(dx[6], 2.0);
         assert_eq!(dx[8], 4.0);
         assert_eq!(dx.iter().sum::<f32>(), 6.0);
@@ -241,7 +263,7 @@ mod tests {
     fn the_two_loops_agree_and_planes_are_independent() {
         let x: Vec<f32> = (0..2 * 6 * 7).map(|v| ((v * 7) % 11) as f32).collect();
         let g = PoolGeom::new(2, 6, 7, 2, 2, 0).unwrap();
-        let (out, arg) = forward(&g, &x);
+        let (out, arg) = forward(&g, &x, false);
         let (mut out_any, mut arg_any) = (vec![0.0; out.len()], vec![0; arg.len()]);
         for p in 0..2 {
             let n = g.oh * g.ow;
