@@ -182,8 +182,10 @@ fn square_geometry(options: &ConvOptions<2>) -> Option<(usize, usize)> {
 /// backend, `f32`, square windows, equal stride and padding on both axes,
 /// no dilation, floor mode.
 pub(crate) fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> {
-    pool_square(x, options, false)
-        .unwrap_or_else(|(x, options)| burn::tensor::module::max_pool2d(x, options))
+    match pool_window(&x, &options) {
+        Some(window) => pool_square(x, window, false),
+        None => burn::tensor::module::max_pool2d(x, options),
+    }
 }
 
 /// `max_pool2d(relu(x))` as ReLU after the pooling, in its kernel where
@@ -193,33 +195,35 @@ pub(crate) fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> 
 /// whatever it sent), so the values and gradients are those of the
 /// composition, bit for bit.
 pub(crate) fn relu_max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> {
-    pool_square(x, options, true).unwrap_or_else(|(x, options)| {
-        burn::tensor::module::max_pool2d(burn::tensor::activation::relu(x), options)
-    })
+    match pool_window(&x, &options) {
+        Some(window) => pool_square(x, window, true),
+        None => burn::tensor::module::max_pool2d(burn::tensor::activation::relu(x), options),
+    }
 }
 
-/// Max pooling (then ReLU when `relu`) through [`pool`], or its input and
-/// options back where the kernel does not apply.
-fn pool_square(
-    x: Tensor<4>,
-    options: MaxPoolOptions<2>,
-    relu: bool,
-) -> Result<Tensor<4>, (Tensor<4>, MaxPoolOptions<2>)> {
+/// (window, stride, padding) when [`pool`] covers `x` under `options`.
+fn pool_window(x: &Tensor<4>, options: &MaxPoolOptions<2>) -> Option<(usize, usize, usize)> {
     let [b, c, h, w] = x.dims();
     let ([k, k2], [s, s2]) = (options.kernel_size, options.stride);
     let p = options.padding[0].0;
-    let covered = on_cpu_f32(&x)
+    let covered = on_cpu_f32(x)
         && k == k2
         && s == s2
         && options.padding == [(p, p); 2]
         && options.dilation == [1, 1]
         && !options.ceil_mode
         && PoolGeom::new(b * c, h, w, k, s, p).is_some();
-    if !covered {
-        return Err((x, options));
-    }
-    Ok(Tensor::from_dispatch(
-        <Dispatch as CpuKernels>::max_pool2d_square(x.into_dispatch(), k, s, p, relu),
+    covered.then_some((k, s, p))
+}
+
+/// Max pooling (then ReLU when `relu`) through [`pool`].
+fn pool_square(x: Tensor<4>, (k, s, p): (usize, usize, usize), relu: bool) -> Tensor<4> {
+    Tensor::from_dispatch(<Dispatch as CpuKernels>::max_pool2d_square(
+        x.into_dispatch(),
+        k,
+        s,
+        p,
+        relu,
     ))
 }
 
