@@ -111,37 +111,26 @@ fn forward_body<const RELU: bool>(
     }
 }
 
-/// Σ d and Σ d·x̂ in `f64` over 8 lanes each, with (d, x̂) = f(a, b).
+/// Σ v in `f64` over 8 lanes (element i of each whole 8-chunk to lane i),
+/// the tail added in order from +0, then the lanes summed and the tail
+/// added: the order every backward pass has summed in. One input slice,
+/// so the lanes' conversions and adds are vector operations (over two
+/// slices at once the compiler built them element by element).
 #[inline(always)]
-fn sums_f64(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> (f32, f32)) -> (f64, f64) {
-    let (mut sa, mut sab) = ([0.0f64; 8], [0.0f64; 8]);
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let mut tail = (0.0, 0.0);
-    for (&x, &y) in ca.remainder().iter().zip(cb.remainder()) {
-        let (d, xhat) = f(x, y);
-        tail.0 += d as f64;
-        tail.1 += (d * xhat) as f64;
+fn lane_sum(v: &[f32]) -> f64 {
+    let mut lanes = [0.0f64; 8];
+    let chunks = v.chunks_exact(8);
+    let mut tail = 0.0f64;
+    for &x in chunks.remainder() {
+        tail += x as f64;
     }
-    for (xa, xb) in ca.zip(cb) {
-        let xa: &[f32; 8] = xa.try_into().expect("a chunk of 8");
-        let xb: &[f32; 8] = xb.try_into().expect("a chunk of 8");
-        // The 8 lanes' f32 values first, then their f64 sums, so that each
-        // step is one vector operation (mixed per lane, the compiler built
-        // the vectors element by element).
-        let (mut d, mut dx) = ([0.0f32; 8], [0.0f32; 8]);
-        for i in 0..8 {
-            let (di, xhat) = f(xa[i], xb[i]);
-            (d[i], dx[i]) = (di, di * xhat);
-        }
-        for i in 0..8 {
-            sa[i] += d[i] as f64;
-            sab[i] += dx[i] as f64;
+    for chunk in chunks {
+        let chunk: &[f32; 8] = chunk.try_into().expect("a chunk of 8");
+        for (l, &x) in lanes.iter_mut().zip(chunk) {
+            *l += x as f64;
         }
     }
-    (
-        sa.iter().sum::<f64>() + tail.0,
-        sab.iter().sum::<f64>() + tail.1,
-    )
+    lanes.iter().sum::<f64>() + tail
 }
 
 /// Gradients of one batch norm.
@@ -192,14 +181,19 @@ fn backward_body<const RELU: bool>(
     // In memory order, each channel's runs added image by image (as in
     // the forward pass).
     let mut sums = vec![(0.0f64, 0.0f64); g.channels];
+    // A run's (masked) gradient d and d·x̂ in f32, then each one's sum.
+    let (mut d_run, mut dx_run) = (Vec::with_capacity(g.hw), Vec::with_capacity(g.hw));
     for (c, r) in g.runs_in_order() {
         let (m, s) = (mean[c], inv_std[c]);
         let (scale, shift) = (gamma[c] * s, beta[c]);
-        let (d, dx) = sums_f64(&dout[r.clone()], &y[r], |d, x| {
-            (masked(d, x, m, scale, shift), (x - m) * s)
+        d_run.clear();
+        dx_run.clear();
+        extend_zip(&mut d_run, &dout[r.clone()], &y[r.clone()], |d, x| {
+            masked(d, x, m, scale, shift)
         });
-        sums[c].0 += d;
-        sums[c].1 += dx;
+        extend_zip(&mut dx_run, &d_run, &y[r], |d, x| d * ((x - m) * s));
+        sums[c].0 += lane_sum(&d_run);
+        sums[c].1 += lane_sum(&dx_run);
     }
     for (c, &(sum_d, sum_dx)) in sums.iter().enumerate() {
         let (m, s) = (mean[c], inv_std[c]);
