@@ -9,7 +9,6 @@ use crate::arch::{Draw, LayerDesc, Net};
 use crate::kernels;
 use crate::resident::BatchStats;
 use burn::tensor::activation::relu;
-use burn::tensor::ops::MaxPoolOptions;
 use burn::tensor::{Device, Tensor, TensorData};
 use fedweave_core::{ParamLayout, RngStream};
 use rand::{Rng, RngCore};
@@ -456,37 +455,6 @@ impl Norm<'_> {
             return out;
         }
         relu(self.apply(which, (c, at), y, gamma, beta))
-    }
-
-    /// [`Norm::apply_relu`] then max pooling by `options`: one kernel each
-    /// way when training on the CPU in `f32` where the pooling kernel
-    /// applies (the bits of the three operations; the normalised
-    /// activations are never written out).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn apply_relu_pool(
-        &mut self,
-        which: usize,
-        (c, at): (usize, usize),
-        y: Tensor<4>,
-        gamma: &ParamTensor,
-        beta: &ParamTensor,
-        options: MaxPoolOptions<2>,
-    ) -> Tensor<4> {
-        let y = if let Norm::Batch(record, _) = self
-            && kernels::on_cpu_f32(&y)
-        {
-            let [_, _, h, w] = y.dims();
-            match kernels::batch_norm_relu_pool_train(y, gamma.t1(), beta.t1(), BN_EPS, &options) {
-                Ok((out, mean, var)) => {
-                    record_stats(record, which, c, h * w, mean, var);
-                    return out;
-                }
-                Err(y) => *y,
-            }
-        } else {
-            y
-        };
-        kernels::max_pool2d(self.apply_relu(which, (c, at), y, gamma, beta), options)
     }
 }
 

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::NnError;
 use crate::batched::BatchedCx;
-use crate::kernels::{conv2d, relu_max_pool2d};
+use crate::kernels::{conv2d, max_pool2d, relu_max_pool2d};
 use crate::model::{Norm, ParamTensor, flatten, to_image};
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
@@ -92,7 +92,7 @@ impl Net for ConvBnFc {
                 let z = relu_max_pool2d(z, pool());
                 norm.apply(i, bn, z, &p[at + 2], &p[at + 3])
             } else {
-                norm.apply_relu_pool(i, bn, z, &p[at + 2], &p[at + 3], pool())
+                max_pool2d(norm.apply_relu(i, bn, z, &p[at + 2], &p[at + 3]), pool())
             };
         }
         relu(linear(flatten(y), p[8].t2(), Some(p[9].t1())))

@@ -512,22 +512,9 @@ impl Plan {
             norm,
         };
         let mut x = x;
-        let mut stages = self.stages.iter().map(|(_, stage)| stage).peekable();
-        while let Some(stage) = stages.next() {
+        for (_, stage) in &self.stages {
             x = match *stage {
-                Stage::ConvBn { stride, pad, .. } => match stages.peek() {
-                    // A max pooling right after: with batch norm and ReLU in
-                    // one kernel.
-                    Some(&&Stage::MaxPool {
-                        k,
-                        stride: s,
-                        pad: p,
-                    }) => {
-                        stages.next();
-                        walk.conv_bn_pool(x, stride, pad, max_pool(k, s, p))
-                    }
-                    _ => walk.conv_bn(x, stride, pad, true),
-                },
+                Stage::ConvBn { stride, pad, .. } => walk.conv_bn(x, stride, pad, true),
                 Stage::MaxPool { k, stride, pad } => max_pool2d(x, max_pool(k, stride, pad)),
                 Stage::Basic { cin, cout, stride } => {
                     let y = walk.conv_bn(x.clone(), stride, 1, true);
@@ -580,54 +567,22 @@ struct Walk<'a, 'n, 'b> {
     norm: &'n mut Norm<'b>,
 }
 
-impl<'a> Walk<'a, '_, '_> {
-    /// The next conv's output and the batch norm after it (index,
-    /// (channels, buffer offset), scale, shift); moves the cursor past both.
-    #[allow(clippy::type_complexity)]
-    fn next_conv(
-        &mut self,
-        x: Tensor<4>,
-        stride: usize,
-        pad: usize,
-    ) -> (
-        Tensor<4>,
-        usize,
-        (usize, usize),
-        &'a ParamTensor,
-        &'a ParamTensor,
-    ) {
-        let p: &'a [ParamTensor] = self.p;
-        let options = ConvOptions::new([stride, stride], [pad, pad], [1, 1], 1);
-        let y = conv2d(x, p[self.at].t4(), None, options);
-        let bn = (self.bn, self.norms[self.bn]);
-        let (gamma, beta) = (&p[self.at + 1], &p[self.at + 2]);
-        self.at += 3;
-        self.bn += 1;
-        (y, bn.0, bn.1, gamma, beta)
-    }
-
+impl Walk<'_, '_, '_> {
     /// The next conv (weight) and batch norm (scale, shift), then ReLU if asked.
     fn conv_bn(&mut self, x: Tensor<4>, stride: usize, pad: usize, then_relu: bool) -> Tensor<4> {
-        let (y, which, channels, gamma, beta) = self.next_conv(x, stride, pad);
-        if then_relu {
+        let w = self.p[self.at].t4();
+        let options = ConvOptions::new([stride, stride], [pad, pad], [1, 1], 1);
+        let y = conv2d(x, w, None, options);
+        let (gamma, beta) = (&self.p[self.at + 1], &self.p[self.at + 2]);
+        let (which, channels) = (self.bn, self.norms[self.bn]);
+        let y = if then_relu {
             self.norm.apply_relu(which, channels, y, gamma, beta)
         } else {
             self.norm.apply(which, channels, y, gamma, beta)
-        }
-    }
-
-    /// The next conv and batch norm, ReLU, then the max pooling `options`
-    /// (the last three in one kernel on the CPU).
-    fn conv_bn_pool(
-        &mut self,
-        x: Tensor<4>,
-        stride: usize,
-        pad: usize,
-        options: MaxPoolOptions<2>,
-    ) -> Tensor<4> {
-        let (y, which, channels, gamma, beta) = self.next_conv(x, stride, pad);
-        self.norm
-            .apply_relu_pool(which, channels, y, gamma, beta, options)
+        };
+        self.at += 3;
+        self.bn += 1;
+        y
     }
 }
 

@@ -927,32 +927,19 @@ fn dropout<const D: usize>(x: Tensor<D>, p: f64, rng: &mut impl Rng) -> Tensor<D
 impl Sequential {
     /// Runs `ops` from `x` (the one-client path).
     fn run(&self, ops: &[Op], mut x: Act<2>, p: &[ParamTensor], norm: &mut Norm) -> Act<2> {
-        let mut i = 0;
-        while let Some(op) = ops.get(i) {
-            i += 1;
-            // Batch norm, ReLU and max pooling; batch norm then ReLU; ReLU
-            // then max pooling: each run of layers in one kernel on the CPU
-            // (the bits of the layers apart).
-            match (op, ops.get(i), ops.get(i + 1)) {
-                (
-                    Op::BatchNorm { at, which, norm: n },
-                    Some(Op::Relu),
-                    Some(Op::MaxPool { k, stride, pad }),
-                ) => {
-                    let options = max_options(*k, *stride, *pad);
-                    let (gamma, beta) = (&p[*at], &p[at + 1]);
-                    x = Act::Map(norm.apply_relu_pool(*which, *n, x.map(), gamma, beta, options));
-                    i += 2;
-                    continue;
-                }
-                (Op::BatchNorm { at, which, norm: n }, Some(Op::Relu), _) => {
+        let mut ops = ops.iter().peekable();
+        while let Some(op) = ops.next() {
+            // Batch norm then ReLU, and ReLU then max pooling, each in one
+            // kernel on the CPU (the bits of the two layers).
+            match (op, ops.peek()) {
+                (Op::BatchNorm { at, which, norm: n }, Some(Op::Relu)) => {
                     x = Act::Map(norm.apply_relu(*which, *n, x.map(), &p[*at], &p[at + 1]));
-                    i += 1;
+                    ops.next();
                     continue;
                 }
-                (Op::Relu, Some(Op::MaxPool { k, stride, pad }), _) if matches!(x, Act::Map(_)) => {
+                (Op::Relu, Some(Op::MaxPool { k, stride, pad })) if matches!(x, Act::Map(_)) => {
                     x = Act::Map(relu_max_pool2d(x.map(), max_options(*k, *stride, *pad)));
-                    i += 1;
+                    ops.next();
                     continue;
                 }
                 _ => {}

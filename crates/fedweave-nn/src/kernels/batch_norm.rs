@@ -13,7 +13,6 @@
 //! each way and their buffers. The bits are those of burn's ReLU after
 //! [`forward`] and its backward step before [`backward`].
 
-use super::pool::PoolGeom;
 use super::{extend_zip, sum_f64};
 
 /// The shape of one batch norm.
@@ -60,15 +59,6 @@ wide! {
     pub(crate) fn forward_relu(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f32) -> BnForward => forward_body::<true>
 }
 
-wide! {
-    /// [`forward_relu`], then k×k max pooling by `pool` (whose planes are
-    /// the runs of `y`): each run is normalised into a buffer that stays
-    /// in L1 and pooled from there, so only the pooled values and their
-    /// winners are written (`out` is `[batch, channels, oh, ow]`). The bits
-    /// of [`forward_relu`] then `pool::forward`.
-    pub(crate) fn forward_relu_pool(g: &BnGeom, y: &[f32], gamma: &[f32], beta: &[f32], eps: f32, pool: &PoolGeom) -> (BnForward, Vec<u32>) => forward_relu_pool_body
-}
-
 /// burn's ReLU when `RELU` (NaN kept, −0 and negatives to +0), else `v`.
 #[inline(always)]
 fn relu_if<const RELU: bool>(v: f32) -> f32 {
@@ -88,54 +78,6 @@ fn forward_body<const RELU: bool>(
     beta: &[f32],
     eps: f32,
 ) -> BnForward {
-    let (stats, affine) = statistics(g, y, gamma, eps);
-    let mut out = Vec::with_capacity(y.len());
-    for (c, r) in g.runs_in_order() {
-        let (m, scale) = affine[c];
-        let shift = beta[c];
-        out.extend(
-            y[r].iter()
-                .map(|&x| relu_if::<RELU>((x - m) * scale + shift)),
-        );
-    }
-    BnForward { out, ..stats }
-}
-
-/// [`forward_relu_pool`] for any target.
-#[inline(always)]
-fn forward_relu_pool_body(
-    g: &BnGeom,
-    y: &[f32],
-    gamma: &[f32],
-    beta: &[f32],
-    eps: f32,
-    pool: &PoolGeom,
-) -> (BnForward, Vec<u32>) {
-    assert_eq!(
-        (pool.planes, pool.h * pool.w),
-        (g.batch * g.channels, g.hw),
-        "the pooling's planes are the batch norm's runs"
-    );
-    let (stats, affine) = statistics(g, y, gamma, eps);
-    let ohw = pool.oh * pool.ow;
-    let (mut out, mut arg) = (vec![0.0f32; pool.out_len()], vec![0u32; pool.out_len()]);
-    let mut run = vec![0.0f32; g.hw];
-    let pooled = out.chunks_exact_mut(ohw).zip(arg.chunks_exact_mut(ohw));
-    for ((c, r), (out, arg)) in g.runs_in_order().zip(pooled) {
-        let (m, scale) = affine[c];
-        let shift = beta[c];
-        for (v, &x) in run.iter_mut().zip(&y[r]) {
-            *v = relu_if::<true>((x - m) * scale + shift);
-        }
-        super::pool::forward_plane(pool, &run, out, arg);
-    }
-    (BnForward { out, ..stats }, arg)
-}
-
-/// The batch's statistics of `y` ([`BnForward`] without its output) and
-/// each channel's (mean, γ·s).
-#[inline(always)]
-fn statistics(g: &BnGeom, y: &[f32], gamma: &[f32], eps: f32) -> (BnForward, Vec<(f32, f32)>) {
     // Each pass walks `y` in memory order; a channel's runs still add up
     // image by image, so the sums are those of a walk channel by channel.
     let mut sums = vec![0.0f64; g.channels];
@@ -150,16 +92,23 @@ fn statistics(g: &BnGeom, y: &[f32], gamma: &[f32], eps: f32) -> (BnForward, Vec
     }
     let var: Vec<f32> = sq.iter().map(|&s| (s / g.count()) as f32).collect();
     let inv_std: Vec<f32> = var.iter().map(|&v| 1.0 / (v + eps).sqrt()).collect();
-    let affine = (0..g.channels)
-        .map(|c| (mean[c], gamma[c] * inv_std[c]))
+    let affine: Vec<(f32, f32, f32)> = (0..g.channels)
+        .map(|c| (mean[c], gamma[c] * inv_std[c], beta[c]))
         .collect();
-    let stats = BnForward {
-        out: Vec::new(),
+    let mut out = Vec::with_capacity(y.len());
+    for (c, r) in g.runs_in_order() {
+        let (m, scale, shift) = affine[c];
+        out.extend(
+            y[r].iter()
+                .map(|&x| relu_if::<RELU>((x - m) * scale + shift)),
+        );
+    }
+    BnForward {
+        out,
         mean,
         var,
         inv_std,
-    };
-    (stats, affine)
+    }
 }
 
 /// Σ v in `f64` over 8 lanes (element i of each whole 8-chunk to lane i),

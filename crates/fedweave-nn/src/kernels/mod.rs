@@ -139,20 +139,6 @@ pub trait CpuKernels: Backend {
         beta: FloatTensor<Self>,
         eps: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-
-    /// [`CpuKernels::batch_norm_relu_train`] followed by k×k max pooling
-    /// with `stride` and `padding` (floor mode), whose input is never
-    /// written out: the pooled output and the batch's mean and variance.
-    #[allow(clippy::too_many_arguments)]
-    fn batch_norm_relu_pool_train(
-        y: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        eps: f32,
-        k: usize,
-        stride: usize,
-        padding: usize,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
 /// burn's `conv2d`, through [`conv`] where it applies: the CPU backend,
@@ -302,37 +288,6 @@ pub(crate) fn batch_norm_relu_train(
     )
 }
 
-/// Training-mode batch norm, ReLU and max pooling of `y` (`[b, c, h, w]`,
-/// on the CPU in `f32`, a pooling [`max_pool2d`]'s kernel covers) in one
-/// kernel each way ([`CpuKernels::batch_norm_relu_pool_train`]): the pooled
-/// output and the batch's mean and variance; the same bits as the three
-/// operations. `None` (and `y` back) where the pooling is not covered.
-pub(crate) fn batch_norm_relu_pool_train(
-    y: Tensor<4>,
-    gamma: Tensor<1>,
-    beta: Tensor<1>,
-    eps: f32,
-    options: &MaxPoolOptions<2>,
-) -> Result<(Tensor<4>, Tensor<1>, Tensor<1>), Box<Tensor<4>>> {
-    let Some((k, s, p)) = pool_window(&y, options) else {
-        return Err(Box::new(y));
-    };
-    let (out, mean, var) = <Dispatch as CpuKernels>::batch_norm_relu_pool_train(
-        y.into_dispatch(),
-        gamma.into_dispatch(),
-        beta.into_dispatch(),
-        eps,
-        k,
-        s,
-        p,
-    );
-    Ok((
-        Tensor::from_dispatch(out),
-        Tensor::from_dispatch(mean),
-        Tensor::from_dispatch(var),
-    ))
-}
-
 /// Runs the batch norm `op` on `y` (`[b, c, h, w]`) with scale `gamma` and
 /// shift `beta`: the output and the batch's mean and variance.
 pub(crate) fn batch_norm_train(
@@ -447,7 +402,7 @@ impl CpuKernels for Flex {
         beta: FlexTensor,
         eps: f32,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
-        bn_untracked(&y, &gamma, &beta, eps, BnThen::Nothing)
+        bn_untracked(&y, &gamma, &beta, eps, false)
     }
 
     fn batch_norm_relu_train(
@@ -456,44 +411,26 @@ impl CpuKernels for Flex {
         beta: FlexTensor,
         eps: f32,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
-        bn_untracked(&y, &gamma, &beta, eps, BnThen::Relu)
-    }
-
-    fn batch_norm_relu_pool_train(
-        y: FlexTensor,
-        gamma: FlexTensor,
-        beta: FlexTensor,
-        eps: f32,
-        k: usize,
-        stride: usize,
-        padding: usize,
-    ) -> (FlexTensor, FlexTensor, FlexTensor) {
-        let pool = pool_geometry(&y, k, stride, padding);
-        bn_untracked(&y, &gamma, &beta, eps, BnThen::ReluPool(pool))
+        bn_untracked(&y, &gamma, &beta, eps, true)
     }
 }
 
-/// What the batch-norm kernel applies after normalising.
-#[derive(Clone, Copy, Debug)]
-enum BnThen {
-    Nothing,
-    Relu,
-    /// ReLU, then this max pooling.
-    ReluPool(PoolGeom),
-}
-
-/// Batch norm (then `then`) without autodiff: the output, the batch's mean
-/// and variance.
+/// Batch norm (then ReLU when `relu`) without autodiff: the output, the
+/// batch's mean and variance.
 fn bn_untracked(
     y: &FlexTensor,
     gamma: &FlexTensor,
     beta: &FlexTensor,
     eps: f32,
-    then: BnThen,
+    relu: bool,
 ) -> (FlexTensor, FlexTensor, FlexTensor) {
-    let f = bn_forward(y, gamma, beta, eps, then);
-    let c = f.stats.mean.len();
-    (f.out, flex(f.stats.mean, [c]), flex(f.stats.var, [c]))
+    let (f, _) = bn_forward(y, gamma, beta, eps, relu);
+    let c = f.mean.len();
+    (
+        flex(f.out, dims::<4>(y)),
+        flex(f.mean, [c]),
+        flex(f.var, [c]),
+    )
 }
 
 fn bn_geometry(y: &FlexTensor) -> BnGeom {
@@ -505,46 +442,21 @@ fn bn_geometry(y: &FlexTensor) -> BnGeom {
     }
 }
 
-/// The forward pass of batch norm then `then`: its output as a tensor
-/// (pooled after [`BnThen::ReluPool`]), the batch statistics, and the
-/// pooling's winners.
-struct BnOut {
-    out: FlexTensor,
-    stats: batch_norm::BnForward,
-    arg: Option<Vec<u32>>,
-}
-
 fn bn_forward(
     y: &FlexTensor,
     gamma: &FlexTensor,
     beta: &FlexTensor,
     eps: f32,
-    then: BnThen,
-) -> BnOut {
+    relu: bool,
+) -> (batch_norm::BnForward, BnGeom) {
     let g = bn_geometry(y);
-    let (y_v, gamma, beta) = (values(y), values(gamma), values(beta));
-    let (mut stats, arg, shape) = match then {
-        BnThen::Nothing => (
-            batch_norm::forward(&g, &y_v, &gamma, &beta, eps),
-            None,
-            None,
-        ),
-        BnThen::Relu => (
-            batch_norm::forward_relu(&g, &y_v, &gamma, &beta, eps),
-            None,
-            None,
-        ),
-        BnThen::ReluPool(pool) => {
-            let (f, arg) = batch_norm::forward_relu_pool(&g, &y_v, &gamma, &beta, eps, &pool);
-            (f, Some(arg), Some(pool))
-        }
+    let forward = if relu {
+        batch_norm::forward_relu
+    } else {
+        batch_norm::forward
     };
-    let values = std::mem::take(&mut stats.out);
-    let out = match shape {
-        Some(pool) => pooled(y, &pool, values),
-        None => flex(values, dims::<4>(y)),
-    };
-    BnOut { out, stats, arg }
+    let f = forward(&g, &values(y), &values(gamma), &values(beta), eps);
+    (f, g)
 }
 
 fn pool_geometry(x: &FlexTensor, k: usize, stride: usize, padding: usize) -> PoolGeom {
@@ -612,39 +524,26 @@ impl Backward<Flex, 1> for PoolBackward {
     }
 }
 
-/// The backward step of [`CpuKernels::batch_norm_train`] and of its
-/// fused forms ([`BnThen`]); its state is the input, the batch statistics,
-/// the scale, the shift, and after a pooling its winners.
+/// The backward step of [`CpuKernels::batch_norm_train`] (and of
+/// [`CpuKernels::batch_norm_relu_train`] when `relu`); its state is the
+/// input, the batch statistics, the scale and the shift.
 #[derive(Debug)]
 struct BnBackward {
-    then: BnThen,
+    relu: bool,
 }
 
 impl Backward<Flex, 3> for BnBackward {
-    type State = (
-        FlexTensor,
-        Arc<[f32]>,
-        Arc<[f32]>,
-        FlexTensor,
-        FlexTensor,
-        Option<Arc<[u32]>>,
-    );
+    type State = (FlexTensor, Arc<[f32]>, Arc<[f32]>, FlexTensor, FlexTensor);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_y, node_gamma, node_beta] = ops.parents;
         let dout = grads.consume::<Flex>(&ops.node);
-        let (y, mean, inv_std, gamma, beta, arg) = ops.state;
+        let (y, mean, inv_std, gamma, beta) = ops.state;
         let g = bn_geometry(&y);
-        // The pooling's gradient first: its input is ReLU's output.
-        let dout = match (self.then, &arg) {
-            (BnThen::ReluPool(pool), Some(arg)) => {
-                Cow::Owned(pool::backward(&pool, &values(&dout), arg, None))
-            }
-            _ => values(&dout),
-        };
-        let backward = match self.then {
-            BnThen::Nothing => batch_norm::backward,
-            BnThen::Relu | BnThen::ReluPool(_) => batch_norm::backward_relu,
+        let backward = if self.relu {
+            batch_norm::backward_relu
+        } else {
+            batch_norm::backward
         };
         let d = backward(
             &g,
@@ -653,7 +552,7 @@ impl Backward<Flex, 3> for BnBackward {
             &inv_std,
             &values(&gamma),
             &values(&beta),
-            &dout,
+            &values(&dout),
         );
         if let Some(node) = node_y {
             grads.register::<Flex>(node.id, flex(d.y, dims::<4>(&y)));
@@ -729,7 +628,7 @@ impl<C: CheckpointStrategy> CpuKernels for Autodiff<Flex, C> {
         beta: FloatTensor<Self>,
         eps: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        bn_tracked::<C>(y, gamma, beta, eps, BnThen::Nothing)
+        bn_tracked::<C>(y, gamma, beta, eps, false)
     }
 
     fn batch_norm_relu_train(
@@ -738,56 +637,36 @@ impl<C: CheckpointStrategy> CpuKernels for Autodiff<Flex, C> {
         beta: FloatTensor<Self>,
         eps: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        bn_tracked::<C>(y, gamma, beta, eps, BnThen::Relu)
-    }
-
-    fn batch_norm_relu_pool_train(
-        y: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        eps: f32,
-        k: usize,
-        stride: usize,
-        padding: usize,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let pool = pool_geometry(y.primitive(), k, stride, padding);
-        bn_tracked::<C>(y, gamma, beta, eps, BnThen::ReluPool(pool))
+        bn_tracked::<C>(y, gamma, beta, eps, true)
     }
 }
 
-/// Batch norm (then `then`) under autodiff: the output, the batch's mean
-/// and variance.
+/// Batch norm (then ReLU when `relu`) under autodiff: the output, the
+/// batch's mean and variance.
 #[allow(clippy::type_complexity)]
 fn bn_tracked<C: CheckpointStrategy>(
     y: FloatTensor<Autodiff<Flex, C>>,
     gamma: FloatTensor<Autodiff<Flex, C>>,
     beta: FloatTensor<Autodiff<Flex, C>>,
     eps: f32,
-    then: BnThen,
+    relu: bool,
 ) -> (
     FloatTensor<Autodiff<Flex, C>>,
     FloatTensor<Autodiff<Flex, C>>,
     FloatTensor<Autodiff<Flex, C>>,
 ) {
-    let (prep, [y, gamma, beta]) = track::<_, C, 3>(BnBackward { then }, [y, gamma, beta]);
-    let BnOut { out, stats, arg } = bn_forward(&y, &gamma, &beta, eps, then);
-    let channels = stats.mean.len();
-    let tensor = |v: Vec<f32>| Autodiff::<Flex, C>::from_inner(flex(v, [channels]));
+    let (prep, [y, gamma, beta]) = track::<_, C, 3>(BnBackward { relu }, [y, gamma, beta]);
+    let (f, g) = bn_forward(&y, &gamma, &beta, eps, relu);
+    let stats = |v: Vec<f32>| Autodiff::<Flex, C>::from_inner(flex(v, [g.channels]));
+    let out = flex(f.out, dims::<4>(&y));
     let out = match prep {
         OpsKind::Tracked(prep) => prep.finish(
-            (
-                y,
-                stats.mean.as_slice().into(),
-                stats.inv_std.into(),
-                gamma,
-                beta,
-                arg.map(Into::into),
-            ),
+            (y, f.mean.as_slice().into(), f.inv_std.into(), gamma, beta),
             out,
         ),
         OpsKind::UnTracked(prep) => prep.finish(out),
     };
-    (out, tensor(stats.mean), tensor(stats.var))
+    (out, stats(f.mean), stats(f.var))
 }
 
 #[cfg(test)]
@@ -979,38 +858,6 @@ mod tests {
             let (fused, apart) = (run_pool(true), run_pool(false));
             assert!(fused.0.iter().any(|&b| f32::from_bits(b).is_nan()));
             assert_eq!(fused, apart, "ReLU then {options:?}");
-            // Batch norm, ReLU and the pooling.
-            let run_bn_pool = |fused: bool| {
-                let (x, gamma, beta) = (x.clone(), gamma.clone(), beta.clone());
-                let (y, _, var) = if fused {
-                    let (g, b) = (gamma.clone(), beta.clone());
-                    batch_norm_relu_pool_train(x.clone(), g, b, 1e-5, &options)
-                        .expect("the kernel covers the pooling")
-                } else {
-                    let op = batch_norm_for(&x).expect("the CPU kernel");
-                    let (out, mean, var) =
-                        batch_norm_train(op, x.clone(), gamma.clone(), beta.clone(), 1e-5);
-                    (max_pool2d(relu(out), options.clone()), mean, var)
-                };
-                let dims = y.dims();
-                let r: Vec<f32> = (0..dims.iter().product::<usize>())
-                    .map(|i| (i % 5) as f32 - 1.5)
-                    .collect();
-                let r = Tensor::<4>::from_data(TensorData::new(r, dims), &device);
-                let grads = (y.clone() * r).sum().backward();
-                (
-                    bits(y.inner()),
-                    bits(var),
-                    bits(x.grad(&grads).expect("dx")),
-                    bits(gamma.grad(&grads).expect("dγ")),
-                    bits(beta.grad(&grads).expect("dβ")),
-                )
-            };
-            assert_eq!(
-                run_bn_pool(true),
-                run_bn_pool(false),
-                "batch norm, ReLU, {options:?}"
-            );
         }
     }
 

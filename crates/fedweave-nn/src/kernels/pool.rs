@@ -68,7 +68,11 @@ pub(crate) fn forward(g: &PoolGeom, x: &[f32], relu: bool) -> (Vec<f32>, Vec<u32
     let (hw, ohw) = (g.h * g.w, g.oh * g.ow);
     let pairs = out.chunks_exact_mut(ohw).zip(arg.chunks_exact_mut(ohw));
     for ((out, arg), plane) in pairs.zip(x.chunks_exact(hw)) {
-        forward_plane(g, plane, out, arg);
+        if (g.k, g.stride, g.pad) == (2, 2, 0) {
+            pool2x2(g, plane, out, arg);
+        } else {
+            pool_any(g, plane, out, arg);
+        }
     }
     if relu {
         for v in &mut out {
@@ -76,17 +80,6 @@ pub(crate) fn forward(g: &PoolGeom, x: &[f32], relu: bool) -> (Vec<f32>, Vec<u32
         }
     }
     (out, arg)
-}
-
-/// One plane's maxima into `out` and their indices into `arg` (`oh·ow`
-/// each).
-#[inline]
-pub(crate) fn forward_plane(g: &PoolGeom, plane: &[f32], out: &mut [f32], arg: &mut [u32]) {
-    if (g.k, g.stride, g.pad) == (2, 2, 0) {
-        pool2x2(g, plane, out, arg);
-    } else {
-        pool_any(g, plane, out, arg);
-    }
 }
 
 /// One plane through 2×2 windows of stride 2.
