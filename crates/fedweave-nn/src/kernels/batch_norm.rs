@@ -13,7 +13,7 @@
 //! each way and their buffers. The bits are those of burn's ReLU after
 //! [`forward`] and its backward step before [`backward`].
 
-use super::{extend_zip, sum_f64};
+use super::{extend_zip, relu_keeps, sum_f64};
 
 /// The shape of one batch norm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,11 +62,7 @@ wide! {
 /// burn's ReLU when `RELU` (NaN kept, −0 and negatives to +0), else `v`.
 #[inline(always)]
 fn relu_if<const RELU: bool>(v: f32) -> f32 {
-    if !RELU || v.is_nan() || v > 0.0 {
-        v
-    } else {
-        0.0
-    }
+    if !RELU || relu_keeps(v) { v } else { 0.0 }
 }
 
 /// [`forward`] (and [`forward_relu`] when `RELU`) for any target.
@@ -170,11 +166,7 @@ fn backward_body<const RELU: bool>(
     // forward's output before ReLU, positive or NaN).
     let masked = |d: f32, x: f32, m: f32, scale: f32, shift: f32| {
         let z = (x - m) * scale + shift;
-        if !RELU || z.is_nan() || z > 0.0 {
-            d
-        } else {
-            0.0
-        }
+        if !RELU || relu_keeps(z) { d } else { 0.0 }
     };
     let (mut dgamma, mut dbeta) = (Vec::new(), Vec::new());
     let mut coef = Vec::with_capacity(g.channels);

@@ -326,6 +326,14 @@ pub(crate) fn sum_f64(v: &[f32], f: impl Fn(f32) -> f32) -> f64 {
     lanes.iter().sum::<f64>() + tail
 }
 
+/// Whether burn-flex's ReLU passes `z` through (positive or NaN; it maps
+/// the rest, −0 included, to +0) and so lets its gradient through: the one
+/// test behind every fused ReLU here, which must keep burn's bits.
+#[inline(always)]
+pub(crate) fn relu_keeps(z: f32) -> bool {
+    z.is_nan() || z > 0.0
+}
+
 /// Appends `f(a[i], b[i])` for every `i` to `dst`, in a loop compiled into
 /// the caller. `extend` over a mapped iterator goes through `fold`, which
 /// the compiler may keep out of line, and out of a `wide!` body it runs

@@ -6,6 +6,8 @@
 //! to the first maximum in row-major order; a window holding NaN yields NaN,
 //! so a diverged run stays visibly diverged.
 
+use super::relu_keeps;
+
 /// The shape of one pooling: square windows, stride and padding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct PoolGeom {
@@ -76,7 +78,9 @@ pub(crate) fn forward(g: &PoolGeom, x: &[f32], relu: bool) -> (Vec<f32>, Vec<u32
     }
     if relu {
         for v in &mut out {
-            *v = if v.is_nan() || *v > 0.0 { *v } else { 0.0 };
+            if !relu_keeps(*v) {
+                *v = 0.0;
+            }
         }
     }
     (out, arg)
@@ -191,7 +195,7 @@ pub(crate) fn backward(
             }
             Some(out) => {
                 for ((&d, &a), &o) in dout.iter().zip(arg).zip(&out[p * ohw..][..ohw]) {
-                    dx[a as usize] += if o.is_nan() || o > 0.0 { d } else { 0.0 };
+                    dx[a as usize] += if relu_keeps(o) { d } else { 0.0 };
                 }
             }
         }
