@@ -11,6 +11,7 @@ pub mod layout;
 pub mod pairwise;
 pub mod qp;
 pub mod rng;
+pub mod simd;
 pub mod simplex;
 pub mod sparse;
 pub mod stash;

@@ -85,7 +85,9 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+mod lanes;
 mod offload;
+use lanes::{dot4, weighted_block};
 pub use offload::{DeviceGram, Offload, OffloadError, depth_error_factor};
 
 use rayon::prelude::*;
@@ -316,15 +318,8 @@ impl<'a> Columns<'a> {
             let src = &x[lo..lo + take];
             let dst = &mut out[o..o + take];
             match self.shift {
-                None => dst
-                    .iter_mut()
-                    .zip(src)
-                    .for_each(|(d, v)| *d = T::from_f32(*v)),
-                Some(sh) => dst
-                    .iter_mut()
-                    .zip(src)
-                    .zip(&sh[lo..lo + take])
-                    .for_each(|((d, v), c)| *d = T::narrow(f64::from(*v) - f64::from(*c))),
+                None => T::convert(dst, src),
+                Some(sh) => T::centre(dst, src, &sh[lo..lo + take]),
             }
         });
     }
@@ -353,23 +348,6 @@ impl<'a> Columns<'a> {
         }
         total
     }
-}
-
-/// Σ x·y in a fixed order with four accumulators (depth ≤ len/4 + 2).
-fn dot4(x: &[f64], y: &[f64]) -> f64 {
-    let mut acc = [0.0f64; 4];
-    let mut xs = x.chunks_exact(4);
-    let mut ys = y.chunks_exact(4);
-    for (a, b) in (&mut xs).zip(&mut ys) {
-        for q in 0..4 {
-            acc[q] += a[q] * b[q];
-        }
-    }
-    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    for (a, b) in xs.remainder().iter().zip(ys.remainder()) {
-        s += a * b;
-    }
-    s
 }
 
 /// Bound factor of the Gram kernels in [`Precision::Auto`]'s `f32` blocks
@@ -455,25 +433,44 @@ trait Elem: Copy + Default + Send + 'static {
     const ONE: Self;
     /// Columns one GEMM sums over in this type before `f64` takes over.
     const BLOCK: usize;
+    /// The value in `f64` (tests compare the types' results through it).
+    #[cfg(test)]
     fn widen(self) -> f64;
+    /// `x` in this type.
+    #[cfg(test)]
     fn from_f32(x: f32) -> Self;
-    fn narrow(x: f64) -> Self;
+    /// dst ← src in this type.
+    fn convert(dst: &mut [Self], src: &[f32]);
+    /// dst ← src − shift, subtracted in `f64` and rounded once to this type.
+    fn centre(dst: &mut [Self], src: &[f32], shift: &[f32]);
+    /// acc ← acc + part, widened to `f64`.
+    fn add_to(acc: &mut [f64], part: &[Self]);
 }
 
 impl Elem for f64 {
     const ONE: Self = 1.0;
     const BLOCK: usize = usize::MAX;
 
+    #[cfg(test)]
     fn widen(self) -> f64 {
         self
     }
 
+    #[cfg(test)]
     fn from_f32(x: f32) -> Self {
         f64::from(x)
     }
 
-    fn narrow(x: f64) -> Self {
-        x
+    fn convert(dst: &mut [Self], src: &[f32]) {
+        lanes::widen_f64(dst, src);
+    }
+
+    fn centre(dst: &mut [Self], src: &[f32], shift: &[f32]) {
+        lanes::centre_f64(dst, src, shift);
+    }
+
+    fn add_to(acc: &mut [f64], part: &[Self]) {
+        lanes::add_f64(acc, part);
     }
 }
 
@@ -481,16 +478,26 @@ impl Elem for f32 {
     const ONE: Self = 1.0;
     const BLOCK: usize = F32_BLOCK;
 
+    #[cfg(test)]
     fn widen(self) -> f64 {
         f64::from(self)
     }
 
+    #[cfg(test)]
     fn from_f32(x: f32) -> Self {
         x
     }
 
-    fn narrow(x: f64) -> Self {
-        x as f32
+    fn convert(dst: &mut [Self], src: &[f32]) {
+        dst.copy_from_slice(src);
+    }
+
+    fn centre(dst: &mut [Self], src: &[f32], shift: &[f32]) {
+        lanes::centre_f32(dst, src, shift);
+    }
+
+    fn add_to(acc: &mut [f64], part: &[Self]) {
+        lanes::add_f32(acc, part);
     }
 }
 
@@ -677,7 +684,7 @@ impl<E: Elem> BlockGemm for GemmIn<E> {
                     );
                 }
                 for (r, part) in scratch.chunks_exact(n).enumerate() {
-                    add_widened(&mut acc[(r0 + r) * nj + c0..][..n], part);
+                    E::add_to(&mut acc[(r0 + r) * nj + c0..][..n], part);
                 }
             }
         }
@@ -700,13 +707,6 @@ fn transpose<E: Copy>(src: &[E], rows: usize, kc: usize, dst: &mut [E]) {
         for (k, v) in src[r * kc..][..kc].iter().enumerate() {
             dst[k * rows + r] = *v;
         }
-    }
-}
-
-/// `acc[e] += part[e]` widened to `f64`.
-fn add_widened<E: Elem>(acc: &mut [f64], part: &[E]) {
-    for (s, v) in acc.iter_mut().zip(part) {
-        *s += v.widen();
     }
 }
 
@@ -1347,9 +1347,7 @@ where
                     .map(AsRef::as_ref)
                     .chain(b.iter().map(AsRef::as_ref));
                 for row in rows {
-                    for (s, x) in acc.iter_mut().zip(&row[lo..hi]) {
-                        *s += f64::from(*x);
-                    }
+                    lanes::add_f32(&mut acc, &row[lo..hi]);
                 }
                 for (o, s) in out.iter_mut().zip(&acc) {
                     let c = (s / count) as f32;
@@ -1400,10 +1398,7 @@ fn direct_sq_dist(x: &[f32], y: &[f32], cols: &Columns, buf: &mut [f64]) -> f64 
         let (bx, by) = (&mut bx[..k1 - k0], &mut by[..k1 - k0]);
         cols.gather(x, k0, k1, bx);
         cols.gather(y, k0, k1, by);
-        for (p, q) in bx.iter_mut().zip(by.iter()) {
-            *p -= q;
-        }
-        dot4(bx, bx)
+        lanes::diff_dot4(bx, by)
     })
 }
 
@@ -1566,43 +1561,6 @@ fn terms<'a>(w: &[f64], models: &[&'a [f32]]) -> Vec<(f64, &'a [f32])> {
         .collect()
 }
 
-/// `weighted_sum` on one block (columns `c0..c0 + out.len()`) of one output
-/// row, over its non-zero `terms`: the reference semantics. Four models per
-/// pass with the same per-element order of additions, so the result is
-/// bit-identical to `weighted_sum` with a quarter of the traffic on the
-/// accumulator.
-fn weighted_block(terms: &[(f64, &[f32])], c0: usize, out: &mut [f32], acc: &mut [f64]) {
-    let len = out.len();
-    let acc = &mut acc[..len];
-    acc.fill(0.0);
-    let mut quads = terms.chunks_exact(4);
-    for q in &mut quads {
-        let [(w0, x0), (w1, x1), (w2, x2), (w3, x3)] = [q[0], q[1], q[2], q[3]];
-        let (x0, x1, x2, x3) = (
-            &x0[c0..c0 + len],
-            &x1[c0..c0 + len],
-            &x2[c0..c0 + len],
-            &x3[c0..c0 + len],
-        );
-        for e in 0..len {
-            let mut s = acc[e];
-            s += w0 * f64::from(x0[e]);
-            s += w1 * f64::from(x1[e]);
-            s += w2 * f64::from(x2[e]);
-            s += w3 * f64::from(x3[e]);
-            acc[e] = s;
-        }
-    }
-    for &(w, x) in quads.remainder() {
-        for (s, v) in acc.iter_mut().zip(&x[c0..c0 + len]) {
-            *s += w * f64::from(*v);
-        }
-    }
-    for (o, s) in out.iter_mut().zip(acc.iter()) {
-        *o = *s as f32;
-    }
-}
-
 /// Whether the sparse loop pays for weights `wd` (rows of `na`): many
 /// models and few non-zero weights.
 fn sparse_pays(wd: &[f64], na: usize) -> bool {
@@ -1733,7 +1691,7 @@ fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [f32
                                     gemm::Parallelism::None,
                                 );
                             }
-                            add_widened(&mut acc[..ni * dc], &scratch[..ni * dc]);
+                            lanes::add_f32(&mut acc[..ni * dc], &scratch[..ni * dc]);
                         }
                         round_rows(&mut outs, i0, ni, &acc, |r, out, acc| {
                             weighted_block(&w_row(r), c0, out, acc)
@@ -1920,7 +1878,7 @@ mod tests {
                     scratch.as_mut_ptr(),
                 )
             };
-            add_widened(&mut acc, &scratch);
+            E::add_to(&mut acc, &scratch);
         }
         acc
     }

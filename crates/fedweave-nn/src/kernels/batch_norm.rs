@@ -14,6 +14,7 @@
 //! [`forward`] and its backward step before [`backward`].
 
 use super::{extend_zip, relu_keeps, sum_f64};
+use fedweave_core::wide;
 
 /// The shape of one batch norm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -22,55 +22,9 @@
 //! momentum SGD as one kernel per tensor ([`sgd`]), and a step's new state
 //! written into the old state's buffers ([`in_place`]), which CUDA graphs
 //! need.
-
-/// `fn $name(args)` runs `$body(args)` compiled for AVX-512 (x86-64-v4),
-/// else AVX2 and FMA, where the CPU has them: the kernels' element-wise
-/// loops, which the default x86-64 target vectorises only 4 lanes wide (and
-/// not at all where a loop selects, as max pooling's does). Rust never
-/// contracts `a·b + c` into an FMA, and adds, products and selects round
-/// the same at any width, so the bits are the same on every path.
-///
-/// `$body` must be `#[inline(always)]`, so that it is compiled into the
-/// wide copy.
-macro_rules! wide {
-    ($(#[$doc:meta])* $vis:vis fn $name:ident($($a:ident: $t:ty),* $(,)?) $(-> $ret:ty)? => $body:path) => {
-        $(#[$doc])*
-        $vis fn $name($($a: $t),*) $(-> $ret)? {
-            #[cfg(target_arch = "x86_64")]
-            if $crate::kernels::has_x86_64_v4() {
-                #[target_feature(enable = "avx512f,avx512bw,avx512cd,avx512dq,avx512vl,avx2,fma")]
-                fn wide($($a: $t),*) $(-> $ret)? {
-                    $body($($a),*)
-                }
-                // SAFETY: the CPU has the features `wide` is compiled for.
-                return unsafe { wide($($a),*) };
-            }
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                #[target_feature(enable = "avx2,fma")]
-                fn wide($($a: $t),*) $(-> $ret)? {
-                    $body($($a),*)
-                }
-                // SAFETY: the CPU has the features `wide` is compiled for.
-                return unsafe { wide($($a),*) };
-            }
-            $body($($a),*)
-        }
-    };
-}
-
-/// Whether the CPU has x86-64-v4's AVX-512 subsets, the level `gemm`'s
-/// and burn-flex's 16-lane kernels run at (`CpuKernelClass`'s `-v4`).
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn has_x86_64_v4() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512cd")
-        && std::arch::is_x86_feature_detected!("avx512dq")
-        && std::arch::is_x86_feature_detected!("avx512vl")
-}
+//!
+//! Element-wise loops run at the CPU's widest vectors through
+//! [`fedweave_core::wide`].
 
 mod batch_norm;
 mod batch_norm_ops;

@@ -48,6 +48,7 @@
 //! takes every convolution that fits, `0` none.
 
 use super::conv::{ConvGeom, gemm_f32};
+use fedweave_core::wide;
 use std::ops::Range;
 use std::sync::OnceLock;
 

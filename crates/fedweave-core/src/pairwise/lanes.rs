@@ -1,0 +1,156 @@
+//! The pairwise kernels' element-wise loops, each compiled for the CPU's
+//! widest vectors by [`wide!`](crate::wide): the gathers that centre and
+//! round model columns, the `f64` accumulation of `f32` GEMM blocks, the
+//! blocked sums of squares and the mixing's weighted sums. They were
+//! SSE2 code around `gemm`'s AVX-512 kernels. Same bits on every path.
+
+use crate::wide;
+
+wide! {
+    /// dst ← src − shift, subtracted in `f64` and rounded once to `f32`.
+    pub(super) fn centre_f32(dst: &mut [f32], src: &[f32], shift: &[f32]) => centre_f32_body
+}
+
+wide! {
+    /// dst ← src − shift in `f64` (exact for `f32` inputs' widening).
+    pub(super) fn centre_f64(dst: &mut [f64], src: &[f32], shift: &[f32]) => centre_f64_body
+}
+
+wide! {
+    /// dst ← src widened to `f64`.
+    pub(super) fn widen_f64(dst: &mut [f64], src: &[f32]) => widen_f64_body
+}
+
+wide! {
+    /// acc ← acc + part, each `f32` widened to `f64`.
+    pub(super) fn add_f32(acc: &mut [f64], part: &[f32]) => add_f32_body
+}
+
+wide! {
+    /// acc ← acc + part.
+    pub(super) fn add_f64(acc: &mut [f64], part: &[f64]) => add_f64_body
+}
+
+wide! {
+    /// Σ x·y in a fixed order with four accumulators (depth ≤ len/4 + 2).
+    pub(super) fn dot4(x: &[f64], y: &[f64]) -> f64 => dot4_body
+}
+
+wide! {
+    /// Σ (x − y)² in [`dot4`]'s order: the differences round as a
+    /// materialised `x − y` would, so it equals `dot4(d, d)` of them.
+    pub(super) fn diff_dot4(x: &[f64], y: &[f64]) -> f64 => diff_dot4_body
+}
+
+wide! {
+    /// `weighted_sum` on one block (columns `c0..c0 + out.len()`) of one
+    /// output row, over its non-zero `terms`: the reference semantics. Four
+    /// models per pass with the same per-element order of additions, so the
+    /// result is bit-identical to `weighted_sum` with a quarter of the
+    /// traffic on the accumulator.
+    pub(super) fn weighted_block(terms: &[(f64, &[f32])], c0: usize, out: &mut [f32], acc: &mut [f64]) => weighted_block_body
+}
+
+#[inline(always)]
+fn centre_f32_body(dst: &mut [f32], src: &[f32], shift: &[f32]) {
+    for ((d, v), c) in dst.iter_mut().zip(src).zip(shift) {
+        *d = (f64::from(*v) - f64::from(*c)) as f32;
+    }
+}
+
+#[inline(always)]
+fn centre_f64_body(dst: &mut [f64], src: &[f32], shift: &[f32]) {
+    for ((d, v), c) in dst.iter_mut().zip(src).zip(shift) {
+        *d = f64::from(*v) - f64::from(*c);
+    }
+}
+
+#[inline(always)]
+fn widen_f64_body(dst: &mut [f64], src: &[f32]) {
+    for (d, v) in dst.iter_mut().zip(src) {
+        *d = f64::from(*v);
+    }
+}
+
+#[inline(always)]
+fn add_f32_body(acc: &mut [f64], part: &[f32]) {
+    for (s, v) in acc.iter_mut().zip(part) {
+        *s += f64::from(*v);
+    }
+}
+
+#[inline(always)]
+fn add_f64_body(acc: &mut [f64], part: &[f64]) {
+    for (s, v) in acc.iter_mut().zip(part) {
+        *s += v;
+    }
+}
+
+#[inline(always)]
+fn dot4_body(x: &[f64], y: &[f64]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let mut xs = x.chunks_exact(4);
+    let mut ys = y.chunks_exact(4);
+    for (a, b) in (&mut xs).zip(&mut ys) {
+        for q in 0..4 {
+            acc[q] += a[q] * b[q];
+        }
+    }
+    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for (a, b) in xs.remainder().iter().zip(ys.remainder()) {
+        s += a * b;
+    }
+    s
+}
+
+#[inline(always)]
+fn diff_dot4_body(x: &[f64], y: &[f64]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let mut xs = x.chunks_exact(4);
+    let mut ys = y.chunks_exact(4);
+    for (a, b) in (&mut xs).zip(&mut ys) {
+        for q in 0..4 {
+            let d = a[q] - b[q];
+            acc[q] += d * d;
+        }
+    }
+    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for (a, b) in xs.remainder().iter().zip(ys.remainder()) {
+        let d = a - b;
+        s += d * d;
+    }
+    s
+}
+
+#[inline(always)]
+fn weighted_block_body(terms: &[(f64, &[f32])], c0: usize, out: &mut [f32], acc: &mut [f64]) {
+    let len = out.len();
+    let acc = &mut acc[..len];
+    acc.fill(0.0);
+    let mut quads = terms.chunks_exact(4);
+    for q in &mut quads {
+        let [(w0, x0), (w1, x1), (w2, x2), (w3, x3)] = [q[0], q[1], q[2], q[3]];
+        let (x0, x1, x2, x3) = (
+            &x0[c0..c0 + len],
+            &x1[c0..c0 + len],
+            &x2[c0..c0 + len],
+            &x3[c0..c0 + len],
+        );
+        for e in 0..len {
+            let mut s = acc[e];
+            s += w0 * f64::from(x0[e]);
+            s += w1 * f64::from(x1[e]);
+            s += w2 * f64::from(x2[e]);
+            s += w3 * f64::from(x3[e]);
+            acc[e] = s;
+        }
+    }
+    for &(w, x) in quads.remainder() {
+        for (s, v) in acc.iter_mut().zip(&x[c0..c0 + len]) {
+            *s += w * f64::from(*v);
+        }
+    }
+    for (o, s) in out.iter_mut().zip(acc.iter()) {
+        *o = *s as f32;
+    }
+}
