@@ -338,8 +338,9 @@ impl<'a> Columns<'a> {
         }
     }
 
-    /// Σ over chunks (in order) of `f(chunk)`: the blocked reduction the
-    /// norm and direct-distance kernels share, so their depth stays ≤ h.
+    /// Σ over chunks (in order) of `f(chunk)`: the blocked reduction of the
+    /// norms (and, column block by column block, of `direct_sq_dists`), so
+    /// their depth stays ≤ h.
     fn blocked_sum(&self, mut f: impl FnMut(usize, usize) -> f64) -> f64 {
         let mut total = 0.0;
         for c in 0..self.chunks() {
@@ -1372,34 +1373,59 @@ where
     (d, plain, center)
 }
 
+/// Partners of one row whose distances one task computes together (each
+/// column block of the row is gathered once for all of them).
+const DIRECT_GROUP: usize = 8;
+
 /// Sets each listed entry (i, j) of `g` to ‖x_i − y_j‖² on `plain`'s
-/// columns, computed directly (in parallel).
+/// columns, computed directly (in parallel). Consecutive pairs of one row
+/// share the row's reads: the candidates of a top-k search are a few per
+/// row, and these kernels are bound by reading the models.
 fn set_direct<X, Y>(g: &mut Matrix, pairs: &[(usize, usize)], x: &[X], y: &[Y], plain: &Columns)
 where
     X: AsRef<[f32]> + Sync,
     Y: AsRef<[f32]> + Sync,
 {
-    let exact: Vec<f64> = pairs
+    let groups: Vec<&[(usize, usize)]> = pairs
+        .chunk_by(|p, q| p.0 == q.0)
+        .flat_map(|run| run.chunks(DIRECT_GROUP))
+        .collect();
+    let exact: Vec<Vec<f64>> = groups
         .par_iter()
         .map_init(
             || vec![0.0f64; 2 * KC],
-            |buf, &(i, j)| direct_sq_dist(x[i].as_ref(), y[j].as_ref(), plain, buf),
+            |buf, group| {
+                let ys = group.iter().map(|&(_, j)| y[j].as_ref());
+                direct_sq_dists(x[group[0].0].as_ref(), ys, plain, buf)
+            },
         )
         .collect();
-    for (&(i, j), v) in pairs.iter().zip(exact) {
+    for (&(i, j), v) in pairs.iter().zip(exact.into_iter().flatten()) {
         g.set(i, j, v);
     }
 }
 
-/// Σ_c (x_c − y_c)² on the view's columns (no shift), blocked like the GEMMs.
-fn direct_sq_dist(x: &[f32], y: &[f32], cols: &Columns, buf: &mut [f64]) -> f64 {
+/// Σ_c (x_c − y_c)² on the view's columns (no shift) for each y, blocked
+/// like the GEMMs: each distance is the sum over column blocks, in order,
+/// of its block's [`lanes::diff_dot4`].
+fn direct_sq_dists<'y>(
+    x: &[f32],
+    ys: impl ExactSizeIterator<Item = &'y [f32]> + Clone,
+    cols: &Columns,
+    buf: &mut [f64],
+) -> Vec<f64> {
     let (bx, by) = buf.split_at_mut(KC);
-    cols.blocked_sum(|k0, k1| {
+    let mut totals = vec![0.0f64; ys.len()];
+    for c in 0..cols.chunks() {
+        let (k0, k1) = (c * KC, ((c + 1) * KC).min(cols.k));
         let (bx, by) = (&mut bx[..k1 - k0], &mut by[..k1 - k0]);
         cols.gather(x, k0, k1, bx);
-        cols.gather(y, k0, k1, by);
-        lanes::diff_dot4(bx, by)
-    })
+        for (total, y) in totals.iter_mut().zip(ys.clone()) {
+            cols.gather(y, k0, k1, by);
+            *total += lanes::diff_dot4(bx, by);
+        }
+    }
+    totals
 }
 
 /// D_ij on the columns of `view` from a Gram of the rows centred at their
@@ -1950,5 +1976,62 @@ mod tests {
         }
         check::<f64>(256, 256);
         check::<f64>(150, 40);
+    }
+
+    /// The direct distances, computed for up to [`DIRECT_GROUP`] partners
+    /// of a row at once and at the CPU's vector width, have the bits of
+    /// each pair summed alone in scalar code: per column block, four
+    /// accumulators over the `f64` differences, the blocks added in order.
+    #[test]
+    fn grouped_direct_distances_have_the_bits_of_each_pair_alone() {
+        let k = 2 * KC + 301;
+        let (x, y) = (rows(7, 3, k), rows(8, 20, k));
+        let xs: Vec<&[f32]> = x.chunks(k).collect();
+        let ys: Vec<&[f32]> = y.chunks(k).collect();
+        let ranges = [3..KC + 10, KC + 40..k - 2];
+        let alone = |x: &[f32], y: &[f32], view: &View| -> f64 {
+            let (xv, yv): (Vec<f32>, Vec<f32>) = match view.ranges {
+                None => (x.to_vec(), y.to_vec()),
+                Some(rs) => rs
+                    .iter()
+                    .flat_map(|r| r.clone())
+                    .map(|c| (x[c], y[c]))
+                    .unzip(),
+            };
+            let mut total = 0.0f64;
+            for (bx, by) in xv.chunks(KC).zip(yv.chunks(KC)) {
+                let d: Vec<f64> = bx
+                    .iter()
+                    .zip(by)
+                    .map(|(p, q)| f64::from(*p) - f64::from(*q))
+                    .collect();
+                let mut acc = [0.0f64; 4];
+                for quad in d.chunks_exact(4) {
+                    for q in 0..4 {
+                        acc[q] += quad[q] * quad[q];
+                    }
+                }
+                let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+                for v in d.chunks_exact(4).remainder() {
+                    s += v * v;
+                }
+                total += s;
+            }
+            total
+        };
+        // Row 0 with 20 partners (three groups), row 1 with one, row 2 with
+        // nine (two groups).
+        let mut pairs: Vec<(usize, usize)> = (0..20).map(|j| (0, j)).collect();
+        pairs.push((1, 13));
+        pairs.extend((5..14).map(|j| (2, j)));
+        for view in [View::all(), View::ranges(&ranges)] {
+            let plain = Columns::new(view.ranges, None, Some(k));
+            let mut g = Matrix::zeros(3, 20);
+            set_direct(&mut g, &pairs, &xs, &ys, &plain);
+            for &(i, j) in &pairs {
+                let want = alone(xs[i], ys[j], &view);
+                assert_eq!(g.get(i, j).to_bits(), want.to_bits(), "({i},{j})");
+            }
+        }
     }
 }
