@@ -358,9 +358,15 @@ impl<'a> Columns<'a> {
 /// `F32_BLOCK` + 1, with or without fused multiply-adds), and the blocks in
 /// `f64` ([`gram_error_factor`]): ≈ 4.0e-6 at any `k`.
 pub fn gram_error_factor_f32(k: usize) -> f64 {
-    let h = (F32_BLOCK + 3) as f64;
+    f32_depth_factor(F32_BLOCK) + gram_error_factor(k)
+}
+
+/// The `f32` part of the bound for blocks of `depth` products: γ₃₂ of
+/// depth + 3 (the inputs' two roundings and the block's sum).
+fn f32_depth_factor(depth: usize) -> f64 {
+    let h = (depth + 3) as f64;
     let u = f64::from(f32::EPSILON) / 2.0;
-    h * u / (1.0 - h * u) + gram_error_factor(k)
+    h * u / (1.0 - h * u)
 }
 
 /// How the host multiplies models in [`Kernels`]' Gram and mixing
@@ -427,13 +433,16 @@ enum Arith {
     /// `f32` GEMMs over [`F32_BLOCK`] columns (`gemm`), their results added
     /// in `f64`: ~2.4× the `f64` rate.
     F32Blocks,
+    /// `f32` GEMMs over whole chunks of [`KC`] columns, added in `f64`: for
+    /// estimates that only pick which entries are recomputed exactly
+    /// ([`Kernels::sq_dist_nearest`]). A looser bound (more candidates) for
+    /// fewer passes over the `f64` sums, which bound a 64-deep block's GEMM.
+    F32Chunks,
 }
 
 /// An element type the pairwise GEMMs multiply in.
 trait Elem: Copy + Default + Send + 'static {
     const ONE: Self;
-    /// Columns one GEMM sums over in this type before `f64` takes over.
-    const BLOCK: usize;
     /// The value in `f64` (tests compare the types' results through it).
     #[cfg(test)]
     fn widen(self) -> f64;
@@ -450,7 +459,6 @@ trait Elem: Copy + Default + Send + 'static {
 
 impl Elem for f64 {
     const ONE: Self = 1.0;
-    const BLOCK: usize = usize::MAX;
 
     #[cfg(test)]
     fn widen(self) -> f64 {
@@ -477,7 +485,6 @@ impl Elem for f64 {
 
 impl Elem for f32 {
     const ONE: Self = 1.0;
-    const BLOCK: usize = F32_BLOCK;
 
     #[cfg(test)]
     fn widen(self) -> f64 {
@@ -597,9 +604,13 @@ unsafe fn gemm_abt<T: Elem>(
 
 /// [`Arith::F64`].
 struct ExactMm;
-/// `gemm` in `E` over blocks of `E::BLOCK` columns, added in `f64`:
-/// [`Arith::F64Gemm`] (`f64`, one block) and [`Arith::F32Blocks`] (`f32`).
-struct GemmIn<E>(std::marker::PhantomData<E>);
+/// `gemm` in `E` over blocks of `DEPTH` columns, added in `f64`:
+/// [`Arith::F64Gemm`] (`f64`, one block), [`Arith::F32Blocks`] and
+/// [`Arith::F32Chunks`] (`f32`).
+struct GemmIn<E, const DEPTH: usize>(std::marker::PhantomData<E>);
+
+/// Depth of [`Arith::F64Gemm`]'s blocks: a whole chunk.
+const WHOLE: usize = usize::MAX;
 
 impl BlockGemm for ExactMm {
     type E = f64;
@@ -639,7 +650,7 @@ impl BlockGemm for ExactMm {
     }
 }
 
-impl<E: Elem> BlockGemm for GemmIn<E> {
+impl<E: Elem, const DEPTH: usize> BlockGemm for GemmIn<E, DEPTH> {
     type E = E;
     const DEPTH_MAJOR_RIGHT: bool = true;
 
@@ -669,8 +680,8 @@ impl<E: Elem> BlockGemm for GemmIn<E> {
             let c0 = if upper { r0.min(nj) } else { 0 };
             let (m, n) = (r1 - r0, nj - c0);
             scratch.resize(m * n, E::default());
-            for k0 in (0..kc).step_by(E::BLOCK.clamp(1, kc.max(1))) {
-                let kb = E::BLOCK.min(kc - k0);
+            for k0 in (0..kc).step_by(DEPTH.clamp(1, kc.max(1))) {
+                let kb = DEPTH.min(kc - k0);
                 // SAFETY: rows r0..r1 of a and c0..nj of b, columns k0..k0 +
                 // kb; scratch holds m·n.
                 unsafe {
@@ -844,8 +855,9 @@ where
             };
             match arith {
                 Arith::F64 => tile.product::<ExactMm>(),
-                Arith::F64Gemm => tile.product::<GemmIn<f64>>(),
-                Arith::F32Blocks => tile.product::<GemmIn<f32>>(),
+                Arith::F64Gemm => tile.product::<GemmIn<f64, WHOLE>>(),
+                Arith::F32Blocks => tile.product::<GemmIn<f32, F32_BLOCK>>(),
+                Arith::F32Chunks => tile.product::<GemmIn<f32, KC>>(),
             }
         })
         .collect();
@@ -1051,6 +1063,7 @@ impl Kernels {
             gamma: match arith {
                 Arith::F64 | Arith::F64Gemm => gram_error_factor(cols.k),
                 Arith::F32Blocks => gram_error_factor_f32(cols.k),
+                Arith::F32Chunks => f32_depth_factor(KC) + gram_error_factor(cols.k),
             },
         }
     }
@@ -1134,10 +1147,11 @@ impl Kernels {
     /// entries, and every entry that could tie with them, are within
     /// [`SQ_DIST_REL_TOL`] of the exact value as there, so each row's `k`
     /// smallest (clamped) entries are the exact matrix's. The others are
-    /// estimates within [`gram_error_factor_f32`]·(‖a′‖ + ‖b′‖)² (centred
-    /// rows), never below the `k`-th smallest. Where [`Precision::Auto`]
-    /// takes `f32` blocks (64 models on, host kernels) the Gram runs in them
-    /// and only the candidates are recomputed directly; otherwise this is
+    /// estimates within γ·(‖a′‖ + ‖b′‖)² (centred rows; γ ≈ 3.1e-5, the
+    /// bound of `f32` GEMMs over whole [`KC`]-column chunks), never below
+    /// the `k`-th smallest. Where [`Precision::Auto`] takes `f32` blocks (64
+    /// models on, host kernels) the Gram runs in such chunks and only the
+    /// candidates are recomputed directly; otherwise this is
     /// `sq_dist_matrix`.
     pub fn sq_dist_nearest<A, B>(
         &self,
@@ -1158,7 +1172,7 @@ impl Kernels {
         }
         let (d, plain, center) = centring(a, b, view);
         let cols = Columns::new(view.ranges, Some(&center), d);
-        let GramParts { mut g, gamma, .. } = self.gram_parts(a, Some(b), &cols, Arith::F32Blocks);
+        let GramParts { mut g, gamma, .. } = self.gram_parts(a, Some(b), &cols, Arith::F32Chunks);
         let (na, nb) = (sq_norms_impl(a, &cols), sq_norms_impl(b, &cols));
         // The bound is on exact norms; computed ones are within γ₆₄ of them.
         let gamma = gamma * (1.0 + 1e-6);
@@ -1882,11 +1896,17 @@ mod tests {
 
     /// What `GemmIn::accumulate` did before it worked in bands: one `gemm`
     /// per column block over the whole tile, the right operand row-major.
-    fn one_call<E: Elem>(ni: usize, nj: usize, kc: usize, a: &[E], b: &[E]) -> Vec<f64> {
+    fn one_call<E: Elem, const DEPTH: usize>(
+        ni: usize,
+        nj: usize,
+        kc: usize,
+        a: &[E],
+        b: &[E],
+    ) -> Vec<f64> {
         let mut acc = vec![0.0f64; ni * nj];
         let mut scratch = vec![E::default(); ni * nj];
-        for k0 in (0..kc).step_by(E::BLOCK.min(kc)) {
-            let kb = E::BLOCK.min(kc - k0);
+        for k0 in (0..kc).step_by(DEPTH.min(kc)) {
+            let kb = DEPTH.min(kc - k0);
             let right = RightRows {
                 ptr: b[k0..].as_ptr(),
                 row: kc,
@@ -1911,7 +1931,13 @@ mod tests {
 
     /// `GemmIn::accumulate` of `a` (`ni` rows of `KC`) and `b` (`nj` rows),
     /// `b` handed over depth-major as `GramTile` does.
-    fn banded<E: Elem>(ni: usize, nj: usize, a: &[E], b: &[E], upper: bool) -> Vec<f64> {
+    fn banded<E: Elem, const DEPTH: usize>(
+        ni: usize,
+        nj: usize,
+        a: &[E],
+        b: &[E],
+        upper: bool,
+    ) -> Vec<f64> {
         let mut bt = vec![E::default(); nj * KC];
         transpose(b, nj, KC, &mut bt);
         for (k, col) in bt.chunks_exact(nj).enumerate() {
@@ -1927,7 +1953,7 @@ mod tests {
         let mut got = vec![0.0f64; ni * nj];
         // SAFETY: a holds ni rows of KC, bt is nj × KC depth-major.
         unsafe {
-            GemmIn::<E>::accumulate(
+            GemmIn::<E, DEPTH>::accumulate(
                 ni,
                 nj,
                 KC,
@@ -1945,14 +1971,20 @@ mod tests {
     /// a diagonal tile change no bit of what the caller reads.
     #[test]
     fn banded_tiles_give_the_bits_of_one_call() {
-        fn check<E: Elem>(ni: usize, nj: usize) {
+        fn check<E: Elem, const DEPTH: usize>(ni: usize, nj: usize) {
             let a: Vec<E> = rows(3, ni, KC).into_iter().map(E::from_f32).collect();
             let b: Vec<E> = rows(4, nj, KC).into_iter().map(E::from_f32).collect();
             let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            let (got, want) = (banded(ni, nj, &a, &b, false), one_call(ni, nj, KC, &a, &b));
+            let (got, want) = (
+                banded::<E, DEPTH>(ni, nj, &a, &b, false),
+                one_call::<E, DEPTH>(ni, nj, KC, &a, &b),
+            );
             assert_eq!(bits(&got), bits(&want), "{ni}×{nj}");
             if ni == nj {
-                let (got, want) = (banded(ni, ni, &a, &a, true), one_call(ni, ni, KC, &a, &a));
+                let (got, want) = (
+                    banded::<E, DEPTH>(ni, ni, &a, &a, true),
+                    one_call::<E, DEPTH>(ni, ni, KC, &a, &a),
+                );
                 for i in 0..ni {
                     for j in i..ni {
                         assert_eq!(
@@ -1972,10 +2004,11 @@ mod tests {
             (200, 200),
             (90, 300),
         ] {
-            check::<f32>(ni, nj);
+            check::<f32, F32_BLOCK>(ni, nj);
+            check::<f32, KC>(ni, nj);
         }
-        check::<f64>(256, 256);
-        check::<f64>(150, 40);
+        check::<f64, WHOLE>(256, 256);
+        check::<f64, WHOLE>(150, 40);
     }
 
     /// The direct distances, computed for up to [`DIRECT_GROUP`] partners
