@@ -283,6 +283,11 @@ impl<'a> Columns<'a> {
         self.k.div_ceil(KC)
     }
 
+    /// Logical columns `k0..k1` of chunk `c`.
+    fn chunk(&self, c: usize) -> (usize, usize) {
+        (c * KC, ((c + 1) * KC).min(self.k))
+    }
+
     /// Calls `f(lo, take, o)` for each piece of logical columns `k0..k1`:
     /// `take` columns starting at `lo` in the row go to `o..o + take` of
     /// the block.
@@ -344,8 +349,8 @@ impl<'a> Columns<'a> {
     fn blocked_sum(&self, mut f: impl FnMut(usize, usize) -> f64) -> f64 {
         let mut total = 0.0;
         for c in 0..self.chunks() {
-            let k0 = c * KC;
-            total += f(k0, (k0 + KC).min(self.k));
+            let (k0, k1) = self.chunk(c);
+            total += f(k0, k1);
         }
         total
     }
@@ -760,8 +765,7 @@ impl<A: AsRef<[f32]>, B: AsRef<[f32]>> GramTile<'_, A, B> {
         let mut scratch = Vec::new();
         let cols = self.cols;
         for c in self.chunks.clone() {
-            let k0 = c * KC;
-            let k1 = (k0 + KC).min(cols.k);
+            let (k0, k1) = cols.chunk(c);
             let kc = k1 - k0;
             cols.gather_rows(self.left, k0, k1, &mut bufa);
             match &self.right {
@@ -1431,7 +1435,7 @@ fn direct_sq_dists<'y>(
     let (bx, by) = buf.split_at_mut(KC);
     let mut totals = vec![0.0f64; ys.len()];
     for c in 0..cols.chunks() {
-        let (k0, k1) = (c * KC, ((c + 1) * KC).min(cols.k));
+        let (k0, k1) = cols.chunk(c);
         let (bx, by) = (&mut bx[..k1 - k0], &mut by[..k1 - k0]);
         cols.gather(x, k0, k1, bx);
         for (total, y) in totals.iter_mut().zip(ys.clone()) {
