@@ -106,6 +106,7 @@ pub fn server_round<A: Algorithm, C: Clients<A>>(
         origin: wants_origins(cfg),
     };
     let replies = clients.train(&ask);
+    let trained = Instant::now();
 
     let mut uploads = Vec::new();
     let mut before = Scores::default();
@@ -134,7 +135,9 @@ pub fn server_round<A: Algorithm, C: Clients<A>>(
         }
     }
     let screened = screen(algo, env, cfg, round, &ask.participants, uploads);
+    let checked = Instant::now();
     let outcome = server_outcome(algo, env, server, round, &screened.sound);
+    let aggregated = Instant::now();
     let bytes_down = outcome.downloads.iter().map(|(_, d)| d.bytes()).sum();
     let mut inbox: Vec<Option<A::Down>> = (0..n).map(|_| None).collect();
     for (i, d) in outcome.downloads {
@@ -144,6 +147,15 @@ pub fn server_round<A: Algorithm, C: Clients<A>>(
     }
     let score_after = algo.eval_point() == EvalPoint::AfterReceive;
     let received = clients.deliver(round, inbox, &answered, score_after);
+    // Where a round's time goes (`-vv`): what a speed question asks first.
+    tracing::debug!(
+        round,
+        train_s = (trained - started).as_secs_f64(),
+        screen_s = (checked - trained).as_secs_f64(),
+        server_s = (aggregated - checked).as_secs_f64(),
+        deliver_s = aggregated.elapsed().as_secs_f64(),
+        "round phases"
+    );
     let mut absent = Vec::new();
     for i in 0..n {
         match received.get(i) {
