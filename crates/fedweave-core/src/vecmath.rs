@@ -12,20 +12,26 @@ crate::wide! {
 #[inline(always)]
 fn dot_body(a: &[f32], b: &[f32]) -> f64 {
     debug_assert_eq!(a.len(), b.len());
-    // Four accumulators, one per position mod 4, keep the summation order
-    // fixed; walking the vectors by chunks (not by index) lets the loop
-    // vectorise without a bounds check per element.
+    sum4(a, b, |x, y| f64::from(x) * f64::from(y))
+}
+
+/// Σ term(x_e, y_e) in the crate's fixed order: four accumulators, one per
+/// position mod 4, added as (0 + 1) + (2 + 3), then the tail in order.
+/// Walking by chunks (not by index) lets the loop vectorise without a
+/// bounds check per element; the order keeps every caller's bits.
+#[inline(always)]
+pub(crate) fn sum4<X: Copy, Y: Copy>(x: &[X], y: &[Y], term: impl Fn(X, Y) -> f64) -> f64 {
     let mut acc = [0.0f64; 4];
-    let mut xs = a.chunks_exact(4);
-    let mut ys = b.chunks_exact(4);
-    for (x, y) in (&mut xs).zip(&mut ys) {
-        for k in 0..4 {
-            acc[k] += x[k] as f64 * y[k] as f64;
+    let mut xs = x.chunks_exact(4);
+    let mut ys = y.chunks_exact(4);
+    for (a, b) in (&mut xs).zip(&mut ys) {
+        for q in 0..4 {
+            acc[q] += term(a[q], b[q]);
         }
     }
     let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    for (x, y) in xs.remainder().iter().zip(ys.remainder()) {
-        s += *x as f64 * *y as f64;
+    for (a, b) in xs.remainder().iter().zip(ys.remainder()) {
+        s += term(*a, *b);
     }
     s
 }

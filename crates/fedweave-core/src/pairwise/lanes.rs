@@ -4,6 +4,7 @@
 //! blocked sums of squares and the mixing's weighted sums. They were
 //! SSE2 code around `gemm`'s AVX-512 kernels. Same bits on every path.
 
+use crate::vecmath::sum4;
 use crate::wide;
 
 wide! {
@@ -94,25 +95,6 @@ fn dot4_body(x: &[f64], y: &[f64]) -> f64 {
 #[inline(always)]
 fn diff_dot4_body(x: &[f64], y: &[f64]) -> f64 {
     sum4(x, y, |a, b| (a - b) * (a - b))
-}
-
-/// Σ term(x_e, y_e) with four accumulators, one per position mod 4, added
-/// as (0 + 1) + (2 + 3), then the tail in order.
-#[inline(always)]
-fn sum4(x: &[f64], y: &[f64], term: impl Fn(f64, f64) -> f64) -> f64 {
-    let mut acc = [0.0f64; 4];
-    let mut xs = x.chunks_exact(4);
-    let mut ys = y.chunks_exact(4);
-    for (a, b) in (&mut xs).zip(&mut ys) {
-        for q in 0..4 {
-            acc[q] += term(a[q], b[q]);
-        }
-    }
-    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    for (a, b) in xs.remainder().iter().zip(ys.remainder()) {
-        s += term(*a, *b);
-    }
-    s
 }
 
 #[inline(always)]
