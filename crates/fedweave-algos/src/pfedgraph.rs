@@ -290,11 +290,7 @@ impl Algorithm for PFedGraph {
                 (RegTarget::Normalized, Some(c)) => c.clone(),
                 _ => state.model.params.clone(),
             };
-            let term = CosinePull {
-                coef,
-                target: &target,
-                divide_by_target_norm: self.params.reg_target == RegTarget::Mixed,
-            };
+            let term = CosinePull::new(coef, &target, self.params.reg_target == RegTarget::Mixed);
             cx.train_plain(env, &mut state.model, &[&term])
         } else {
             cx.train_plain(env, &mut state.model, &[])

@@ -21,19 +21,54 @@ fn dot_body(a: &[f32], b: &[f32]) -> f64 {
 /// bounds check per element; the order keeps every caller's bits.
 #[inline(always)]
 pub(crate) fn sum4<X: Copy, Y: Copy>(x: &[X], y: &[Y], term: impl Fn(X, Y) -> f64) -> f64 {
-    let mut acc = [0.0f64; 4];
+    let [s] = sums4(x, y, |a, b| [term(a, b)]);
+    s
+}
+
+/// `K` sums of [`sum4`]'s order in one pass: sum `k` has the bits of
+/// `sum4` over the `k`-th component of `term`.
+#[inline(always)]
+fn sums4<const K: usize, X: Copy, Y: Copy>(
+    x: &[X],
+    y: &[Y],
+    term: impl Fn(X, Y) -> [f64; K],
+) -> [f64; K] {
+    let mut acc = [[0.0f64; K]; 4];
     let mut xs = x.chunks_exact(4);
     let mut ys = y.chunks_exact(4);
     for (a, b) in (&mut xs).zip(&mut ys) {
         for q in 0..4 {
-            acc[q] += term(a[q], b[q]);
+            let t = term(a[q], b[q]);
+            for k in 0..K {
+                acc[q][k] += t[k];
+            }
         }
     }
-    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    let mut s: [f64; K] =
+        std::array::from_fn(|k| (acc[0][k] + acc[1][k]) + (acc[2][k] + acc[3][k]));
     for (a, b) in xs.remainder().iter().zip(ys.remainder()) {
-        s += term(*a, *b);
+        let t = term(*a, *b);
+        for k in 0..K {
+            s[k] += t[k];
+        }
     }
     s
+}
+
+crate::wide! {
+    /// (⟨t, x⟩, ‖x‖²) in one pass, with the bits of `dot(t, x)` and
+    /// `dot(x, x)`: the cosine term needs both every training step.
+    pub fn dot_and_sq_norm(t: &[f32], x: &[f32]) -> (f64, f64) => dot_and_sq_norm_body
+}
+
+#[inline(always)]
+fn dot_and_sq_norm_body(t: &[f32], x: &[f32]) -> (f64, f64) {
+    debug_assert_eq!(t.len(), x.len());
+    let [inner, sq] = sums4(t, x, |a, b| {
+        let b = f64::from(b);
+        [f64::from(a) * b, b * b]
+    });
+    (inner, sq)
 }
 
 /// ‖a‖₂.
@@ -157,7 +192,7 @@ mod tests {
     }
 
     #[test]
-    fn dot_has_the_bits_of_its_order_at_every_length() {
+    fn dot_and_its_fused_pair_have_the_bits_of_their_order_at_every_length() {
         // Values of mixed magnitude and sign, so that another order of
         // additions would round differently.
         let a: Vec<f32> = (0..1031)
@@ -173,6 +208,13 @@ mod tests {
                 dot_by_index(x, y).to_bits(),
                 "length {len}"
             );
+            let (inner, sq) = dot_and_sq_norm(x, y);
+            assert_eq!(
+                inner.to_bits(),
+                dot_by_index(x, y).to_bits(),
+                "length {len}"
+            );
+            assert_eq!(sq.to_bits(), dot_by_index(y, y).to_bits(), "length {len}");
         }
         // The order matters on these values: a plain left-to-right sum differs.
         let serial: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();

@@ -15,7 +15,7 @@
 
 use crate::trainer::upload_parts;
 use burn::tensor::{Device, Tensor};
-use fedweave_core::vecmath::{dot, norm};
+use fedweave_core::vecmath::{dot, dot_and_sq_norm, norm};
 use std::ops::Range;
 
 /// A differentiable term `R(θ)` added to the local loss.
@@ -177,26 +177,40 @@ impl ExtraLoss for Linear<'_> {
 /// normalised models — both are this term with different arguments.
 #[derive(Clone, Debug)]
 pub struct CosinePull<'a> {
-    /// Signed coefficient (negative = pull toward the target).
-    pub coef: f32,
-    /// The target vector.
-    pub target: &'a [f32],
-    /// Divide by ‖target‖ (true cosine) or not (the code's normalised form).
-    pub divide_by_target_norm: bool,
+    coef: f32,
+    target: &'a [f32],
+    /// ‖t‖, or 1 without the division: the target is fixed for a round, so
+    /// this is computed once, not at every step.
+    target_norm: f64,
+}
+
+impl<'a> CosinePull<'a> {
+    /// The term with signed coefficient `coef` (negative = pull toward
+    /// `target`), dividing by ‖target‖ (the true cosine) or not (the
+    /// code's normalised form).
+    pub fn new(coef: f32, target: &'a [f32], divide_by_target_norm: bool) -> Self {
+        let target_norm = if divide_by_target_norm {
+            norm(target)
+        } else {
+            1.0
+        };
+        Self {
+            coef,
+            target,
+            target_norm,
+        }
+    }
 }
 
 impl ExtraLoss for CosinePull<'_> {
     fn add_value_and_grad(&self, theta: &[f32], grad: &mut [f32]) -> f64 {
-        let nt = norm(theta);
-        let k = if self.divide_by_target_norm {
-            norm(self.target)
-        } else {
-            1.0
-        };
+        let k = self.target_norm;
+        // One pass for both sums, with the bits of `dot(t, θ)` and `norm(θ)`.
+        let (inner, sq) = dot_and_sq_norm(self.target, theta);
+        let nt = sq.sqrt();
         if nt == 0.0 || k == 0.0 {
             return 0.0;
         }
-        let inner = dot(self.target, theta);
         // ∂/∂θ ⟨t,θ⟩/‖θ‖ = t/‖θ‖ − ⟨t,θ⟩ θ/‖θ‖³
         let a = (self.coef as f64 / (k * nt)) as f32;
         let b = (self.coef as f64 * inner / (k * nt * nt * nt)) as f32;
@@ -210,11 +224,7 @@ impl ExtraLoss for CosinePull<'_> {
         Some(Box::new(DeviceCosinePull {
             coef: self.coef,
             target: upload(self.target, parts, device),
-            target_norm: if self.divide_by_target_norm {
-                norm(self.target)
-            } else {
-                1.0
-            },
+            target_norm: self.target_norm,
         }))
     }
 }
@@ -249,7 +259,7 @@ mod tests {
             coef in -1.0f32..1.0,
             normed in any::<bool>(),
         ) {
-            let term = CosinePull { coef, target: &target, divide_by_target_norm: normed };
+            let term = CosinePull::new(coef, &target, normed);
             let mut grad = vec![0.0f32; 6];
             term.add_value_and_grad(&theta, &mut grad);
             let fd = finite_diff(&term, &theta);
@@ -289,16 +299,8 @@ mod tests {
                 anchor: &other,
             }),
             Box::new(Linear { coef: &other }),
-            Box::new(CosinePull {
-                coef: -0.7,
-                target: &other,
-                divide_by_target_norm: true,
-            }),
-            Box::new(CosinePull {
-                coef: 0.4,
-                target: &other,
-                divide_by_target_norm: false,
-            }),
+            Box::new(CosinePull::new(-0.7, &other, true)),
+            Box::new(CosinePull::new(0.4, &other, false)),
         ];
         for term in &terms {
             let mut want = start.clone();
@@ -317,11 +319,7 @@ mod tests {
         }
         // A zero θ leaves the cosine's gradient alone, as on the host.
         let zero = vec![0.0f32; n];
-        let cos = CosinePull {
-            coef: 1.0,
-            target: &other,
-            divide_by_target_norm: true,
-        };
+        let cos = CosinePull::new(1.0, &other, true);
         let mut grad = upload(&start, &parts, &device);
         cos.on_device(&parts, &device)
             .unwrap()
@@ -350,11 +348,7 @@ mod tests {
 
     #[test]
     fn cosine_value_is_the_cosine() {
-        let term = CosinePull {
-            coef: -2.0,
-            target: &[0.0, 3.0],
-            divide_by_target_norm: true,
-        };
+        let term = CosinePull::new(-2.0, &[0.0, 3.0], true);
         let mut g = [0.0f32; 2];
         let v = term.add_value_and_grad(&[1.0, 1.0], &mut g);
         assert!((v + 2.0 * std::f64::consts::FRAC_1_SQRT_2).abs() < 1e-6);

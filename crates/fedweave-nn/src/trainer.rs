@@ -173,6 +173,11 @@ pub struct LocalTrainer<'a> {
     /// Run the extra terms' tensor forms (GPU backends) rather than their
     /// host forms (the CPU).
     terms_on_device: bool,
+    /// Flat θ and gradient for the extra terms' host forms, kept between
+    /// steps so that a step does not allocate and zero two model-sized
+    /// vectors.
+    host_theta: Vec<f32>,
+    host_grad: Vec<f32>,
 }
 
 /// A training call's extra terms, made ready for a session by
@@ -228,6 +233,8 @@ impl<'a> LocalTrainer<'a> {
             augmented: 0,
             dropped: 0,
             terms_on_device: *device != Device::flex(),
+            host_theta: Vec::new(),
+            host_grad: Vec::new(),
         }
     }
 
@@ -491,12 +498,16 @@ impl<'a> LocalTrainer<'a> {
             t.add_grad(&self.params, &mut grad);
         }
         if !terms.on_host.is_empty() {
-            let theta = self.read_all(&self.params);
-            let mut g = self.read_all(&grad);
+            let mut theta = std::mem::take(&mut self.host_theta);
+            let mut g = std::mem::take(&mut self.host_grad);
+            flatten(self.params.iter().map(Tensor::to_data), &mut theta);
+            // The gradient's tensors are the backward's own: no copy to read.
+            flatten(grad.into_iter().map(Tensor::into_data), &mut g);
             for e in &terms.on_host {
                 e.add_value_and_grad(&theta, &mut g);
             }
             grad = self.upload(&g);
+            (self.host_theta, self.host_grad) = (theta, g);
         }
         self.grad = Some(grad);
         if let Norm::Batch(record, _) = norm {
@@ -641,6 +652,14 @@ impl<'a> LocalTrainer<'a> {
             let data = t.to_data();
             out[spec_t.range()].copy_from_slice(data.as_slice::<f32>().expect("f32 tensors"));
         }
+    }
+}
+
+/// `out` becomes the concatenation of `parts`' `f32` values.
+fn flatten(parts: impl Iterator<Item = TensorData>, out: &mut Vec<f32>) {
+    out.clear();
+    for data in parts {
+        out.extend_from_slice(data.as_slice::<f32>().expect("f32 tensors"));
     }
 }
 

@@ -173,11 +173,7 @@ fn run_case(name: &str, spec: &ModelSpec, data: &Owned, out: &mut String) {
         mu: 0.1,
         anchor: &anchor,
     };
-    let cos = CosinePull {
-        coef: -0.5,
-        target: &target,
-        divide_by_target_norm: true,
-    };
+    let cos = CosinePull::new(-0.5, &target, true);
     let extras: [&dyn ExtraLoss; 2] = [&prox, &cos];
     let s = train_local(
         spec,
@@ -196,11 +192,7 @@ fn run_case(name: &str, spec: &ModelSpec, data: &Owned, out: &mut String) {
     describe(out, &tag, "buffers", &buffers);
     describe(out, &tag, "momentum", &state.momentum);
 
-    let cos2 = CosinePull {
-        coef: 0.3,
-        target: &anchor,
-        divide_by_target_norm: false,
-    };
+    let cos2 = CosinePull::new(0.3, &anchor, false);
     let epoch = TrainConfig {
         iterations: 0,
         epochs: 1,

@@ -65,11 +65,7 @@ fn a_manual_loop_equals_train_local() {
         mu: 0.2,
         anchor: &anchor,
     };
-    let cos = CosinePull {
-        coef: -0.3,
-        target: &anchor,
-        divide_by_target_norm: true,
-    };
+    let cos = CosinePull::new(-0.3, &anchor, true);
     let extras: [&dyn ExtraLoss; 2] = [&prox, &cos];
     let frozen = vec![3..50, 60..70];
     let cfg = cfg();
@@ -130,16 +126,8 @@ fn extra_terms_on_the_device_train_as_on_the_host() {
         mu: 0.2,
         anchor: &anchor,
     };
-    let cos = CosinePull {
-        coef: -0.3,
-        target: &anchor,
-        divide_by_target_norm: true,
-    };
-    let code_cos = CosinePull {
-        coef: 0.1,
-        target: &shift,
-        divide_by_target_norm: false,
-    };
+    let cos = CosinePull::new(-0.3, &anchor, true);
+    let code_cos = CosinePull::new(0.1, &shift, false);
     let lin = Linear { coef: &shift };
     let host_only = HostOnly(0.05);
     let extras: [&dyn ExtraLoss; 5] = [&prox, &cos, &code_cos, &lin, &host_only];
