@@ -114,7 +114,7 @@ fn gram_matches_naive_dot_across_tiles() {
 #[test]
 fn f32_blocks_from_64_models_stay_within_their_bound() {
     // 300 rows with an offset and a shift (Σ|a·b| ≫ |⟨a,b⟩|, as for deltas
-    // θ − θ_init), 1500 columns: several 512-column chunks of 64-column blocks.
+    // θ − θ_init), 1500 columns: several 512-column chunks of 256-column blocks.
     let d = 1500;
     let a = rows(60, 300, d, 0.05);
     let b = rows(61, 70, d, 0.02);
@@ -123,7 +123,7 @@ fn f32_blocks_from_64_models_stay_within_their_bound() {
     let auto = Kernels::cpu();
     assert_eq!(auto.precision(), Precision::Auto);
     let gamma = gram_error_factor_f32(d);
-    assert!(gamma > 1e-6 && gamma < 5e-6, "{gamma}");
+    assert!(gamma > 1e-5 && gamma < 2e-5, "{gamma}");
     let shifted = |x: &[f32]| viewed(x, std::slice::from_ref(&(0..d)), Some(&init));
     let (xa, xb): (Vec<_>, Vec<_>) = (
         a.iter().map(|r| shifted(r)).collect(),
@@ -192,14 +192,14 @@ fn f32_blocks_from_64_models_stay_within_their_bound() {
 
 #[test]
 fn f32_mixing_from_64_models_stays_within_its_bound() {
-    // 300 distinct dense rows over 100 models: the GEMM path in f32 blocks of
-    // 64 models (one full block, one partial), added in f64.
-    let models = rows(63, 100, 700, 0.1);
+    // 300 distinct dense rows over 300 models: the GEMM path in f32 blocks of
+    // 256 models (one full block, one partial), added in f64.
+    let models = rows(63, 300, 700, 0.1);
     let refs: Vec<&[f32]> = models.iter().map(Vec::as_slice).collect();
-    let w = weight_rows(64, 300, 100);
+    let w = weight_rows(64, 300, 300);
     let mixed = Kernels::cpu().mix(&w, &models);
     let f64_mixed = exact().mix(&w, &models);
-    let gamma = gram_error_factor_f32(100);
+    let gamma = gram_error_factor_f32(300);
     let (mut same, mut exact_same) = (0usize, 0usize);
     for (i, wi) in w.iter().enumerate() {
         let mut want = vec![0.0f32; 700];
