@@ -501,7 +501,8 @@ impl<'a> LocalTrainer<'a> {
             let mut theta = std::mem::take(&mut self.host_theta);
             let mut g = std::mem::take(&mut self.host_grad);
             flatten(self.params.iter().map(Tensor::to_data), &mut theta);
-            // The gradient's tensors are the backward's own: no copy to read.
+            // Taken by value: `into_data` copies only a tensor something else
+            // still holds.
             flatten(grad.into_iter().map(Tensor::into_data), &mut g);
             for e in &terms.on_host {
                 e.add_value_and_grad(&theta, &mut g);
