@@ -5,7 +5,7 @@
 //! one rounded `f32` operation per element: the arithmetic the goldens pin.
 //! On the CPU those six passes, with the outputs they allocate, were ~12 %
 //! of a FedDWA run on the `mlp` (docs/results.md, "The fused SGD step"):
-//! Flex runs the same five roundings per element in one pass, in place
+//! Flex runs the same six roundings per element in one pass, in place
 //! when θ and the buffer are not shared, so the bits stay. On a GPU a
 //! batched step of small models is bound by the host's launches (~59 µs
 //! each on an H100), and the update was a third of them (docs/results.md,
@@ -130,7 +130,7 @@ fn writable(mut t: FlexTensor) -> FlexTensor {
 }
 
 wide! {
-    /// `composed`'s five roundings per element, in its order.
+    /// `composed`'s six roundings per element, in its order.
     fn update(theta: &mut [f32], buf: &mut [f32], grad: &[f32], hyper: Sgd) => update_body
 }
 
