@@ -638,8 +638,8 @@ impl<'a> LocalTrainer<'a> {
     }
 
     fn read_all(&self, parts: &[Tensor<1>]) -> Vec<f32> {
-        let mut out = vec![0.0; self.spec.layout().len()];
-        self.read_into(parts, &mut out);
+        let mut out = Vec::with_capacity(self.spec.layout().len());
+        flatten(parts.iter().map(Tensor::to_data), &mut out);
         out
     }
 
