@@ -24,15 +24,17 @@
 //!
 //! Layout. A plane's patches overlap (tile (ty, tx) reads padded rows and
 //! columns 2ty..2ty+4 and 2tx..2tx+4), so the padded plane is first split
-//! by row and column parity into four "parity planes" of (th + 1) × tp
-//! values, tp = tw + 1: a patch is then four neighbouring values
-//! (offsets 0, 1, tp, tp + 1) of each parity plane, and every transform is
+//! by row and column parity into four "parity planes" of (th + 1) × tw
+//! values, plus the column tw that the last tile of a row also reads (its
+//! "edge", one value per sub-row): a patch is then four neighbouring values
+//! (offsets 0, 1, tw, tw + 1) of each parity plane, and every transform is
 //! one long, unit-stride, vectorised loop over the tiles of a piece of an
-//! image. Each tile row carries one spare tile (column tw), so the tiles of
-//! consecutive rows are consecutive too: products see tp/tw more columns
-//! (whose outputs are dropped, and whose gradients are zero), in return for
-//! loops without a break per row (the ResNets' 4×4 to 32×32 planes have 2
-//! to 16 tiles a row).
+//! image. At the end of a row, offset 1 reads the next row's first column
+//! instead of the edge: those tiles, one a row, are transformed again from
+//! the edge afterwards. The products thus see only real tiles (a spare
+//! tile a row, tried first, cost `resnet9` 6–25 % more multiply-adds: its
+//! planes have 4 to 16 tiles a row), and the loops still have no break per
+//! row.
 //!
 //! Blocks are ranges of tile rows whose size depends on the shapes only,
 //! and each product runs on the calling thread, so results do not depend
@@ -106,7 +108,7 @@ fn fits(g: &ConvGeom) -> bool {
 /// core (docs/results.md, session 28): each transformed value must feed
 /// enough multiply-adds (≥ 64 channels in and out; at 32 it is a wash at
 /// best) and the plane must fill its tiles (≥ 8×8 outputs: a 4×4 plane is
-/// 2×2 tiles plus a spare column, a third of the products wasted). So
+/// 2×2 tiles, one in four an edge tile redone by hand). So
 /// `resnet9` takes it everywhere but its stem, and the stems, `resnet8`
 /// (16–64 channels, 4×4–16×16 planes) and `cnn-dwa` (32–64) stay on
 /// im2col.
@@ -133,13 +135,12 @@ thread_local! {
         const { std::cell::Cell::new((Vec::new(), Vec::new())) };
 }
 
-/// The tiles of a geometry: `th × tw` 2×2 output tiles per image, `tp =
-/// tw + 1` per row with the spare, taken in blocks of whole tile rows.
+/// The tiles of a geometry: `th × tw` 2×2 output tiles per image, taken
+/// in blocks of whole tile rows.
 #[derive(Clone, Copy, Debug)]
 struct Tiling {
     th: usize,
     tw: usize,
-    tp: usize,
     /// Tile rows per block.
     per: usize,
     /// Tile rows in the batch: batch·th.
@@ -155,12 +156,10 @@ impl Tiling {
     /// (at least one tile row).
     fn new(g: &ConvGeom, channels: usize, budget: usize) -> Self {
         let (th, tw) = (g.oh.div_ceil(2), g.ow.div_ceil(2));
-        let tp = tw + 1;
-        let per = (budget / (16 * channels * tp).max(1)).max(1);
+        let per = (budget / (16 * channels * tw).max(1)).max(1);
         Self {
             th,
             tw,
-            tp,
             per,
             rows: g.batch * th,
         }
@@ -182,7 +181,7 @@ impl Tiling {
             out.push((
                 b,
                 r - b * self.th..end - b * self.th,
-                (r - block.start) * self.tp,
+                (r - block.start) * self.tw,
             ));
             r = end;
         }
@@ -237,10 +236,14 @@ fn zip3(out: &mut [f32], a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f
     }
 }
 
-/// Splits rows of a padded plane into parity planes: padded row `r`
-/// (input row `r − p`, zero outside `0..h`) to sub-row `r / 2` of the
-/// planes `2·(r % 2) + column parity`, padded column `q` (input column
-/// `q − p`) to column `q / 2`.
+/// Splits rows of a padded plane into parity planes of `tw` columns:
+/// padded row `r` (input row `r − p`, zero outside `0..h`) to sub-row
+/// `r / 2` of the planes `2·(r % 2) + column parity`, padded column `q`
+/// (input column `q − p`) to column `q / 2` when that is below `tw`, to
+/// sub-row `r / 2` of the same plane of `edge` (`count.div_ceil(2)` values
+/// each) when it is `tw`, and nowhere past it. Writes the same positions
+/// for every plane of a geometry: the caller zeroes `s` and `edge` once,
+/// for the padding.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn split_rows(
@@ -248,51 +251,73 @@ fn split_rows(
     (h, w, p): (usize, usize, usize),
     first: usize,
     count: usize,
-    tp: usize,
+    tw: usize,
     len: usize,
     s: &mut [f32],
+    edge: &mut [f32],
 ) {
-    s.fill(0.0);
+    let sub_rows = count.div_ceil(2);
+    // Input column 2j (padded 2j + p) goes to the plane of parity p % 2
+    // at column j + ⌊p/2⌋, column 2j + 1 to the other at j + ⌈p/2⌉: as many
+    // pairs as fit below tw in one pass (a vectorised deinterleave; a
+    // strided walk per parity was scalar, a fifth of the transform), the
+    // few columns left one by one.
+    let (se, so) = (p / 2, p.div_ceil(2));
+    let pairs = (w / 2).min(tw.saturating_sub(so));
     for r in 0..count {
         let Some(row) = (first + r).checked_sub(p).filter(|&ih| ih < h) else {
             continue;
         };
         let src = &plane[row * w..(row + 1) * w];
-        let base = (r / 2) * tp;
-        // Input column 2j (padded 2j + p) goes to the plane of parity p % 2
-        // at column j + ⌊p/2⌋, column 2j + 1 to the other at j + ⌈p/2⌉:
-        // both in one pass over the row's pairs (a vectorised deinterleave;
-        // a strided walk per parity was scalar, a fifth of the transform).
-        let (p0, p1) = s[2 * (r % 2) * len..][..2 * len].split_at_mut(len);
+        let (rp, k) = (r % 2, r / 2);
+        let base = k * tw;
+        let (p0, p1) = s[2 * rp * len..][..2 * len].split_at_mut(len);
         let (even, odd) = if p % 2 == 0 { (p0, p1) } else { (p1, p0) };
-        let (even, odd) = (&mut even[base + p / 2..], &mut odd[base + p.div_ceil(2)..]);
-        let pairs = src.chunks_exact(2);
-        if let [last] = pairs.remainder() {
-            even[w / 2] = *last;
-        }
-        for ((e, o), pair) in even.iter_mut().zip(odd.iter_mut()).zip(pairs) {
+        let (even, odd) = (
+            &mut even[base + se..][..pairs],
+            &mut odd[base + so..][..pairs],
+        );
+        for ((e, o), pair) in even.iter_mut().zip(odd.iter_mut()).zip(src.chunks_exact(2)) {
             (*e, *o) = (pair[0], pair[1]);
+        }
+        for (col, &x) in src.iter().enumerate().skip(2 * pairs) {
+            let (cp, sc) = ((col + p) % 2, (col + p) / 2);
+            if sc < tw {
+                s[(2 * rp + cp) * len + base + sc] = x;
+            } else if sc == tw {
+                edge[(2 * rp + cp) * sub_rows + k] = x;
+            }
         }
     }
 }
 
-/// Bᵀ·d·B of the first `n_all` tiles of a piece from its parity planes
-/// `s` (`len` apart), into `v[ξ·stride..][..n_all]`, with `t` as scratch
-/// (8·`len`). Down the columns first, for both column parities: with E
-/// and O the even and odd rows, d0..d3 = E[n], O[n], E[n + tp], O[n + tp],
-/// so Bᵀ·d is four long loops; then across: d0..d3 = even[n], odd[n],
-/// even[n + 1], odd[n + 1] of each result, sixteen long loops.
+/// `Bᵀ·d` of four inputs along one axis (one sub-row's or column's).
+#[inline(always)]
+fn bt(d0: f32, d1: f32, d2: f32, d3: f32) -> [f32; 4] {
+    [d0 - d2, d1 + d2, d2 - d1, d1 - d3]
+}
+
+/// Bᵀ·d·B of the `n` tiles of a piece from its parity planes `s` (`len`
+/// apart) and their edges (`sub_rows` apart), into `v[ξ·stride..][..n]`,
+/// with `t` as scratch (8·`len`). Down the columns first, for both column
+/// parities: with E and O the even and odd rows, d0..d3 = E[i], O[i],
+/// E[i + tw], O[i + tw], so Bᵀ·d is four long loops; then across: d0..d3
+/// = even[i], odd[i], even[i + 1], odd[i + 1] of each result, sixteen
+/// long loops; then the last tile of each row again, its d2 and d3 from
+/// the edges.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn input_tiles(
-    s: &[f32],
+    (s, edge): (&[f32], &[f32]),
     len: usize,
-    tp: usize,
-    n_all: usize,
+    tw: usize,
+    n: usize,
+    sub_rows: usize,
     t: &mut [f32],
     v: &mut [f32],
     stride: usize,
 ) {
-    let m = n_all + 1;
+    let m = n + 1;
     let plane = |k: usize, off: usize| &s[k * len + off..][..m];
     for cp in 0..2 {
         let (e, o) = (cp, 2 + cp);
@@ -300,38 +325,50 @@ fn input_tiles(
         let (t0, rest) = rows.split_at_mut(len);
         let (t1, rest) = rest.split_at_mut(len);
         let (t2, t3) = rest.split_at_mut(len);
-        zip2(&mut t0[..m], plane(e, 0), plane(e, tp), |a, b| a - b);
-        zip2(&mut t1[..m], plane(o, 0), plane(e, tp), |a, b| a + b);
-        zip2(&mut t2[..m], plane(e, tp), plane(o, 0), |a, b| a - b);
-        zip2(&mut t3[..m], plane(o, 0), plane(o, tp), |a, b| a - b);
+        zip2(&mut t0[..m], plane(e, 0), plane(e, tw), |a, b| a - b);
+        zip2(&mut t1[..m], plane(o, 0), plane(e, tw), |a, b| a + b);
+        zip2(&mut t2[..m], plane(e, tw), plane(o, 0), |a, b| a - b);
+        zip2(&mut t3[..m], plane(o, 0), plane(o, tw), |a, b| a - b);
     }
     for i in 0..4 {
         let ev = &t[i * len..][..m];
         let od = &t[(4 + i) * len..][..m];
         zip2(
-            &mut v[(4 * i) * stride..][..n_all],
-            &ev[..n_all],
+            &mut v[(4 * i) * stride..][..n],
+            &ev[..n],
             &ev[1..],
             |a, b| a - b,
         );
         zip2(
-            &mut v[(4 * i + 1) * stride..][..n_all],
-            &od[..n_all],
+            &mut v[(4 * i + 1) * stride..][..n],
+            &od[..n],
             &ev[1..],
             |a, b| a + b,
         );
         zip2(
-            &mut v[(4 * i + 2) * stride..][..n_all],
+            &mut v[(4 * i + 2) * stride..][..n],
             &ev[1..],
-            &od[..n_all],
+            &od[..n],
             |a, b| a - b,
         );
         zip2(
-            &mut v[(4 * i + 3) * stride..][..n_all],
-            &od[..n_all],
+            &mut v[(4 * i + 3) * stride..][..n],
+            &od[..n],
             &od[1..],
             |a, b| a - b,
         );
+    }
+    for ty in 0..n / tw {
+        let at = ty * tw + tw - 1;
+        let e = |k: usize, sub: usize| edge[k * sub_rows + ty + sub];
+        // The edge column down (columns 2 and 3 of the patch), then across.
+        let [c2, c3] = [0, 1].map(|cp| bt(e(cp, 0), e(2 + cp, 0), e(cp, 1), e(2 + cp, 1)));
+        for i in 0..4 {
+            let (c0, c1) = (t[i * len + at], t[(4 + i) * len + at]);
+            for (j, x) in bt(c0, c1, c2[i], c3[i]).into_iter().enumerate() {
+                v[(4 * i + j) * stride + at] = x;
+            }
+        }
     }
 }
 
@@ -344,16 +381,21 @@ fn transform_inputs_body(
     block: &Range<usize>,
     v: &mut Vec<f32>,
 ) {
-    let tiles = block.len() * t.tp;
+    let tiles = block.len() * t.tw;
     let stride = g.c_in * tiles;
     v.resize(16 * stride, 0.0);
     let hw = g.h * g.w;
-    let (mut s, mut scratch) = (Vec::new(), Vec::new());
+    let (mut s, mut edge, mut scratch) = (Vec::new(), Vec::new(), Vec::new());
     for (b, tys, first) in t.pieces(block) {
-        // Patches reach one sub-row and one column past the piece's tiles.
-        let n_all = tys.len() * t.tp;
-        let len = n_all + t.tp + 1;
+        // Patches reach one sub-row past the piece's tiles, and the long
+        // loops one column past its last.
+        let n = tys.len() * t.tw;
+        let len = n + t.tw + 1;
+        let sub_rows = tys.len() + 1;
+        s.clear();
         s.resize(4 * len, 0.0);
+        edge.clear();
+        edge.resize(4 * sub_rows, 0.0);
         scratch.resize(8 * len, 0.0);
         for c in 0..g.c_in {
             let plane = &x[(b * g.c_in + c) * hw..][..hw];
@@ -362,12 +404,22 @@ fn transform_inputs_body(
                 (g.h, g.w, g.pad),
                 2 * tys.start,
                 2 * tys.len() + 2,
-                t.tp,
+                t.tw,
                 len,
                 &mut s,
+                &mut edge,
             );
             let out = &mut v[c * tiles + first..];
-            input_tiles(&s, len, t.tp, n_all, &mut scratch, out, stride);
+            input_tiles(
+                (&s, &edge),
+                len,
+                t.tw,
+                n,
+                sub_rows,
+                &mut scratch,
+                out,
+                stride,
+            );
         }
     }
 }
@@ -397,7 +449,7 @@ fn forward_in_blocks(
     let mut out = vec![0.0f32; g.out_len()];
     let (mut v, mut m) = SCRATCH.take();
     for block in t.blocks() {
-        let tiles = block.len() * t.tp;
+        let tiles = block.len() * t.tw;
         transform_inputs(g, &t, x, &block, &mut v);
         m.resize(16 * o_n * tiles, 0.0);
         for xi in 0..16 {
@@ -450,12 +502,12 @@ fn untransform_block_body(
     out: &mut [f32],
 ) {
     let o_n = g.c_out;
-    let tiles = block.len() * t.tp;
+    let tiles = block.len() * t.tw;
     let stride = o_n * tiles;
     let ohw = g.oh * g.ow;
     let (mut y, mut scratch) = (Vec::new(), Vec::new());
     for (b, tys, first) in t.pieces(block) {
-        let len = tys.len() * t.tp;
+        let len = tys.len() * t.tw;
         y.resize(4 * len, 0.0);
         scratch.resize(8 * len, 0.0);
         for o in 0..o_n {
@@ -470,8 +522,8 @@ fn untransform_block_body(
                         break;
                     }
                     let dst = &mut plane[oy * g.ow..(oy + 1) * g.ow];
-                    let even = &y[2 * r * len + k * t.tp..][..t.tw];
-                    let odd = &y[(2 * r + 1) * len + k * t.tp..][..t.tw];
+                    let even = &y[2 * r * len + k * t.tw..][..t.tw];
+                    let odd = &y[(2 * r + 1) * len + k * t.tw..][..t.tw];
                     let mut pairs = dst.chunks_exact_mut(2);
                     for ((pair, e), od) in (&mut pairs).zip(even).zip(odd) {
                         pair[0] = e + bias[o];
@@ -544,7 +596,7 @@ fn grad_tiles(s: &[f32], len: usize, t: &mut [f32], d: &mut [f32], stride: usize
 }
 
 /// The transformed output gradients of a block of tile rows,
-/// `[16][c_out][tiles]`; the spare tiles and those past the output's edge
+/// `[16][c_out][tiles]`; the tiles' positions past the output's edge
 /// are zero.
 #[inline(always)]
 fn transform_grads_body(
@@ -554,13 +606,14 @@ fn transform_grads_body(
     block: &Range<usize>,
     d: &mut Vec<f32>,
 ) {
-    let tiles = block.len() * t.tp;
+    let tiles = block.len() * t.tw;
     let stride = g.c_out * tiles;
     d.resize(16 * stride, 0.0);
     let ohw = g.oh * g.ow;
     let (mut s, mut scratch) = (Vec::new(), Vec::new());
     for (b, tys, first) in t.pieces(block) {
-        let len = tys.len() * t.tp;
+        let len = tys.len() * t.tw;
+        s.clear();
         s.resize(4 * len, 0.0);
         scratch.resize(8 * len, 0.0);
         for o in 0..g.c_out {
@@ -572,9 +625,11 @@ fn transform_grads_body(
                 (g.oh, g.ow, 0),
                 2 * tys.start,
                 2 * tys.len(),
-                t.tp,
+                t.tw,
                 len,
                 &mut s,
+                // Without padding no column reaches tw: no edge.
+                &mut [],
             );
             let out = &mut d[o * tiles + first..];
             grad_tiles(&s, len, &mut scratch, out, stride);
@@ -600,7 +655,7 @@ fn weight_grad_in_blocks(g: &ConvGeom, x: &[f32], dout: &[f32], budget: usize) -
     let mut z = vec![0.0f32; 16 * o_n * c_n];
     let (mut v, mut d) = SCRATCH.take();
     for (n, block) in t.blocks().enumerate() {
-        let tiles = block.len() * t.tp;
+        let tiles = block.len() * t.tw;
         transform_inputs(g, &t, x, &block, &mut v);
         transform_grads(g, &t, dout, &block, &mut d);
         let stride = o_n * tiles;
@@ -693,6 +748,9 @@ mod tests {
             // Odd widths at padding 1 (the last column's own copy).
             ([2, 3, 6, 7], [3, 3, 3, 3], 1),
             ([1, 2, 5, 1], [2, 2, 3, 3], 1),
+            // Input columns in both parities' edges (w = 2·tw + 2, no
+            // padding), several tile rows a piece.
+            ([2, 3, 10, 10], [2, 3, 3, 3], 0),
         ]
         .into_iter()
         .map(|(x, w, p)| ConvGeom::new(x, w, 1, p).unwrap())
@@ -736,17 +794,17 @@ mod tests {
     #[test]
     fn blocks_cover_the_tile_rows_once() {
         let g = ConvGeom::new([3, 4, 9, 9], [2, 4, 3, 3], 1, 1).unwrap();
-        // 5 × 5 tiles per image plus a spare a row, 16·4·6 = 384 floats per
+        // 5 × 5 tiles per image, 16·4·5 = 320 floats per
         // tile row.
         let t = Tiling::new(&g, 4, 800);
-        assert_eq!((t.th, t.tw, t.tp, t.per, t.rows), (5, 5, 6, 2, 15));
+        assert_eq!((t.th, t.tw, t.per, t.rows), (5, 5, 2, 15));
         let blocks: Vec<_> = t.blocks().collect();
         assert_eq!(blocks.len(), 8);
         assert_eq!(blocks.iter().map(|b| b.len()).sum::<usize>(), 15);
         assert!(blocks.windows(2).all(|w| w[0].end == w[1].start));
         // A block across two images is two pieces; the second's tiles
-        // follow the first's (one row of 6).
-        assert_eq!(t.pieces(&blocks[2]), [(0, 4..5, 0), (1, 0..1, 6)]);
+        // follow the first's (one row of 5).
+        assert_eq!(t.pieces(&blocks[2]), [(0, 4..5, 0), (1, 0..1, 5)]);
     }
 
     /// Zero taps transform to zeros: the output is exactly the bias.
