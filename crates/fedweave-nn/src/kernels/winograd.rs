@@ -107,8 +107,10 @@ fn fits(g: &ConvGeom) -> bool {
 /// backward together), from single layers timed at batch 64 on a Zen 4
 /// core (docs/results.md, session 28): each transformed value must feed
 /// enough multiply-adds (≥ 64 channels in and out; at 32 it is a wash at
-/// best) and the plane must fill its tiles (≥ 8×8 outputs: a 4×4 plane is
-/// 2×2 tiles, one in four an edge tile redone by hand). So
+/// best) and the plane must fill its tiles (≥ 8×8 outputs; measured when
+/// each tile row carried a spare tile, a third of a 4×4 plane's products
+/// then; without it half of a 4×4 plane's tiles are edge tiles redone one
+/// by one, not measured since). So
 /// `resnet9` takes it everywhere but its stem, and the stems, `resnet8`
 /// (16–64 channels, 4×4–16×16 planes) and `cnn-dwa` (32–64) stay on
 /// im2col.
