@@ -242,10 +242,10 @@ fn zip3(out: &mut [f32], a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f
 /// padded row `r` (input row `r − p`, zero outside `0..h`) to sub-row
 /// `r / 2` of the planes `2·(r % 2) + column parity`, padded column `q`
 /// (input column `q − p`) to column `q / 2` when that is below `tw`, to
-/// sub-row `r / 2` of the same plane of `edge` (`count.div_ceil(2)` values
-/// each) when it is `tw`, and nowhere past it. Writes the same positions
-/// for every plane of a geometry: the caller zeroes `s` and `edge` once,
-/// for the padding.
+/// sub-row `r / 2` of the same plane of `edge` (four planes of one value
+/// per sub-row) when it is `tw`, and nowhere past it. Writes the same
+/// positions for every plane of a geometry: the caller zeroes `s` and
+/// `edge` once, for the padding.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn split_rows(
@@ -258,7 +258,7 @@ fn split_rows(
     s: &mut [f32],
     edge: &mut [f32],
 ) {
-    let sub_rows = count.div_ceil(2);
+    let sub_rows = edge.len() / 4;
     // Input column 2j (padded 2j + p) goes to the plane of parity p % 2
     // at column j + ⌊p/2⌋, column 2j + 1 to the other at j + ⌈p/2⌉: as many
     // pairs as fit below tw in one pass (a vectorised deinterleave; a
@@ -300,8 +300,8 @@ fn bt(d0: f32, d1: f32, d2: f32, d3: f32) -> [f32; 4] {
 }
 
 /// Bᵀ·d·B of the `n` tiles of a piece from its parity planes `s` (`len`
-/// apart) and their edges (`sub_rows` apart), into `v[ξ·stride..][..n]`,
-/// with `t` as scratch (8·`len`). Down the columns first, for both column
+/// apart) and their edges (four planes of one value per sub-row), into
+/// `v[ξ·stride..][..n]`, with `t` as scratch (8·`len`). Down the columns first, for both column
 /// parities: with E and O the even and odd rows, d0..d3 = E[i], O[i],
 /// E[i + tw], O[i + tw], so Bᵀ·d is four long loops; then across: d0..d3
 /// = even[i], odd[i], even[i + 1], odd[i + 1] of each result, sixteen
@@ -314,12 +314,12 @@ fn input_tiles(
     len: usize,
     tw: usize,
     n: usize,
-    sub_rows: usize,
     t: &mut [f32],
     v: &mut [f32],
     stride: usize,
 ) {
     let m = n + 1;
+    let sub_rows = edge.len() / 4;
     let plane = |k: usize, off: usize| &s[k * len + off..][..m];
     for cp in 0..2 {
         let (e, o) = (cp, 2 + cp);
@@ -412,16 +412,7 @@ fn transform_inputs_body(
                 &mut edge,
             );
             let out = &mut v[c * tiles + first..];
-            input_tiles(
-                (&s, &edge),
-                len,
-                t.tw,
-                n,
-                sub_rows,
-                &mut scratch,
-                out,
-                stride,
-            );
+            input_tiles((&s, &edge), len, t.tw, n, &mut scratch, out, stride);
         }
     }
 }
