@@ -36,6 +36,15 @@
 //! planes have 4 to 16 tiles a row), and the loops still have no break per
 //! row.
 //!
+//! The weight gradient, and the forward on planes of at most 16 columns,
+//! transform channels last instead (V_ξ as `[tiles][c_in]`): a piece's
+//! padded rows are transposed to `[row][column][channel]` in 16×16
+//! squares, and each tile is then sixteen loops over the channels, as
+//! long on an 8×8 plane as on a 32×32 one. That layout also suits `gemm`
+//! for the weight gradient, whose products sum over the tiles: it packs
+//! V_ξ along the channels there, contiguous now. The values are the same
+//! bits in either layout.
+//!
 //! Blocks are ranges of tile rows whose size depends on the shapes only,
 //! and each product runs on the calling thread, so results do not depend
 //! on the thread count. Rounding differs from im2col's direct sums (the
@@ -417,24 +426,156 @@ fn transform_inputs_body(
     }
 }
 
+/// A piece's padded rows, channels last: padded row `r` (input row
+/// `first + r − p`) and padded column `q` (input column `q − p`) at
+/// `patch[(r·cols + q)·c_in + c]`, zero outside the input. A transpose,
+/// in squares of 16 channels by 16 (or 8) columns through registers.
+#[inline(always)]
+fn gather_patch(
+    g: &ConvGeom,
+    x: &[f32],
+    image: usize,
+    first: usize,
+    cols: usize,
+    patch: &mut [f32],
+) {
+    let (c_n, hw, p) = (g.c_in, g.h * g.w, g.pad);
+    let row_len = cols * c_n;
+    let planes = &x[image * c_n * hw..][..c_n * hw];
+    for (r, padded) in patch.chunks_exact_mut(row_len).enumerate() {
+        let Some(row) = (first + r).checked_sub(p).filter(|&ih| ih < g.h) else {
+            padded.fill(0.0);
+            continue;
+        };
+        let (left, rest) = padded.split_at_mut(p * c_n);
+        let (dst, right) = rest.split_at_mut(g.w * c_n);
+        left.fill(0.0);
+        right.fill(0.0);
+        let src = |c: usize, q0: usize, n: usize| &planes[c * hw + row * g.w + q0..][..n];
+        let mut c0 = 0;
+        while c0 + 16 <= c_n {
+            let mut q0 = 0;
+            while q0 + 16 <= g.w {
+                square::<16>(|c| src(c0 + c, q0, 16), &mut dst[q0 * c_n + c0..], c_n);
+                q0 += 16;
+            }
+            if q0 + 8 <= g.w {
+                square::<8>(|c| src(c0 + c, q0, 8), &mut dst[q0 * c_n + c0..], c_n);
+                q0 += 8;
+            }
+            for c in c0..c0 + 16 {
+                for (q, &val) in src(c, q0, g.w - q0).iter().enumerate() {
+                    dst[(q0 + q) * c_n + c] = val;
+                }
+            }
+            c0 += 16;
+        }
+        for c in c0..c_n {
+            for (q, &val) in src(c, 0, g.w).iter().enumerate() {
+                dst[q * c_n + c] = val;
+            }
+        }
+    }
+}
+
+/// Sixteen channels' runs of `Q` columns (`src(c)`) into `Q` runs of
+/// sixteen channels, `ld` apart in `dst`: fixed sizes, so the compiler
+/// shuffles registers instead of storing 16·`Q` scalars.
+#[inline(always)]
+fn square<'a, const Q: usize>(src: impl Fn(usize) -> &'a [f32], dst: &mut [f32], ld: usize) {
+    let mut sq = [[0.0f32; Q]; 16];
+    for (c, line) in sq.iter_mut().enumerate() {
+        line.copy_from_slice(src(c));
+    }
+    let tr: [[f32; 16]; Q] = std::array::from_fn(|q| std::array::from_fn(|c| sq[c][q]));
+    for (q, line) in tr.iter().enumerate() {
+        dst[q * ld..][..16].copy_from_slice(line);
+    }
+}
+
+/// The transformed inputs of a block of tile rows, `[16][tiles][c_in]`:
+/// per piece, its padded rows gathered channels last; per tile row, Bᵀ·d
+/// down the columns (four long loops over the row's columns and
+/// channels); per tile, Bᵀ·d·B across (sixteen loops over the channels,
+/// 16 lanes at a time, whatever the plane's width).
+#[inline(always)]
+fn transform_inputs_last_body(
+    g: &ConvGeom,
+    t: &Tiling,
+    x: &[f32],
+    block: &Range<usize>,
+    v: &mut Vec<f32>,
+) {
+    let c_n = g.c_in;
+    let tiles = block.len() * t.tw;
+    let stride = c_n * tiles;
+    v.resize(16 * stride, 0.0);
+    // Tile tx reads padded columns 2tx..2tx + 4.
+    let cols = 2 * t.tw + 2;
+    let row_len = cols * c_n;
+    let (mut patch, mut down) = (Vec::new(), vec![0.0f32; 4 * row_len]);
+    for (b, tys, first) in t.pieces(block) {
+        patch.resize((2 * tys.len() + 2) * row_len, 0.0);
+        gather_patch(g, x, b, 2 * tys.start, cols, &mut patch);
+        for k in 0..tys.len() {
+            let row = |i: usize| &patch[(2 * k + i) * row_len..][..row_len];
+            let (d0, rest) = down.split_at_mut(row_len);
+            let (d1, rest) = rest.split_at_mut(row_len);
+            let (d2, d3) = rest.split_at_mut(row_len);
+            zip2(d0, row(0), row(2), |a, b| a - b);
+            zip2(d1, row(1), row(2), |a, b| a + b);
+            zip2(d2, row(2), row(1), |a, b| a - b);
+            zip2(d3, row(1), row(3), |a, b| a - b);
+            for tx in 0..t.tw {
+                let at = (first + k * t.tw + tx) * c_n;
+                for i in 0..4 {
+                    let col = |j: usize| &down[i * row_len + (2 * tx + j) * c_n..][..c_n];
+                    let out = |j: usize| (4 * i + j) * stride + at;
+                    zip2(&mut v[out(0)..][..c_n], col(0), col(2), |a, b| a - b);
+                    zip2(&mut v[out(1)..][..c_n], col(1), col(2), |a, b| a + b);
+                    zip2(&mut v[out(2)..][..c_n], col(2), col(1), |a, b| a - b);
+                    zip2(&mut v[out(3)..][..c_n], col(1), col(3), |a, b| a - b);
+                }
+            }
+        }
+    }
+}
+
 wide! {
     /// [`transform_inputs_body`], vectorised for the CPU.
     fn transform_inputs(g: &ConvGeom, t: &Tiling, x: &[f32], block: &Range<usize>, v: &mut Vec<f32>) => transform_inputs_body
 }
 
+/// Whether the forward takes its inputs channels last. `gemm` packs
+/// the products' tile side, so it wants V_ξ contiguous along the tiles
+/// (the default layout) on wide planes, where the blocks have many tiles;
+/// on planes of at most 8 tiles a row the channels-last transform, whose
+/// loops do not shorten with the plane, costs less than the packing's
+/// strided reads (single layers at batch 64, docs/results.md).
+fn forward_channels_last(g: &ConvGeom) -> bool {
+    g.ow <= 16
+}
+
+wide! {
+    /// [`transform_inputs_last_body`], vectorised for the CPU.
+    fn transform_inputs_last(g: &ConvGeom, t: &Tiling, x: &[f32], block: &Range<usize>, v: &mut Vec<f32>) => transform_inputs_last_body
+}
+
 /// The forward pass, `[batch, c_out, oh, ow]`, of a geometry that
 /// [`applies`].
 pub(super) fn forward(g: &ConvGeom, x: &[f32], weight: &[f32], bias: &[f32]) -> Vec<f32> {
-    forward_in_blocks(g, x, weight, bias, BLOCK_FLOATS)
+    forward_in_blocks(g, x, weight, bias, BLOCK_FLOATS, forward_channels_last(g))
 }
 
-/// [`forward`] in blocks of `budget` floats.
+/// [`forward`] in blocks of `budget` floats, its inputs transformed
+/// channels `last` or tile-contiguous (the same values either way).
 fn forward_in_blocks(
     g: &ConvGeom,
     x: &[f32],
     weight: &[f32],
     bias: &[f32],
     budget: usize,
+    last: bool,
 ) -> Vec<f32> {
     let t = Tiling::new(g, g.c_in.max(g.c_out), budget);
     let u = transform_weight(g, weight);
@@ -443,7 +584,14 @@ fn forward_in_blocks(
     let (mut v, mut m) = SCRATCH.take();
     for block in t.blocks() {
         let tiles = block.len() * t.tw;
-        transform_inputs(g, &t, x, &block, &mut v);
+        // V_ξ as c_in × tiles, by its (row, column) strides.
+        let v_strides = if last {
+            transform_inputs_last(g, &t, x, &block, &mut v);
+            (1, c_n)
+        } else {
+            transform_inputs(g, &t, x, &block, &mut v);
+            (tiles, 1)
+        };
         m.resize(16 * o_n * tiles, 0.0);
         for xi in 0..16 {
             gemm_f32(
@@ -455,7 +603,7 @@ fn forward_in_blocks(
                 &u[xi * o_n * c_n..][..o_n * c_n],
                 (c_n, 1),
                 &v[xi * c_n * tiles..][..c_n * tiles],
-                (tiles, 1),
+                v_strides,
             );
         }
         untransform_block(g, &t, &m, &block, bias, &mut out);
@@ -649,7 +797,7 @@ fn weight_grad_in_blocks(g: &ConvGeom, x: &[f32], dout: &[f32], budget: usize) -
     let (mut v, mut d) = SCRATCH.take();
     for (n, block) in t.blocks().enumerate() {
         let tiles = block.len() * t.tw;
-        transform_inputs(g, &t, x, &block, &mut v);
+        transform_inputs_last(g, &t, x, &block, &mut v);
         transform_grads(g, &t, dout, &block, &mut d);
         let stride = o_n * tiles;
         // Z_ξ (+)= D_ξ · V_ξᵀ, summed over the block's tiles.
@@ -663,7 +811,7 @@ fn weight_grad_in_blocks(g: &ConvGeom, x: &[f32], dout: &[f32], budget: usize) -
                 &d[xi * stride..][..stride],
                 (tiles, 1),
                 &v[xi * c_n * tiles..][..c_n * tiles],
-                (1, tiles),
+                (c_n, 1),
             );
         }
     }
@@ -744,6 +892,11 @@ mod tests {
             // Input columns in both parities' edges (w = 2·tw + 2, no
             // padding), several tile rows a piece.
             ([2, 3, 10, 10], [2, 3, 3, 3], 0),
+            // Channels last: whole 16×16 squares of the transpose and
+            // their remainders, a forward in either layout (ow > 16 keeps
+            // the tile-contiguous one).
+            ([1, 17, 5, 18], [3, 17, 3, 3], 1),
+            ([2, 32, 6, 16], [4, 32, 3, 3], 1),
         ]
         .into_iter()
         .map(|(x, w, p)| ConvGeom::new(x, w, 1, p).unwrap())
@@ -763,13 +916,10 @@ mod tests {
             let dout = filled(g.out_len(), 14);
             let (y, dx, dw, _) = direct(&g, &x, &w, &b, &dout);
             for budget in [BLOCK_FLOATS, 1] {
-                close(
-                    &forward_in_blocks(&g, &x, &w, &b, budget),
-                    &y,
-                    1e-5,
-                    "y",
-                    &g,
-                );
+                for last in [false, true] {
+                    let fwd = forward_in_blocks(&g, &x, &w, &b, budget, last);
+                    close(&fwd, &y, 1e-5, "y", &g);
+                }
                 close(
                     &weight_grad_in_blocks(&g, &x, &dout, budget),
                     &dw,
