@@ -442,6 +442,10 @@ fn gather_patch(
     let (c_n, hw, p) = (g.c_in, g.h * g.w, g.pad);
     let row_len = cols * c_n;
     let planes = &x[image * c_n * hw..][..c_n * hw];
+    #[cfg(target_arch = "x86_64")]
+    let fast = fedweave_core::simd::has_x86_64_v4();
+    #[cfg(not(target_arch = "x86_64"))]
+    let fast = false;
     for (r, padded) in patch.chunks_exact_mut(row_len).enumerate() {
         let Some(row) = (first + r).checked_sub(p).filter(|&ih| ih < g.h) else {
             padded.fill(0.0);
@@ -456,11 +460,16 @@ fn gather_patch(
         while c0 + 16 <= c_n {
             let mut q0 = 0;
             while q0 + 16 <= g.w {
-                square::<16>(|c| src(c0 + c, q0, 16), &mut dst[q0 * c_n + c0..], c_n);
+                square::<16>(
+                    fast,
+                    |c| src(c0 + c, q0, 16),
+                    &mut dst[q0 * c_n + c0..],
+                    c_n,
+                );
                 q0 += 16;
             }
             if q0 + 8 <= g.w {
-                square::<8>(|c| src(c0 + c, q0, 8), &mut dst[q0 * c_n + c0..], c_n);
+                square::<8>(fast, |c| src(c0 + c, q0, 8), &mut dst[q0 * c_n + c0..], c_n);
                 q0 += 8;
             }
             for c in c0..c0 + 16 {
@@ -478,20 +487,84 @@ fn gather_patch(
     }
 }
 
-/// Sixteen channels' runs of `Q` columns (`src(c)`) into `Q` runs of
-/// sixteen channels, `ld` apart in `dst`, through a small array: the
-/// moves stay in L1, where storing each scalar straight to its strided
-/// place cost 40 % of the transform. (The compiler still moves scalars
-/// here, not shuffled vectors.)
+/// Sixteen channels' runs of `Q` ≤ 16 columns (`src(c)`) into `Q` runs of
+/// sixteen channels, `ld` apart in `dst`. With AVX-512 (`fast`, checked
+/// once by the caller) by register shuffles; otherwise through a small
+/// array, where the moves stay in L1 (storing each scalar straight to its
+/// strided place cost 40 % of the transform).
 #[inline(always)]
-fn square<'a, const Q: usize>(src: impl Fn(usize) -> &'a [f32], dst: &mut [f32], ld: usize) {
+fn square<'a, const Q: usize>(
+    fast: bool,
+    src: impl Fn(usize) -> &'a [f32],
+    dst: &mut [f32],
+    ld: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if fast {
+        // SAFETY: `fast` is `has_x86_64_v4()`, so the CPU has AVX-512F.
+        unsafe { square_avx512::<Q>(src, dst, ld) };
+        return;
+    }
     let mut sq = [[0.0f32; Q]; 16];
     for (c, line) in sq.iter_mut().enumerate() {
-        line.copy_from_slice(src(c));
+        line.copy_from_slice(&src(c)[..Q]);
     }
     let tr: [[f32; 16]; Q] = std::array::from_fn(|q| std::array::from_fn(|c| sq[c][q]));
     for (q, line) in tr.iter().enumerate() {
         dst[q * ld..][..16].copy_from_slice(line);
+    }
+}
+
+/// [`square`] by AVX-512 shuffles: the sixteen runs as rows of a 16×16
+/// matrix (zero past `Q`), interleaved within 128-bit lanes by 32- then
+/// 64-bit unpacks (each lane k of `u[4i + j]` is then column 4k + j of
+/// rows 4i..4i + 4), then the lanes gathered across registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn square_avx512<'a, const Q: usize>(src: impl Fn(usize) -> &'a [f32], dst: &mut [f32], ld: usize) {
+    use std::arch::x86_64::*;
+    assert!(Q <= 16 && (Q == 0 || dst.len() >= (Q - 1) * ld + 16));
+    let mask: __mmask16 = ((1u32 << Q) - 1) as __mmask16;
+    // Plain loops, no closures: a closure would not inherit the
+    // target features, and its calls might not inline.
+    let mut r = [_mm512_setzero_ps(); 16];
+    for (c, row) in r.iter_mut().enumerate() {
+        let run = &src(c)[..Q];
+        // SAFETY: the mask reads the run's Q floats only.
+        *row = unsafe { _mm512_maskz_loadu_ps(mask, run.as_ptr()) };
+    }
+    let mut t = [_mm512_setzero_ps(); 16];
+    for n in (0..16).step_by(2) {
+        t[n] = _mm512_unpacklo_ps(r[n], r[n + 1]);
+        t[n + 1] = _mm512_unpackhi_ps(r[n], r[n + 1]);
+    }
+    let mut u = [_mm512_setzero_ps(); 16];
+    for i in (0..16).step_by(4) {
+        let (p0, p1) = (_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 1]));
+        let (p2, p3) = (_mm512_castps_pd(t[i + 2]), _mm512_castps_pd(t[i + 3]));
+        u[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(p0, p2));
+        u[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(p0, p2));
+        u[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(p1, p3));
+        u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(p1, p3));
+    }
+    for j in 0..4 {
+        let w0 = _mm512_shuffle_f32x4::<0x44>(u[j], u[4 + j]);
+        let w1 = _mm512_shuffle_f32x4::<0xEE>(u[j], u[4 + j]);
+        let w2 = _mm512_shuffle_f32x4::<0x44>(u[8 + j], u[12 + j]);
+        let w3 = _mm512_shuffle_f32x4::<0xEE>(u[8 + j], u[12 + j]);
+        let out = [
+            _mm512_shuffle_f32x4::<0x88>(w0, w2),
+            _mm512_shuffle_f32x4::<0xDD>(w0, w2),
+            _mm512_shuffle_f32x4::<0x88>(w1, w3),
+            _mm512_shuffle_f32x4::<0xDD>(w1, w3),
+        ];
+        for (k, v) in out.into_iter().enumerate() {
+            let q = 4 * k + j;
+            if q < Q {
+                // SAFETY: the assert keeps row q's sixteen floats in `dst`.
+                unsafe { _mm512_storeu_ps(dst[q * ld..].as_mut_ptr(), v) };
+            }
+        }
     }
 }
 
@@ -894,11 +967,10 @@ mod tests {
             // Input columns in both parities' edges (w = 2·tw + 2, no
             // padding), several tile rows a piece.
             ([2, 3, 10, 10], [2, 3, 3, 3], 0),
-            // Channels last: whole 16×16 squares of the transpose and
-            // their remainders, a forward in either layout (ow > 16 keeps
-            // the tile-contiguous one).
+            // Channels last: whole 16×16 and 16×8 squares of the
+            // transpose and their remainders.
             ([1, 17, 5, 18], [3, 17, 3, 3], 1),
-            ([2, 32, 6, 16], [4, 32, 3, 3], 1),
+            ([2, 32, 6, 24], [4, 32, 3, 3], 1),
         ]
         .into_iter()
         .map(|(x, w, p)| ConvGeom::new(x, w, 1, p).unwrap())
@@ -936,6 +1008,35 @@ mod tests {
 
     /// Every tile row of the batch is in exactly one block, in order, and
     /// a block's pieces stay within images.
+    #[test]
+    fn squares_transpose_by_shuffles_or_scalars_alike() {
+        fn check<const Q: usize>(fast: bool) {
+            // Sixteen runs of Q columns, 20 apart; rows of 16 written 19
+            // apart into a destination that starts filled with −1.
+            let src: Vec<f32> = (0..16 * 20).map(|n| n as f32).collect();
+            let ld = 19;
+            let mut dst = vec![-1.0f32; (Q - 1) * ld + 16 + 3];
+            square::<Q>(fast, |c| &src[c * 20..][..Q], &mut dst, ld);
+            for (n, &v) in dst.iter().enumerate() {
+                let (q, c) = (n / ld, n % ld);
+                let want = if q < Q && c < 16 {
+                    (c * 20 + q) as f32
+                } else {
+                    -1.0
+                };
+                assert_eq!(v, want, "Q = {Q}, fast = {fast}, at {n}");
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        let paths = [false, fedweave_core::simd::has_x86_64_v4()];
+        #[cfg(not(target_arch = "x86_64"))]
+        let paths = [false];
+        for fast in paths {
+            check::<16>(fast);
+            check::<8>(fast);
+        }
+    }
+
     #[test]
     fn blocks_cover_the_tile_rows_once() {
         let g = ConvGeom::new([3, 4, 9, 9], [2, 4, 3, 3], 1, 1).unwrap();
