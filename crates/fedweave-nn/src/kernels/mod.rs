@@ -35,8 +35,6 @@ mod in_place;
 mod pool;
 mod sgd;
 mod winograd;
-#[cfg(test)]
-mod winograd_old;
 
 use batch_norm::BnGeom;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
