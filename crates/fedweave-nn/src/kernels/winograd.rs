@@ -47,7 +47,7 @@
 //!
 //! Which convolutions take it is chosen per layer ([`pays`]): at 16–32
 //! channels each transformed value feeds too few multiply-adds to pay for
-//! its transforms, while `resnet9`'s 64–256-channel layers run 15–28 %
+//! its transforms, while `resnet9`'s 64–256-channel layers run 18–21 %
 //! faster than with F(2×2, 3×3) (docs/results.md, session 37).
 //! `FEDWEAVE_WINOGRAD=1` takes every convolution that fits, `0` none.
 
@@ -105,16 +105,16 @@ fn fits(g: &ConvGeom) -> bool {
 }
 
 /// Whether F(4×4, 3×3) is faster than im2col for `g` (forward and
-/// backward together), from single layers timed at batch 64 on a Zen 4
-/// core (docs/results.md, session 28): each transformed value must feed
-/// enough multiply-adds (≥ 64 channels in and out; at 32 it is a wash at
-/// best) and the plane must fill its tiles (≥ 8×8 outputs; measured when
-/// each tile row carried a spare tile, a third of a 4×4 plane's products
-/// then; without it half of a 4×4 plane's tiles are edge tiles redone one
-/// by one, not measured since). So
-/// `resnet9` takes it everywhere but its stem, and the stems, `resnet8`
-/// (16–64 channels, 4×4–16×16 planes) and `cnn-dwa` (32–64) stay on
-/// im2col.
+/// backward together), from single layers timed at batch 64: each
+/// transformed value must feed enough multiply-adds, and the plane must
+/// fill its tiles. With F(4×4, 3×3) (session 37, AVX-512 Intel): 64 → 64
+/// on 8×8 −29 %, 64 → 64 on 16×16 −13 %, but 32 → 64 on `cnn-dwa`'s
+/// unpadded 15×15 +34 %, 32 → 32 on 16×16 +12 %, 16 → 16 on 32×32 +37 %
+/// (im2col's channels-last path is fast on those); only 32 → 64 on a
+/// 32×32 plane gained (−20 %), a shape no model has. So `resnet9` takes
+/// it everywhere but its stem, `resnet8` and `resnet18` on their
+/// 64-channel 8×8 layers, and the stems, `resnet8`'s 16–32-channel
+/// layers and `cnn-dwa` stay on im2col.
 fn pays(g: &ConvGeom) -> bool {
     g.c_in.min(g.c_out) >= 64 && g.ohw() >= 64
 }
@@ -827,13 +827,20 @@ mod tests {
     use super::*;
     use crate::kernels::conv::tests::{direct, filled};
 
-    /// Which layers take it by default: `resnet9`'s 3×3s past its stem,
-    /// not the stems, `resnet8`'s (16–64 channels, 4×4 planes), `cnn-dwa`'s
-    /// (32 channels in) or a 5×5.
+    /// Which layers take it by default: `resnet9`'s 3×3s past its stem
+    /// and the 64-channel 8×8 layers of `resnet8` and `resnet18`; not the
+    /// stems, `resnet8`'s 16- and 32-channel layers, `cnn-dwa`'s (32
+    /// channels in), 4×4 planes or a 5×5.
     #[test]
     fn only_wide_layers_on_full_planes_pay() {
         let geom = |x, w, p| ConvGeom::new(x, w, 1, p).unwrap();
-        for (c_in, c_out, hw) in [(64, 128, 32), (128, 128, 16), (128, 256, 16), (256, 256, 8)] {
+        for (c_in, c_out, hw) in [
+            (64, 128, 32),
+            (128, 128, 16),
+            (128, 256, 16),
+            (256, 256, 8),
+            (64, 64, 8),
+        ] {
             let g = geom([64, c_in, hw, hw], [c_out, c_in, 3, 3], 1);
             assert!(fits(&g) && pays(&g), "{g:?}");
         }
