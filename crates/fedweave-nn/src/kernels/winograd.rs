@@ -112,9 +112,9 @@ fn fits(g: &ConvGeom) -> bool {
 /// unpadded 15×15 +34 %, 32 → 32 on 16×16 +12 %, 16 → 16 on 32×32 +37 %
 /// (im2col's channels-last path is fast on those); only 32 → 64 on a
 /// 32×32 plane gained (−20 %), a shape no model has. So `resnet9` takes
-/// it everywhere but its stem, `resnet8` and `resnet18` on their
-/// 64-channel 8×8 layers, and the stems, `resnet8`'s 16–32-channel
-/// layers and `cnn-dwa` stay on im2col.
+/// it everywhere but its stem and `resnet18` on its 64-channel 8×8
+/// layers, while the stems, `resnet8` (16–32 channels on 16×16 and 8×8,
+/// 64 on 4×4) and `cnn-dwa` stay on im2col.
 fn pays(g: &ConvGeom) -> bool {
     g.c_in.min(g.c_out) >= 64 && g.ohw() >= 64
 }
@@ -828,9 +828,9 @@ mod tests {
     use crate::kernels::conv::tests::{direct, filled};
 
     /// Which layers take it by default: `resnet9`'s 3×3s past its stem
-    /// and the 64-channel 8×8 layers of `resnet8` and `resnet18`; not the
-    /// stems, `resnet8`'s 16- and 32-channel layers, `cnn-dwa`'s (32
-    /// channels in), 4×4 planes or a 5×5.
+    /// and `resnet18`'s 64-channel 8×8 layers; not the stems, `resnet8`'s
+    /// (16–32 channels, or 64 on 4×4 planes), `cnn-dwa`'s (32 channels
+    /// in) or a 5×5.
     #[test]
     fn only_wide_layers_on_full_planes_pay() {
         let geom = |x, w, p| ConvGeom::new(x, w, 1, p).unwrap();
