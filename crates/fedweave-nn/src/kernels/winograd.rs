@@ -26,8 +26,8 @@
 //!
 //! Layout. Inputs and output gradients are transformed channels last
 //! (V_ξ as `[tiles][c_in]`): a piece's padded rows are transposed to
-//! `[row][column][channel]` in 16×16 squares (AVX-512 register shuffles
-//! where the CPU has them), each of a tile row's six patch rows is then
+//! `[row][column][channel]` in 16×16 squares (AVX-512 or AVX2 register
+//! shuffles where the CPU has them), each of a tile row's six patch rows is then
 //! one long loop down the columns, and each tile six loops of six over
 //! its channels across, as long on an 8×8 plane as on a 32×32 one. The
 //! products' rows are contiguous over (channel, tile), so the output
@@ -416,10 +416,7 @@ fn gather_patch(
     let (c_n, hw, p) = (g.c_in, g.h * g.w, g.pad);
     let row_len = cols * c_n;
     let planes = &x[image * c_n * hw..][..c_n * hw];
-    #[cfg(target_arch = "x86_64")]
-    let fast = fedweave_core::simd::has_x86_64_v4();
-    #[cfg(not(target_arch = "x86_64"))]
-    let fast = false;
+    let how = Transpose::detect();
     for (r, padded) in patch.chunks_exact_mut(row_len).enumerate() {
         let Some(row) = (first + r).checked_sub(p).filter(|&ih| ih < g.h) else {
             padded.fill(0.0);
@@ -434,16 +431,11 @@ fn gather_patch(
         while c0 + 16 <= c_n {
             let mut q0 = 0;
             while q0 + 16 <= g.w {
-                square::<16>(
-                    fast,
-                    |c| src(c0 + c, q0, 16),
-                    &mut dst[q0 * c_n + c0..],
-                    c_n,
-                );
+                square::<16>(how, |c| src(c0 + c, q0, 16), &mut dst[q0 * c_n + c0..], c_n);
                 q0 += 16;
             }
             if q0 + 8 <= g.w {
-                square::<8>(fast, |c| src(c0 + c, q0, 8), &mut dst[q0 * c_n + c0..], c_n);
+                square::<8>(how, |c| src(c0 + c, q0, 8), &mut dst[q0 * c_n + c0..], c_n);
                 q0 += 8;
             }
             for c in c0..c0 + 16 {
@@ -461,24 +453,57 @@ fn gather_patch(
     }
 }
 
-/// Sixteen channels' runs of `Q` ≤ 16 columns (`src(c)`) into `Q` runs of
-/// sixteen channels, `ld` apart in `dst`. With AVX-512 (`fast`, checked
-/// once by the caller) by register shuffles; otherwise through a small
-/// array, where the moves stay in L1 (storing each scalar straight to its
-/// strided place cost 40 % of the transform).
+/// How [`square`] transposes: by the widest register shuffles the CPU
+/// has, or through a small array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Transpose {
+    /// 16×16 in AVX-512 registers.
+    Avx512,
+    /// 8×8 blocks in AVX registers (AVX2 CPUs).
+    Avx2,
+    /// Scalar moves through an array.
+    Array,
+}
+
+impl Transpose {
+    /// The widest this CPU runs (cached feature flags).
+    fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if fedweave_core::simd::has_x86_64_v4() {
+                return Self::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return Self::Avx2;
+            }
+        }
+        Self::Array
+    }
+}
+
+/// Sixteen channels' runs of `Q` (8 or 16) columns (`src(c)`) into `Q`
+/// runs of sixteen channels, `ld` apart in `dst`, as `how` says (checked
+/// once by the caller). The array path keeps its moves in L1 (storing
+/// each scalar straight to its strided place cost 40 % of the transform)
+/// but is still scalar: on an AVX2 CPU it was about half of the
+/// channels-last transform.
 #[inline(always)]
 fn square<'a, const Q: usize>(
-    fast: bool,
+    how: Transpose,
     src: impl Fn(usize) -> &'a [f32],
     dst: &mut [f32],
     ld: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if fast {
-        // SAFETY: `fast` is `has_x86_64_v4()`, so the CPU has AVX-512F.
-        unsafe { square_avx512::<Q>(src, dst, ld) };
-        return;
+    match how {
+        // SAFETY: `detect` chose it, so the CPU has AVX-512F.
+        Transpose::Avx512 => return unsafe { square_avx512::<Q>(src, dst, ld) },
+        // SAFETY: `detect` chose it, so the CPU has AVX2.
+        Transpose::Avx2 => return unsafe { square_avx2::<Q>(src, dst, ld) },
+        Transpose::Array => {}
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = how;
     let mut sq = [[0.0f32; Q]; 16];
     for (c, line) in sq.iter_mut().enumerate() {
         line.copy_from_slice(&src(c)[..Q]);
@@ -486,6 +511,47 @@ fn square<'a, const Q: usize>(
     let tr: [[f32; 16]; Q] = std::array::from_fn(|q| std::array::from_fn(|c| sq[c][q]));
     for (q, line) in tr.iter().enumerate() {
         dst[q * ld..][..16].copy_from_slice(line);
+    }
+}
+
+/// [`square`] in 8×8 blocks of AVX registers: eight runs of eight as rows,
+/// interleaved by 32-bit unpacks, then 64-bit pairs picked by
+/// `shuffle_ps` (each 128-bit half of `u[j]` is then column j, or j + 4,
+/// of four rows), then the halves joined across registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn square_avx2<'a, const Q: usize>(src: impl Fn(usize) -> &'a [f32], dst: &mut [f32], ld: usize) {
+    use std::arch::x86_64::*;
+    assert!(Q.is_multiple_of(8) && Q <= 16 && (Q == 0 || dst.len() >= (Q - 1) * ld + 16));
+    for half in 0..2 {
+        for q0 in (0..Q).step_by(8) {
+            let mut r = [_mm256_setzero_ps(); 8];
+            for (c, row) in r.iter_mut().enumerate() {
+                let run = &src(8 * half + c)[q0..q0 + 8];
+                // SAFETY: the run holds the eight floats read.
+                *row = unsafe { _mm256_loadu_ps(run.as_ptr()) };
+            }
+            let mut t = [_mm256_setzero_ps(); 8];
+            for n in (0..8).step_by(2) {
+                t[n] = _mm256_unpacklo_ps(r[n], r[n + 1]);
+                t[n + 1] = _mm256_unpackhi_ps(r[n], r[n + 1]);
+            }
+            let mut u = [_mm256_setzero_ps(); 8];
+            for i in [0, 4] {
+                u[i] = _mm256_shuffle_ps::<0x44>(t[i], t[i + 2]);
+                u[i + 1] = _mm256_shuffle_ps::<0xEE>(t[i], t[i + 2]);
+                u[i + 2] = _mm256_shuffle_ps::<0x44>(t[i + 1], t[i + 3]);
+                u[i + 3] = _mm256_shuffle_ps::<0xEE>(t[i + 1], t[i + 3]);
+            }
+            for j in 0..4 {
+                let low = _mm256_permute2f128_ps::<0x20>(u[j], u[4 + j]);
+                let high = _mm256_permute2f128_ps::<0x31>(u[j], u[4 + j]);
+                for (q, v) in [(q0 + j, low), (q0 + 4 + j, high)] {
+                    // SAFETY: the assert keeps row q's sixteen floats in `dst`.
+                    unsafe { _mm256_storeu_ps(dst[q * ld + 8 * half..].as_mut_ptr(), v) };
+                }
+            }
+        }
     }
 }
 
@@ -987,13 +1053,13 @@ mod tests {
     /// a block's pieces stay within images.
     #[test]
     fn squares_transpose_by_shuffles_or_scalars_alike() {
-        fn check<const Q: usize>(fast: bool) {
+        fn check<const Q: usize>(how: Transpose) {
             // Sixteen runs of Q columns, 20 apart; rows of 16 written 19
             // apart into a destination that starts filled with −1.
             let src: Vec<f32> = (0..16 * 20).map(|n| n as f32).collect();
             let ld = 19;
             let mut dst = vec![-1.0f32; (Q - 1) * ld + 16 + 3];
-            square::<Q>(fast, |c| &src[c * 20..][..Q], &mut dst, ld);
+            square::<Q>(how, |c| &src[c * 20..][..Q], &mut dst, ld);
             for (n, &v) in dst.iter().enumerate() {
                 let (q, c) = (n / ld, n % ld);
                 let want = if q < Q && c < 16 {
@@ -1001,16 +1067,18 @@ mod tests {
                 } else {
                     -1.0
                 };
-                assert_eq!(v, want, "Q = {Q}, fast = {fast}, at {n}");
+                assert_eq!(v, want, "Q = {Q}, {how:?}, at {n}");
             }
         }
-        #[cfg(target_arch = "x86_64")]
-        let paths = [false, fedweave_core::simd::has_x86_64_v4()];
-        #[cfg(not(target_arch = "x86_64"))]
-        let paths = [false];
-        for fast in paths {
-            check::<16>(fast);
-            check::<8>(fast);
+        // Every path this CPU runs: the detected one and those below it.
+        let paths = match Transpose::detect() {
+            Transpose::Avx512 => &[Transpose::Array, Transpose::Avx2, Transpose::Avx512][..],
+            Transpose::Avx2 => &[Transpose::Array, Transpose::Avx2][..],
+            Transpose::Array => &[Transpose::Array][..],
+        };
+        for &how in paths {
+            check::<16>(how);
+            check::<8>(how);
         }
     }
 
