@@ -201,46 +201,30 @@ const TWENTY_FOURTH: f32 = 1.0 / 24.0;
 /// Filters per chunk of the filter transforms: their taps fit in L1.
 const FILTER_CHUNK: usize = 64;
 
-/// G·a along one axis for runs of three taps: `out[j][n]` from `a[0..3][n]`.
+/// G·a for three taps.
 #[inline(always)]
-fn g_runs(a: [&[f32]; 3], out: [&mut [f32]; 6]) {
-    let n = out[0].len();
-    let a: [&[f32]; 3] = a.map(|r| &r[..n]);
-    let [o0, o1, o2, o3, o4, o5] = out;
-    let (o1, o2, o3, o4, o5) = (
-        &mut o1[..n],
-        &mut o2[..n],
-        &mut o3[..n],
-        &mut o4[..n],
-        &mut o5[..n],
-    );
-    for k in 0..n {
-        let (a0, a1, a2) = (a[0][k], a[1][k], a[2][k]);
-        let (even, e4, o2x) = (a0 + a2, a0 + 4.0 * a2, 2.0 * a1);
-        o0[k] = 0.25 * a0;
-        o1[k] = -(even + a1) * SIXTH;
-        o2[k] = -(even - a1) * SIXTH;
-        o3[k] = (e4 + o2x) * TWENTY_FOURTH;
-        o4[k] = (e4 - o2x) * TWENTY_FOURTH;
-        o5[k] = a2;
-    }
+fn g_of(a: [f32; 3]) -> [f32; 6] {
+    let (even, e4, o2x) = (a[0] + a[2], a[0] + 4.0 * a[2], 2.0 * a[1]);
+    [
+        0.25 * a[0],
+        -(even + a[1]) * SIXTH,
+        -(even - a[1]) * SIXTH,
+        (e4 + o2x) * TWENTY_FOURTH,
+        (e4 - o2x) * TWENTY_FOURTH,
+        a[2],
+    ]
 }
 
-/// Gᵀ·z along one axis for runs of six transformed values (the weight
-/// gradient's way back): `out[j][n]` from `z[0..6][n]`.
+/// Gᵀ·z for six transformed values (the weight gradient's way back).
 #[inline(always)]
-fn gt_runs(z: [&[f32]; 6], out: [&mut [f32]; 3]) {
-    let n = out[0].len();
-    let z: [&[f32]; 6] = z.map(|r| &r[..n]);
-    let [o0, o1, o2] = out;
-    let (o1, o2) = (&mut o1[..n], &mut o2[..n]);
-    for k in 0..n {
-        let (s12, d12) = (z[1][k] + z[2][k], z[2][k] - z[1][k]);
-        let (s34, d34) = (z[3][k] + z[4][k], z[3][k] - z[4][k]);
-        o0[k] = 0.25 * z[0][k] - s12 * SIXTH + s34 * TWENTY_FOURTH;
-        o1[k] = d12 * SIXTH + d34 * TWELFTH;
-        o2[k] = (s34 - s12) * SIXTH + z[5][k];
-    }
+fn gt_of(z: [f32; 6]) -> [f32; 3] {
+    let (s12, d12) = (z[1] + z[2], z[2] - z[1]);
+    let (s34, d34) = (z[3] + z[4], z[3] - z[4]);
+    [
+        0.25 * z[0] - s12 * SIXTH + s34 * TWENTY_FOURTH,
+        d12 * SIXTH + d34 * TWELFTH,
+        (s34 - s12) * SIXTH + z[5],
+    ]
 }
 
 /// The filters in the transformed domain, `[36][c_out][c_in]`: chunk by
@@ -264,14 +248,12 @@ fn transform_weight_body(g: &ConvGeom, weight: &[f32], u: &mut Vec<f32>) {
         // cols[6j + i] = (G·g)[i][j].
         for j in 0..3 {
             let out = runs(&mut cols[6 * j * FILTER_CHUNK..], FILTER_CHUNK, n);
-            g_runs([tap(j), tap(3 + j), tap(6 + j)], out);
+            map_runs([tap(j), tap(3 + j), tap(6 + j)], out, g_of);
         }
         for i in 0..6 {
             let col = |j: usize| &cols[(6 * j + i) * FILTER_CHUNK..][..n];
-            g_runs(
-                [col(0), col(1), col(2)],
-                runs(&mut u[6 * i * plane + oc0..], plane, n),
-            );
+            let out = runs(&mut u[6 * i * plane + oc0..], plane, n);
+            map_runs([col(0), col(1), col(2)], out, g_of);
         }
     }
 }
@@ -293,13 +275,17 @@ fn untransform_weight_grad_body(z: &[f32], dw: &mut [f32]) {
         // rows[3i + c] = (Z·G)[i][c].
         for i in 0..6 {
             let zs = std::array::from_fn(|j| &z[(6 * i + j) * plane + oc0..][..n]);
-            gt_runs(zs, runs(&mut rows[3 * i * FILTER_CHUNK..], FILTER_CHUNK, n));
+            map_runs(
+                zs,
+                runs(&mut rows[3 * i * FILTER_CHUNK..], FILTER_CHUNK, n),
+                gt_of,
+            );
         }
         // taps[3r + c] = (Gᵀ·Z·G)[r][c], as the column c of rows r.
         for c in 0..3 {
             let col = std::array::from_fn(|i| &rows[(3 * i + c) * FILTER_CHUNK..][..n]);
             let [r0, r1, r2] = runs::<3>(&mut taps[c * FILTER_CHUNK..], 3 * FILTER_CHUNK, n);
-            gt_runs(col, [r0, r1, r2]);
+            map_runs(col, [r0, r1, r2], gt_of);
         }
         for (f, k) in dw[oc0 * 9..][..n * 9].chunks_exact_mut(9).enumerate() {
             for (t, w) in k.iter_mut().enumerate() {
@@ -331,73 +317,60 @@ fn runs<const K: usize>(out: &mut [f32], stride: usize, n: usize) -> [&mut [f32]
     })
 }
 
-/// Bᵀ·d along one axis for runs of six inputs: `out[j][e]` from `d[0..6][e]`.
+/// One transform along one axis for runs of values: `out[j][n] =
+/// f(inp[..][n])[j]`, one loop over the runs (the outputs' length), which
+/// the compiler vectorises across n.
 #[inline(always)]
-fn bt_runs(d: [&[f32]; 6], out: [&mut [f32]; 6]) {
+fn map_runs<const I: usize, const O: usize>(
+    inp: [&[f32]; I],
+    out: [&mut [f32]; O],
+    f: impl Fn([f32; I]) -> [f32; O],
+) {
     let n = out[0].len();
-    let d: [&[f32]; 6] = d.map(|r| &r[..n]);
-    let [o0, o1, o2, o3, o4, o5] = out;
-    let (o1, o2, o3, o4, o5) = (
-        &mut o1[..n],
-        &mut o2[..n],
-        &mut o3[..n],
-        &mut o4[..n],
-        &mut o5[..n],
-    );
-    for e in 0..n {
-        let [d0, d1, d2, d3, d4, d5] = [d[0][e], d[1][e], d[2][e], d[3][e], d[4][e], d[5][e]];
-        let (a, b) = (d3 + d4 - 4.0 * d2, 4.0 * d1);
-        let (c, f) = (d4 - d3 - 4.0 * d2, 2.0 * (d3 - d1));
-        o0[e] = 4.0 * d0 - 5.0 * d2 + d4;
-        o1[e] = a - b;
-        o2[e] = c + b;
-        o3[e] = d4 - d2 + f;
-        o4[e] = d4 - d2 - f;
-        o5[e] = 4.0 * d1 - 5.0 * d3 + d5;
+    let inp = inp.map(|r| &r[..n]);
+    let mut out = out.map(|r| &mut r[..n]);
+    for k in 0..n {
+        let y = f(std::array::from_fn(|i| inp[i][k]));
+        for (o, v) in out.iter_mut().zip(y) {
+            o[k] = v;
+        }
     }
 }
 
-/// A·e along one axis for runs of four values: `out[j][n]` from `e[0..4][n]`.
+/// Bᵀ·d for six inputs.
 #[inline(always)]
-fn a_runs(e: [&[f32]; 4], out: [&mut [f32]; 6]) {
-    let n = out[0].len();
-    let e: [&[f32]; 4] = e.map(|r| &r[..n]);
-    let [o0, o1, o2, o3, o4, o5] = out;
-    let (o1, o2, o3, o4, o5) = (
-        &mut o1[..n],
-        &mut o2[..n],
-        &mut o3[..n],
-        &mut o4[..n],
-        &mut o5[..n],
-    );
-    for k in 0..n {
-        let [e0, e1, e2, e3] = [e[0][k], e[1][k], e[2][k], e[3][k]];
-        let (s02, s13) = (e0 + e2, e1 + e3);
-        let (q02, q13) = (e0 + 4.0 * e2, 2.0 * e1 + 8.0 * e3);
-        o0[k] = e0;
-        o1[k] = s02 + s13;
-        o2[k] = s02 - s13;
-        o3[k] = q02 + q13;
-        o4[k] = q02 - q13;
-        o5[k] = e3;
-    }
+fn bt_of([d0, d1, d2, d3, d4, d5]: [f32; 6]) -> [f32; 6] {
+    let (a, b) = (d3 + d4 - 4.0 * d2, 4.0 * d1);
+    let (c, f) = (d4 - d3 - 4.0 * d2, 2.0 * (d3 - d1));
+    [
+        4.0 * d0 - 5.0 * d2 + d4,
+        a - b,
+        c + b,
+        d4 - d2 + f,
+        d4 - d2 - f,
+        4.0 * d1 - 5.0 * d3 + d5,
+    ]
 }
 
-/// Aᵀ·m along one axis for runs of six values: `out[j][n]` from `m[0..6][n]`.
+/// A·e for four values (the output gradient's transform).
 #[inline(always)]
-fn at_runs(m: [&[f32]; 6], out: [&mut [f32]; 4]) {
-    let n = out[0].len();
-    let m: [&[f32]; 6] = m.map(|r| &r[..n]);
-    let [o0, o1, o2, o3] = out;
-    let (o1, o2, o3) = (&mut o1[..n], &mut o2[..n], &mut o3[..n]);
-    for k in 0..n {
-        let (p12, d12) = (m[1][k] + m[2][k], m[1][k] - m[2][k]);
-        let (p34, d34) = (m[3][k] + m[4][k], m[3][k] - m[4][k]);
-        o0[k] = m[0][k] + p12 + p34;
-        o1[k] = d12 + 2.0 * d34;
-        o2[k] = p12 + 4.0 * p34;
-        o3[k] = d12 + 8.0 * d34 + m[5][k];
-    }
+fn a_of([e0, e1, e2, e3]: [f32; 4]) -> [f32; 6] {
+    let (s02, s13) = (e0 + e2, e1 + e3);
+    let (q02, q13) = (e0 + 4.0 * e2, 2.0 * e1 + 8.0 * e3);
+    [e0, s02 + s13, s02 - s13, q02 + q13, q02 - q13, e3]
+}
+
+/// Aᵀ·m for six values (the output transform).
+#[inline(always)]
+fn at_of(m: [f32; 6]) -> [f32; 4] {
+    let (p12, d12) = (m[1] + m[2], m[1] - m[2]);
+    let (p34, d34) = (m[3] + m[4], m[3] - m[4]);
+    [
+        m[0] + p12 + p34,
+        d12 + 2.0 * d34,
+        p12 + 4.0 * p34,
+        d12 + 8.0 * d34 + m[5],
+    ]
 }
 
 /// A piece's padded rows, channels last: padded row `r` (input row
@@ -633,13 +606,13 @@ fn transform_inputs_body(
         gather_patch(g, x, b, 4 * tys.start, cols, &mut patch);
         for k in 0..tys.len() {
             let rows = std::array::from_fn(|i| &patch[(4 * k + i) * row_len..][..row_len]);
-            bt_runs(rows, runs(&mut down, row_len, row_len));
+            map_runs(rows, runs(&mut down, row_len, row_len), bt_of);
             for tx in 0..t.tw {
                 let at = (first + k * t.tw + tx) * c_n;
                 for i in 0..6 {
                     let col =
                         std::array::from_fn(|j| &down[i * row_len + (4 * tx + j) * c_n..][..c_n]);
-                    bt_runs(col, runs(&mut v[6 * i * stride + at..], stride, c_n));
+                    map_runs(col, runs(&mut v[6 * i * stride + at..], stride, c_n), bt_of);
                 }
             }
         }
@@ -725,12 +698,12 @@ fn untransform_block_body(
         // Down: s[4j + r] = Σ_i Aᵀ[r][i]·M[i][j].
         for j in 0..6 {
             let rows = std::array::from_fn(|i| &mo[(6 * i + j) * stride..][..len]);
-            at_runs(rows, runs(&mut s[4 * j * len..], len, len));
+            map_runs(rows, runs(&mut s[4 * j * len..], len, len), at_of);
         }
         // Across: y[4r + c] = Σ_j s[4j + r]·A[j][c].
         for r in 0..4 {
             let cols = std::array::from_fn(|j| &s[(4 * j + r) * len..][..len]);
-            at_runs(cols, runs(&mut y[4 * r * len..], len, len));
+            map_runs(cols, runs(&mut y[4 * r * len..], len, len), at_of);
         }
         for &(b, ref tys, first) in &pieces {
             for o in o0..o0 + oc {
@@ -833,13 +806,13 @@ fn transform_grads_body(
         gather_patch(&planes, dout, b, 4 * tys.start, cols, &mut patch);
         for k in 0..tys.len() {
             let rows = std::array::from_fn(|i| &patch[(4 * k + i) * row_len..][..row_len]);
-            a_runs(rows, runs(&mut down, row_len, row_len));
+            map_runs(rows, runs(&mut down, row_len, row_len), a_of);
             for tx in 0..t.tw {
                 let at = (first + k * t.tw + tx) * o_n;
                 for i in 0..6 {
                     let col =
                         std::array::from_fn(|j| &down[i * row_len + (4 * tx + j) * o_n..][..o_n]);
-                    a_runs(col, runs(&mut d[6 * i * stride + at..], stride, o_n));
+                    map_runs(col, runs(&mut d[6 * i * stride + at..], stride, o_n), a_of);
                 }
             }
         }
