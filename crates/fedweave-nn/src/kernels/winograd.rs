@@ -581,10 +581,49 @@ fn square_avx512<'a, const Q: usize>(src: impl Fn(usize) -> &'a [f32], dst: &mut
     }
 }
 
+/// A block's tiles transformed channels last, `[36][tiles][channels]`,
+/// from `x` laid out as `planes` says: per piece, the planes' rows gathered
+/// channels last ([`gather_patch`]); per tile row, `f` down the columns
+/// of its `R` patch rows (long loops over columns × channels); per tile,
+/// `f` across its `R` columns (loops over the channels). A tile's patch is
+/// `R`×`R` from row and column 4·t: six for the inputs, four for the
+/// output gradients.
+#[inline(always)]
+fn transform_tiles<const R: usize>(
+    planes: &ConvGeom,
+    t: &Tiling,
+    x: &[f32],
+    block: &Range<usize>,
+    out: &mut Vec<f32>,
+    f: impl Fn([f32; R]) -> [f32; 6] + Copy,
+) {
+    let c_n = planes.c_in;
+    let tiles = block.len() * t.tw;
+    let stride = c_n * tiles;
+    out.resize(36 * stride, 0.0);
+    let cols = 4 * t.tw + R - 4;
+    let row_len = cols * c_n;
+    let (mut patch, mut down) = (Vec::new(), vec![0.0f32; 6 * row_len]);
+    for (b, tys, first) in t.pieces(block) {
+        patch.resize((4 * tys.len() + R - 4) * row_len, 0.0);
+        gather_patch(planes, x, b, 4 * tys.start, cols, &mut patch);
+        for k in 0..tys.len() {
+            let rows = std::array::from_fn(|i| &patch[(4 * k + i) * row_len..][..row_len]);
+            map_runs(rows, runs(&mut down, row_len, row_len), f);
+            for tx in 0..t.tw {
+                let at = (first + k * t.tw + tx) * c_n;
+                for i in 0..6 {
+                    let col =
+                        std::array::from_fn(|j| &down[i * row_len + (4 * tx + j) * c_n..][..c_n]);
+                    map_runs(col, runs(&mut out[6 * i * stride + at..], stride, c_n), f);
+                }
+            }
+        }
+    }
+}
+
 /// The transformed inputs of a block of tile rows, `[36][tiles][c_in]`:
-/// per piece, its padded rows gathered channels last; per tile row, Bᵀ·d
-/// down the columns (six long loops); per tile, across (six loops of six
-/// over the channels).
+/// Bᵀ·d·B of each tile's padded 6×6 patch.
 #[inline(always)]
 fn transform_inputs_body(
     g: &ConvGeom,
@@ -593,30 +632,7 @@ fn transform_inputs_body(
     block: &Range<usize>,
     v: &mut Vec<f32>,
 ) {
-    let c_n = g.c_in;
-    let tiles = block.len() * t.tw;
-    let stride = c_n * tiles;
-    v.resize(36 * stride, 0.0);
-    // Tile tx reads padded columns 4tx..4tx + 6.
-    let cols = 4 * t.tw + 2;
-    let row_len = cols * c_n;
-    let (mut patch, mut down) = (Vec::new(), vec![0.0f32; 6 * row_len]);
-    for (b, tys, first) in t.pieces(block) {
-        patch.resize((4 * tys.len() + 2) * row_len, 0.0);
-        gather_patch(g, x, b, 4 * tys.start, cols, &mut patch);
-        for k in 0..tys.len() {
-            let rows = std::array::from_fn(|i| &patch[(4 * k + i) * row_len..][..row_len]);
-            map_runs(rows, runs(&mut down, row_len, row_len), bt_of);
-            for tx in 0..t.tw {
-                let at = (first + k * t.tw + tx) * c_n;
-                for i in 0..6 {
-                    let col =
-                        std::array::from_fn(|j| &down[i * row_len + (4 * tx + j) * c_n..][..c_n]);
-                    map_runs(col, runs(&mut v[6 * i * stride + at..], stride, c_n), bt_of);
-                }
-            }
-        }
-    }
+    transform_tiles::<6>(g, t, x, block, v, bt_of);
 }
 
 wide! {
@@ -776,8 +792,8 @@ fn transposed(g: &ConvGeom, weight: &[f32]) -> (ConvGeom, Vec<f32>) {
 }
 
 /// The transformed output gradients of a block of tile rows,
-/// `[36][tiles][c_out]`: the output rows gathered channels last (zero past
-/// the output's edge), A·dy down the columns, then across per tile.
+/// `[36][tiles][c_out]`: A·dy·Aᵀ of each tile's 4×4 output gradients (zero
+/// past the output's edge).
 #[inline(always)]
 fn transform_grads_body(
     g: &ConvGeom,
@@ -786,37 +802,15 @@ fn transform_grads_body(
     block: &Range<usize>,
     d: &mut Vec<f32>,
 ) {
-    let o_n = g.c_out;
-    let tiles = block.len() * t.tw;
-    let stride = o_n * tiles;
-    d.resize(36 * stride, 0.0);
     // The output as a 3×3 convolution's unpadded input of c_out planes.
     let planes = ConvGeom {
-        c_in: o_n,
+        c_in: g.c_out,
         h: g.oh,
         w: g.ow,
         pad: 0,
         ..*g
     };
-    let cols = 4 * t.tw;
-    let row_len = cols * o_n;
-    let (mut patch, mut down) = (Vec::new(), vec![0.0f32; 6 * row_len]);
-    for (b, tys, first) in t.pieces(block) {
-        patch.resize(4 * tys.len() * row_len, 0.0);
-        gather_patch(&planes, dout, b, 4 * tys.start, cols, &mut patch);
-        for k in 0..tys.len() {
-            let rows = std::array::from_fn(|i| &patch[(4 * k + i) * row_len..][..row_len]);
-            map_runs(rows, runs(&mut down, row_len, row_len), a_of);
-            for tx in 0..t.tw {
-                let at = (first + k * t.tw + tx) * o_n;
-                for i in 0..6 {
-                    let col =
-                        std::array::from_fn(|j| &down[i * row_len + (4 * tx + j) * o_n..][..o_n]);
-                    map_runs(col, runs(&mut d[6 * i * stride + at..], stride, o_n), a_of);
-                }
-            }
-        }
-    }
+    transform_tiles::<4>(&planes, t, dout, block, d, a_of);
 }
 
 wide! {
