@@ -275,17 +275,14 @@ fn untransform_weight_grad_body(z: &[f32], dw: &mut [f32]) {
         // rows[3i + c] = (Z·G)[i][c].
         for i in 0..6 {
             let zs = std::array::from_fn(|j| &z[(6 * i + j) * plane + oc0..][..n]);
-            map_runs(
-                zs,
-                runs(&mut rows[3 * i * FILTER_CHUNK..], FILTER_CHUNK, n),
-                gt_of,
-            );
+            let out = runs(&mut rows[3 * i * FILTER_CHUNK..], FILTER_CHUNK, n);
+            map_runs(zs, out, gt_of);
         }
         // taps[3r + c] = (Gᵀ·Z·G)[r][c], as the column c of rows r.
         for c in 0..3 {
             let col = std::array::from_fn(|i| &rows[(3 * i + c) * FILTER_CHUNK..][..n]);
-            let [r0, r1, r2] = runs::<3>(&mut taps[c * FILTER_CHUNK..], 3 * FILTER_CHUNK, n);
-            map_runs(col, [r0, r1, r2], gt_of);
+            let out = runs(&mut taps[c * FILTER_CHUNK..], 3 * FILTER_CHUNK, n);
+            map_runs(col, out, gt_of);
         }
         for (f, k) in dw[oc0 * 9..][..n * 9].chunks_exact_mut(9).enumerate() {
             for (t, w) in k.iter_mut().enumerate() {
