@@ -1,12 +1,15 @@
 //! k×k max pooling on `f32` slices, forward and backward, in one pass that
 //! keeps each window's winner (its index in the plane) for the backward
-//! pass. The seed models' 2×2 windows of stride 2 take a loop of their own.
+//! pass. The seed models' 2×2 windows of stride 2 take a loop of their own;
+//! other windows of stride 1 or 2 (the ResNets' 3×3 stem pools) are
+//! branch-free selects over stride phases ([`Phases`]), the rest a scan.
 //!
 //! Layout `[batch, channels, h, w]`, floor mode, padding never wins. Ties go
 //! to the first maximum in row-major order; a window holding NaN yields NaN,
 //! so a diverged run stays visibly diverged.
 
 use super::relu_keeps;
+use fedweave_core::wide;
 
 /// The shape of one pooling: square windows, stride and padding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,19 +65,28 @@ impl PoolGeom {
     }
 }
 
-/// The maxima, `[planes, oh, ow]` (through burn's ReLU when `relu`), and
-/// each one's index in its input plane.
-pub(crate) fn forward(g: &PoolGeom, x: &[f32], relu: bool) -> (Vec<f32>, Vec<u32>) {
+wide! {
+    /// The maxima, `[planes, oh, ow]` (through burn's ReLU when `relu`), and
+    /// each one's index in its input plane.
+    pub(crate) fn forward(g: &PoolGeom, x: &[f32], relu: bool) -> (Vec<f32>, Vec<u32>) => forward_body
+}
+
+/// [`forward`] for any target.
+#[inline(always)]
+fn forward_body(g: &PoolGeom, x: &[f32], relu: bool) -> (Vec<f32>, Vec<u32>) {
     let mut out = vec![0.0f32; g.out_len()];
     let mut arg = vec![0u32; g.out_len()];
     let (hw, ohw) = (g.h * g.w, g.oh * g.ow);
     let pairs = out.chunks_exact_mut(ohw).zip(arg.chunks_exact_mut(ohw));
-    for ((out, arg), plane) in pairs.zip(x.chunks_exact(hw)) {
-        if (g.k, g.stride, g.pad) == (2, 2, 0) {
-            pool2x2(g, plane, out, arg);
-        } else {
-            pool_any(g, plane, out, arg);
-        }
+    let planes = pairs.zip(x.chunks_exact(hw));
+    if (g.k, g.stride, g.pad) == (2, 2, 0) {
+        planes.for_each(|((out, arg), plane)| pool2x2(g, plane, out, arg));
+    } else if g.stride == 1 {
+        Phases::<1>::new(g).pool(g, planes);
+    } else if g.stride == 2 {
+        Phases::<2>::new(g).pool(g, planes);
+    } else {
+        planes.for_each(|((out, arg), plane)| pool_scan(g, plane, out, arg));
     }
     if relu {
         for v in &mut out {
@@ -113,18 +125,132 @@ fn pool2x2(g: &PoolGeom, plane: &[f32], out: &mut [f32], arg: &mut [u32]) {
     }
 }
 
-/// One plane through any window, stride and padding. Windows of 3×3 that
-/// lie inside the plane (`resnet8`'s and `resnet18`'s stem pool) take
-/// [`window3`]; the rest, and any window holding NaN, the general scan.
-fn pool_any(g: &PoolGeom, plane: &[f32], out: &mut [f32], arg: &mut [u32]) {
+/// A plane padded with −∞ and split into its S×S stride phases (rows and
+/// columns by their remainder mod S): in a phase plane, the element at one
+/// window offset of every window is one contiguous run, so each of the k·k
+/// steps of the row-major window scan is a branch-free select over the
+/// whole output that the compiler vectorises. (A scalar scan mispredicts
+/// about every other compare.) Outputs are computed on a grid `wide`
+/// columns wide, the phase planes' width, and the spare columns dropped.
+struct Phases<const S: usize> {
+    /// The S·S phase planes, `rows × wide` each; padded row `a·S + i` and
+    /// column `b·S + j` of the input is phase `(i, j)`'s row `a`, column `b`.
+    phases: Vec<f32>,
+    /// One padded input row, `wide · S` long.
+    row: Vec<f32>,
+    wide: usize,
+    rows: usize,
+    /// The running maxima and their indices, `oh × wide`.
+    best: Vec<f32>,
+    at: Vec<u32>,
+    /// Each window's first element inside the plane (where an all −∞
+    /// window points, as in [`scan_window`]).
+    first: Vec<u32>,
+    /// `r·S·w + c·S`: a window's offset in the plane, less the padding.
+    offsets: Vec<u32>,
+}
+
+impl<const S: usize> Phases<S> {
+    fn new(g: &PoolGeom) -> Self {
+        let padded = |o: usize, n: usize| ((o - 1) * S + g.k).max(g.pad + n).div_ceil(S);
+        // A spare row: the last row's runs reach past the grid's edge.
+        let (rows, wide) = (padded(g.oh, g.h) + 1, padded(g.ow, g.w));
+        let grid = g.oh * wide;
+        let (mut first, mut offsets) = (vec![0; grid], vec![0; grid]);
+        for r in 0..g.oh {
+            for c in 0..g.ow {
+                first[r * wide + c] = (g.span(r, g.h).start * g.w + g.span(c, g.w).start) as u32;
+                offsets[r * wide + c] = (r * S * g.w + c * S) as u32;
+            }
+        }
+        Self {
+            phases: vec![f32::NEG_INFINITY; S * S * rows * wide],
+            row: vec![f32::NEG_INFINITY; S * wide],
+            wide,
+            rows,
+            best: vec![0.0; grid],
+            at: vec![0; grid],
+            first,
+            offsets,
+        }
+    }
+
+    /// Pools each `(out, arg)` from its plane; planes holding NaN, which
+    /// no `>` selects, are scanned window by window (a diverged run, not a
+    /// hot path).
+    #[inline(always)]
+    fn pool<'a>(
+        &mut self,
+        g: &PoolGeom,
+        planes: impl Iterator<Item = ((&'a mut [f32], &'a mut [u32]), &'a [f32])>,
+    ) {
+        for ((out, arg), plane) in planes {
+            // NaN's bits, sign cleared, are the only ones above +∞'s.
+            let top = plane.iter().map(|v| v.to_bits() & 0x7fff_ffff).max();
+            if top > Some(f32::INFINITY.to_bits()) {
+                pool_scan(g, plane, out, arg);
+            } else {
+                self.plane(g, plane, out, arg);
+            }
+        }
+    }
+
+    /// One plane without NaN.
+    #[inline(always)]
+    fn plane(&mut self, g: &PoolGeom, plane: &[f32], out: &mut [f32], arg: &mut [u32]) {
+        let (w, wide, size) = (g.w, self.wide, self.rows * self.wide);
+        // Each row goes through `row` (−∞ beyond the plane's columns) into
+        // its S phases; the phase planes' padding rows keep their −∞.
+        for (i, x) in plane.chunks_exact(w).enumerate() {
+            self.row[g.pad..][..w].copy_from_slice(x);
+            let (a, i) = ((i + g.pad) / S, (i + g.pad) % S);
+            for q in 0..S {
+                let dst = &mut self.phases[(i * S + q) * size + a * wide..][..wide];
+                for (d, m) in dst.iter_mut().zip(self.row.chunks_exact(S)) {
+                    *d = m[q];
+                }
+            }
+        }
+        let grid = g.oh * wide;
+        self.best.fill(f32::NEG_INFINITY);
+        self.at.copy_from_slice(&self.first);
+        for di in 0..g.k {
+            for dj in 0..g.k {
+                let phase = ((di % S) * S + dj % S) * size;
+                let run = &self.phases[phase + (di / S) * wide + dj / S..][..grid];
+                // Input index of this step's element: offset + (di − pad)·w + dj − pad.
+                let base = ((di * w + dj) as u32).wrapping_sub((g.pad * w + g.pad) as u32);
+                let (best, at, offsets) = (
+                    &mut self.best[..grid],
+                    &mut self.at[..grid],
+                    &self.offsets[..grid],
+                );
+                for e in 0..grid {
+                    let v = run[e];
+                    let wins = v > best[e];
+                    best[e] = if wins { v } else { best[e] };
+                    at[e] = if wins {
+                        base.wrapping_add(offsets[e])
+                    } else {
+                        at[e]
+                    };
+                }
+            }
+        }
+        let rows = out.chunks_exact_mut(g.ow).zip(arg.chunks_exact_mut(g.ow));
+        for (r, (out, arg)) in rows.enumerate() {
+            out.copy_from_slice(&self.best[r * wide..][..g.ow]);
+            arg.copy_from_slice(&self.at[r * wide..][..g.ow]);
+        }
+    }
+}
+
+/// One plane, window by window in row-major order (the definition).
+fn pool_scan(g: &PoolGeom, plane: &[f32], out: &mut [f32], arg: &mut [u32]) {
     for r in 0..g.oh {
         let rows = g.span(r, g.h);
         for c in 0..g.ow {
-            let cols = g.span(c, g.w);
-            let fast = (g.k == 3 && rows.len() == 3 && cols.len() == 3)
-                .then(|| window3(plane, g.w, rows.start, cols.start))
-                .flatten();
-            let (best, at) = fast.unwrap_or_else(|| scan_window(plane, g.w, &rows, &cols));
+            let (best, at) = scan_window(plane, g.w, &rows, &g.span(c, g.w));
             out[r * g.ow + c] = best;
             arg[r * g.ow + c] = at as u32;
         }
@@ -152,25 +278,6 @@ fn scan_window(
         }
     }
     (best, at)
-}
-
-/// The first maximum of the 3×3 window from (`i0`, `j0`), whose rows are
-/// read as arrays (no per-element bounds checks or NaN branches), or `None`
-/// when the window holds NaN (which no `>` selects), for the general scan.
-#[inline]
-fn window3(plane: &[f32], w: usize, i0: usize, j0: usize) -> Option<(f32, usize)> {
-    let (mut best, mut at) = (f32::NEG_INFINITY, i0 * w + j0);
-    let mut nan = false;
-    for i in i0..i0 + 3 {
-        let row: &[f32; 3] = plane[i * w + j0..][..3].try_into().expect("3 columns");
-        for (j, &v) in row.iter().enumerate() {
-            nan |= v.is_nan();
-            if v > best {
-                (best, at) = (v, i * w + j0 + j);
-            }
-        }
-    }
-    (!nan).then_some((best, at))
 }
 
 /// Routes each output gradient to its window's winner (windows that
@@ -264,21 +371,20 @@ mod tests {
     }
 
     #[test]
-    fn the_two_loops_agree_and_planes_are_independent() {
-        let x: Vec<f32> = (0..2 * 6 * 7).map(|v| ((v * 7) % 11) as f32).collect();
-        let g = PoolGeom::new(2, 6, 7, 2, 2, 0).unwrap();
+    fn planes_are_independent() {
+        // The middle plane holds a NaN: it alone takes the scan.
+        let mut x: Vec<f32> = (0..3 * 6 * 7).map(|v| ((v * 7) % 11) as f32).collect();
+        x[42 + 15] = f32::NAN;
+        let g = PoolGeom::new(3, 6, 7, 3, 2, 1).unwrap();
         let (out, arg) = forward(&g, &x, false);
-        let (mut out_any, mut arg_any) = (vec![0.0; out.len()], vec![0; arg.len()]);
-        for p in 0..2 {
+        let one = PoolGeom { planes: 1, ..g };
+        for p in 0..3 {
             let n = g.oh * g.ow;
-            pool_any(
-                &g,
-                &x[p * 42..][..42],
-                &mut out_any[p * n..][..n],
-                &mut arg_any[p * n..][..n],
-            );
+            let (o, a) = forward(&one, &x[p * 42..][..42], false);
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&out[p * n..][..n]), bits(&o));
+            assert_eq!(&arg[p * n..][..n], &a[..]);
         }
-        assert_eq!((out, arg), (out_any, arg_any));
     }
 
     /// The definition, one window at a time in row-major order: the first
@@ -308,12 +414,13 @@ mod tests {
         found
     }
 
-    /// The general loop equals the window scan on planes full of ties,
-    /// −∞ and NaN, for windows 1–4, strides 1–3 and paddings up to k/2.
+    /// The row loop (planes without NaN) and the NaN planes' scan equal
+    /// the window scan on planes full of ties, −∞ and NaN, for windows
+    /// 1–4, strides 1–3 and paddings up to k/2.
     #[test]
-    fn the_general_loop_is_the_window_scan() {
+    fn forward_is_the_window_scan() {
         let values = [1.0, 2.0, 2.0, -1.0, f32::NEG_INFINITY, f32::NAN, 0.0, -0.0];
-        for (h, w) in [(5, 7), (8, 8), (3, 4)] {
+        for (h, w) in [(5, 7), (8, 8), (3, 4), (1, 9), (12, 11)] {
             for k in 1..=4 {
                 for stride in 1..=3 {
                     for pad in 0..=k / 2 {
@@ -327,8 +434,7 @@ mod tests {
                                     values[if seed % 2 == 0 { pick % 5 } else { pick % 8 }]
                                 })
                                 .collect();
-                            let (mut out, mut arg) = (vec![0.0; g.out_len()], vec![0; g.out_len()]);
-                            pool_any(&g, &plane, &mut out, &mut arg);
+                            let (out, arg) = forward(&g, &plane, false);
                             let got: Vec<(u32, u32)> =
                                 out.iter().map(|v| v.to_bits()).zip(arg).collect();
                             assert_eq!(got, scan(&g, &plane), "{g:?} seed {seed}");
