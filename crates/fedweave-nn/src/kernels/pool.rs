@@ -1,8 +1,10 @@
 //! k×k max pooling on `f32` slices, forward and backward, in one pass that
 //! keeps each window's winner (its index in the plane) for the backward
-//! pass. The seed models' 2×2 windows of stride 2 take a loop of their own;
-//! other windows of stride 1 or 2 (the ResNets' 3×3 stem pools) are
-//! branch-free selects over stride phases ([`Phases`]), the rest a scan.
+//! pass. Branch-free selects the compiler vectorises: the seed models' 2×2
+//! windows of stride 2 as pairs of columns, then of rows
+//! ([`Pairs`]); other windows of stride 1 or 2 (the ResNets' 3×3 stem
+//! pools) over stride phases ([`Phases`]); the rest, and planes holding
+//! NaN, a scan of each window.
 //!
 //! Layout `[batch, channels, h, w]`, floor mode, padding never wins. Ties go
 //! to the first maximum in row-major order; a window holding NaN yields NaN,
@@ -79,14 +81,25 @@ fn forward_body(g: &PoolGeom, x: &[f32], relu: bool) -> (Vec<f32>, Vec<u32>) {
     let (hw, ohw) = (g.h * g.w, g.oh * g.ow);
     let pairs = out.chunks_exact_mut(ohw).zip(arg.chunks_exact_mut(ohw));
     let planes = pairs.zip(x.chunks_exact(hw));
+    // Plain loops: a `for_each` over the zip was left out of line, at the
+    // baseline target.
     if (g.k, g.stride, g.pad) == (2, 2, 0) {
-        planes.for_each(|((out, arg), plane)| pool2x2(g, plane, out, arg));
+        let mut pairs = Pairs::new(g);
+        for ((out, arg), plane) in planes {
+            if holds_nan(plane) {
+                pool_scan(g, plane, out, arg);
+            } else {
+                pairs.plane(g, plane, out, arg);
+            }
+        }
     } else if g.stride == 1 {
         Phases::<1>::new(g).pool(g, planes);
     } else if g.stride == 2 {
         Phases::<2>::new(g).pool(g, planes);
     } else {
-        planes.for_each(|((out, arg), plane)| pool_scan(g, plane, out, arg));
+        for ((out, arg), plane) in planes {
+            pool_scan(g, plane, out, arg);
+        }
     }
     if relu {
         for v in &mut out {
@@ -98,29 +111,70 @@ fn forward_body(g: &PoolGeom, x: &[f32], relu: bool) -> (Vec<f32>, Vec<u32>) {
     (out, arg)
 }
 
-/// One plane through 2×2 windows of stride 2.
-fn pool2x2(g: &PoolGeom, plane: &[f32], out: &mut [f32], arg: &mut [u32]) {
-    let w = g.w;
-    for r in 0..g.oh {
-        let top = &plane[2 * r * w..][..2 * g.ow];
-        let bottom = &plane[(2 * r + 1) * w..][..2 * g.ow];
-        let out = &mut out[r * g.ow..][..g.ow];
-        let arg = &mut arg[r * g.ow..][..g.ow];
-        let at = (2 * r * w) as u32;
-        for c in 0..g.ow {
-            let v = [top[2 * c], top[2 * c + 1], bottom[2 * c], bottom[2 * c + 1]];
-            let offsets = [0, 1, w as u32, w as u32 + 1];
-            let (mut best, mut k) = (v[0], 0);
-            for (i, &x) in v.iter().enumerate().skip(1) {
-                if x > best {
-                    (best, k) = (x, i);
+/// 2×2 windows of stride 2, in two branch-free
+/// passes the compiler vectorises (a scalar scan of each window
+/// mispredicts about every other compare): each row's pairs of columns
+/// first, one long run over the plane when its width is even; then each
+/// output row from its two
+/// rows' pair winners. Within a row the left value wins ties, and the top
+/// row's winner wins them against the bottom's: the first maximum in
+/// row-major order, as the window scan finds it.
+struct Pairs {
+    /// The winner of each pair of columns of the rows the windows cover,
+    /// `2·oh × ow`, and its index in the plane.
+    best: Vec<f32>,
+    at: Vec<u32>,
+}
+
+impl Pairs {
+    fn new(g: &PoolGeom) -> Self {
+        Self {
+            best: vec![0.0; 2 * g.oh * g.ow],
+            at: vec![0; 2 * g.oh * g.ow],
+        }
+    }
+
+    /// One plane without NaN.
+    #[inline(always)]
+    fn plane(&mut self, g: &PoolGeom, plane: &[f32], out: &mut [f32], arg: &mut [u32]) {
+        // Index loops over slices of known length: the compiler keeps them
+        // in this function and vectorises them (zipped iterators were left
+        // out of line at the baseline target).
+        // The rows the windows cover (floor mode drops an odd last one).
+        let n = 2 * g.oh * g.ow;
+        let (best, at) = (&mut self.best[..n], &mut self.at[..n]);
+        if g.w.is_multiple_of(2) {
+            // Pairs run on across rows: one loop over the plane.
+            let plane = &plane[..2 * n];
+            for m in 0..n {
+                let (left, right) = (plane[2 * m], plane[2 * m + 1]);
+                let wins = right > left;
+                best[m] = if wins { right } else { left };
+                at[m] = 2 * m as u32 + u32::from(wins);
+            }
+        } else {
+            // An odd last column, which no window covers, ends each row.
+            for (i, row) in plane.chunks_exact(g.w).take(2 * g.oh).enumerate() {
+                let row = &row[..2 * g.ow];
+                let (best, at) = (&mut best[i * g.ow..][..g.ow], &mut at[i * g.ow..][..g.ow]);
+                for c in 0..g.ow {
+                    let (left, right) = (row[2 * c], row[2 * c + 1]);
+                    let wins = right > left;
+                    best[c] = if wins { right } else { left };
+                    at[c] = (i * g.w + 2 * c) as u32 + u32::from(wins);
                 }
             }
-            if let Some(i) = v.iter().position(|x| x.is_nan()) {
-                (best, k) = (f32::NAN, i);
+        }
+        let ow = g.ow;
+        for r in 0..g.oh {
+            let (top, bottom) = (&best[2 * r * ow..][..ow], &best[(2 * r + 1) * ow..][..ow]);
+            let (top_at, bottom_at) = (&at[2 * r * ow..][..ow], &at[(2 * r + 1) * ow..][..ow]);
+            let (out, arg) = (&mut out[r * ow..][..ow], &mut arg[r * ow..][..ow]);
+            for c in 0..ow {
+                let down = bottom[c] > top[c];
+                out[c] = if down { bottom[c] } else { top[c] };
+                arg[c] = if down { bottom_at[c] } else { top_at[c] };
             }
-            out[c] = best;
-            arg[c] = at + 2 * c as u32 + offsets[k];
         }
     }
 }
@@ -175,9 +229,8 @@ impl<const S: usize> Phases<S> {
         }
     }
 
-    /// Pools each `(out, arg)` from its plane; planes holding NaN, which
-    /// no `>` selects, are scanned window by window (a diverged run, not a
-    /// hot path).
+    /// Pools each `(out, arg)` from its plane ([`pool_scan`] for planes
+    /// holding NaN).
     #[inline(always)]
     fn pool<'a>(
         &mut self,
@@ -185,9 +238,7 @@ impl<const S: usize> Phases<S> {
         planes: impl Iterator<Item = ((&'a mut [f32], &'a mut [u32]), &'a [f32])>,
     ) {
         for ((out, arg), plane) in planes {
-            // NaN's bits, sign cleared, are the only ones above +∞'s.
-            let top = plane.iter().map(|v| v.to_bits() & 0x7fff_ffff).max();
-            if top > Some(f32::INFINITY.to_bits()) {
+            if holds_nan(plane) {
                 pool_scan(g, plane, out, arg);
             } else {
                 self.plane(g, plane, out, arg);
@@ -243,6 +294,16 @@ impl<const S: usize> Phases<S> {
             arg.copy_from_slice(&self.at[r * wide..][..g.ow]);
         }
     }
+}
+
+/// Whether `plane` holds a NaN, which no `>` selects: such planes take
+/// [`pool_scan`] (a diverged run, not a hot path).
+#[inline(always)]
+fn holds_nan(plane: &[f32]) -> bool {
+    // NaN's bits, sign cleared, are the only ones above +∞'s; a max over
+    // integers vectorises (an `any` stops early and does not).
+    let top = plane.iter().map(|v| v.to_bits() & 0x7fff_ffff).max();
+    top > Some(f32::INFINITY.to_bits())
 }
 
 /// One plane, window by window in row-major order (the definition).
