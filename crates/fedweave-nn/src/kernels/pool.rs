@@ -111,14 +111,14 @@ fn forward_body(g: &PoolGeom, x: &[f32], relu: bool) -> (Vec<f32>, Vec<u32>) {
     (out, arg)
 }
 
-/// 2×2 windows of stride 2, in two branch-free
-/// passes the compiler vectorises (a scalar scan of each window
-/// mispredicts about every other compare): each row's pairs of columns
-/// first, one long run over the plane when its width is even; then each
-/// output row from its two
-/// rows' pair winners. Within a row the left value wins ties, and the top
-/// row's winner wins them against the bottom's: the first maximum in
-/// row-major order, as the window scan finds it.
+/// 2×2 windows of stride 2 in two branch-free passes the compiler
+/// vectorises (a scalar scan of each window mispredicts about every other
+/// compare): each row's pairs of columns first, one long run over the plane
+/// when its width is even; then each output row from its two rows' pair
+/// winners. Within a row the left value wins ties, and the top row's
+/// winner wins them against the bottom's: the first maximum in row-major
+/// order, as the window scan finds it. (Rows first would not be: with 1, 5
+/// on top and 5, 0 below, the scan picks the top 5.)
 struct Pairs {
     /// The winner of each pair of columns of the rows the windows cover,
     /// `2·oh × ow`, and its index in the plane.
@@ -139,8 +139,8 @@ impl Pairs {
     fn plane(&mut self, g: &PoolGeom, plane: &[f32], out: &mut [f32], arg: &mut [u32]) {
         // Index loops over slices of known length: the compiler keeps them
         // in this function and vectorises them (zipped iterators were left
-        // out of line at the baseline target).
-        // The rows the windows cover (floor mode drops an odd last one).
+        // out of line at the baseline target). `n` pairs: the rows the
+        // windows cover (floor mode drops an odd last row).
         let n = 2 * g.oh * g.ow;
         let (best, at) = (&mut self.best[..n], &mut self.at[..n]);
         if g.w.is_multiple_of(2) {
@@ -401,6 +401,10 @@ mod tests {
         assert_eq!((out[0], arg[0]), (4.0, 0));
         assert!(out[1].is_nan());
         assert_eq!(arg[1], 1);
+        // Top right before bottom left: row-major order, not columns first.
+        let one = PoolGeom::new(1, 2, 2, 2, 2, 0).unwrap();
+        let (out, arg) = forward(&one, &[1.0, 5.0, 5.0, 0.0], false);
+        assert_eq!((out, arg), (vec![5.0], vec![1]));
         let any = PoolGeom::new(2, 2, 2, 2, 1, 0).unwrap();
         let (out, arg) = forward(&any, &x, false);
         assert_eq!((out[0], arg[0]), (4.0, 0));
