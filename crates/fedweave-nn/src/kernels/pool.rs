@@ -81,8 +81,9 @@ fn forward_body(g: &PoolGeom, x: &[f32], relu: bool) -> (Vec<f32>, Vec<u32>) {
     let (hw, ohw) = (g.h * g.w, g.oh * g.ow);
     let pairs = out.chunks_exact_mut(ohw).zip(arg.chunks_exact_mut(ohw));
     let planes = pairs.zip(x.chunks_exact(hw));
-    // Plain loops: a `for_each` over the zip was left out of line, at the
-    // baseline target.
+    // Plain loops, each with its own NaN check: a `for_each` over the zip,
+    // and a closure handed to one shared loop, were left out of line at the
+    // baseline target (the closure cost `resnet8` 15 % of a step).
     if (g.k, g.stride, g.pad) == (2, 2, 0) {
         let mut pairs = Pairs::new(g);
         for ((out, arg), plane) in planes {
