@@ -38,6 +38,57 @@ pub(crate) struct ConvGeom {
     pub ow: usize,
 }
 
+// im2col's and col2im's loops are macros, not functions taking closures:
+// a closure is one function shared by the three compilations `wide!` makes
+// of its caller, too big to inline there, so it ran at the baseline target
+// (im2col's copies four lanes wide, col2im's adds one lane: a fifth of a
+// `cnn` step). A macro's body is compiled inside each.
+
+/// Runs `$body` for each tap plane of the column matrix of `$images` (rows
+/// `$ld` apart): `$at`, the start of the `oh·ow` entries that tap (`$i`,
+/// `$j`) of a channel reads from the input plane starting at `$plane`.
+/// `continue` in `$body` moves on to the next tap plane.
+macro_rules! for_each_tap {
+    ($g:expr, $images:expr, $ld:expr, |$at:ident, $plane:ident, $i:ident, $j:ident| $body:block) => {{
+        let (g, images, ld): (&ConvGeom, std::ops::Range<usize>, usize) = ($g, $images, $ld);
+        let (hw, ohw) = (g.h * g.w, g.ohw());
+        for c in 0..g.c_in {
+            for $i in 0..g.kh {
+                for $j in 0..g.kw {
+                    let row = ((c * g.kh + $i) * g.kw + $j) * ld;
+                    for (bi, b) in images.clone().enumerate() {
+                        let ($at, $plane) = (row + bi * ohw, (b * g.c_in + c) * hw);
+                        $body
+                    }
+                }
+            }
+        }
+    }};
+}
+
+/// Runs `$body` for the `$len / $n` rows `$r` of a `$width`-wide plane,
+/// with `$n` (the width) a constant where it is one of the seed CNNs'
+/// output widths: their rows are a few vectors long, and a constant width
+/// turns each row's copy or add into straight-line vector code instead of a
+/// loop with a remainder (im2col of `cnn-bn`'s second convolution is
+/// 8-value rows, a tenth of its step when the width was a variable).
+macro_rules! by_width {
+    ($width:expr, $len:expr, |$n:ident, $r:ident| $body:block) => {{
+        let (width, len): (usize, usize) = ($width, $len);
+        match width {
+            8 => by_width!(@rows 8, len, $n, $r, $body),
+            13 => by_width!(@rows 13, len, $n, $r, $body),
+            24 => by_width!(@rows 24, len, $n, $r, $body),
+            30 => by_width!(@rows 30, len, $n, $r, $body),
+            other => by_width!(@rows other, len, $n, $r, $body),
+        }
+    }};
+    (@rows $w:expr, $len:expr, $n:ident, $r:ident, $body:block) => {{
+        let $n: usize = $w;
+        for $r in 0..$len / $n $body
+    }};
+}
+
 impl ConvGeom {
     /// The geometry of `x` (`[b, c, h, w]`) under `weight` (`[o, c, kh,
     /// kw]`), or `None` when the shapes do not fit together or the output is
@@ -98,30 +149,6 @@ impl ConvGeom {
     /// Output rows `oh` whose input row `oh·s + i − p` lies inside `0..h`.
     fn inside_rows(&self, i: usize) -> std::ops::Range<usize> {
         inside(i, self.h, self.oh, self.stride, self.pad)
-    }
-
-    /// Visits the column matrix of `images` (rows `ld` apart) one tap
-    /// plane at a time: `f(at, plane, i, j)` for the `oh·ow` entries from
-    /// `at` that tap (i, j) of a channel reads from the input plane starting
-    /// at `plane`.
-    #[inline(always)]
-    fn tap_planes(
-        &self,
-        images: std::ops::Range<usize>,
-        ld: usize,
-        mut f: impl FnMut(usize, usize, usize, usize),
-    ) {
-        let (hw, ohw) = (self.h * self.w, self.ohw());
-        for c in 0..self.c_in {
-            for i in 0..self.kh {
-                for j in 0..self.kw {
-                    let row = ((c * self.kh + i) * self.kw + j) * ld;
-                    for (bi, b) in images.clone().enumerate() {
-                        f(row + bi * ohw, (b * self.c_in + c) * hw, i, j);
-                    }
-                }
-            }
-        }
     }
 
     /// Stride 1 without padding (the seed CNNs' 5×5s, `cnn-dwa`'s 3×3s):
@@ -272,20 +299,20 @@ impl ConvGeom {
         if self.valid_unit_stride() {
             // Every tap reads whole output rows: oh rows of ow values, w apart.
             let ohw = self.ohw();
-            self.tap_planes(images, ld, |at, plane, i, j| {
+            for_each_tap!(self, images, ld, |at, plane, i, j| {
                 let src = &x[plane + i * w + j..];
-                by_width(ow, ohw, |n, r| {
+                by_width!(ow, ohw, |n, r| {
                     copy_run(&mut cols[at + r * n..][..n], &src[r * w..][..n]);
                 });
             });
             return;
         }
-        self.tap_planes(images, ld, |at, plane, i, j| {
+        for_each_tap!(self, images, ld, |at, plane, i, j| {
             let dst = &mut cols[at..][..self.ohw()];
             let (rows, inside) = (self.inside_rows(i), self.inside(j));
             if rows.is_empty() || inside.is_empty() {
                 dst.fill(0.0);
-                return;
+                continue;
             }
             dst[..rows.start * ow].fill(0.0);
             dst[rows.end * ow..].fill(0.0);
@@ -325,9 +352,9 @@ impl ConvGeom {
         let (s, p, w, ow) = (self.stride, self.pad, self.w, self.ow);
         if self.valid_unit_stride() {
             let ohw = self.ohw();
-            self.tap_planes(images, ld, |at, plane, i, j| {
+            for_each_tap!(self, images, ld, |at, plane, i, j| {
                 let base = plane + i * w + j;
-                by_width(ow, ohw, |n, r| {
+                by_width!(ow, ohw, |n, r| {
                     let d = &mut dx[base + r * w..][..n];
                     for (d, v) in d.iter_mut().zip(&cols[at + r * n..][..n]) {
                         *d += v;
@@ -336,10 +363,10 @@ impl ConvGeom {
             });
             return;
         }
-        self.tap_planes(images, ld, |at, plane, i, j| {
+        for_each_tap!(self, images, ld, |at, plane, i, j| {
             let (rows, inside) = (self.inside_rows(i), self.inside(j));
             if inside.is_empty() {
-                return;
+                continue;
             }
             let from = plane + inside.start * s + j - p;
             for r in rows {
@@ -362,25 +389,6 @@ wide! {
 
 wide! {
     fn col2im_wide(g: &ConvGeom, cols: &[f32], images: std::ops::Range<usize>, ld: usize, dx: &mut [f32]) => ConvGeom::col2im_body
-}
-
-/// Calls `f(n, r)` for the `rows = len / n` rows `r` of an `n`-wide
-/// plane, with `n` a constant where it is one of the seed CNNs' output
-/// widths: their rows are a few vectors long, and a constant width turns
-/// each row's copy or add into straight-line vector code instead of a
-/// loop with a remainder (im2col of `cnn-bn`'s second convolution is
-/// 8-value rows, a tenth of its step when the width was a variable).
-#[inline(always)]
-fn by_width(n: usize, len: usize, mut f: impl FnMut(usize, usize)) {
-    macro_rules! rows {
-        ($($w:literal)*) => {
-            match n {
-                $($w => (0..len / $w).for_each(|r| f($w, r)),)*
-                _ => (0..len / n).for_each(|r| f(n, r)),
-            }
-        };
-    }
-    rows!(8 13 24 30)
 }
 
 /// Outputs `o` of `0..o_n` whose input `o·s + t − p` (tap `t`) lies inside
