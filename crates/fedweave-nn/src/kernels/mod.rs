@@ -34,6 +34,7 @@ mod grouped;
 mod in_place;
 mod pool;
 mod sgd;
+mod vectors;
 mod winograd;
 
 use batch_norm::BnGeom;

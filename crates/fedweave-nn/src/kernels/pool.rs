@@ -11,6 +11,7 @@
 //! so a diverged run stays visibly diverged.
 
 use super::relu_keeps;
+use super::vectors::Vectors;
 use fedweave_core::wide;
 
 /// The shape of one pooling: square windows, stride and padding.
@@ -85,7 +86,7 @@ fn forward_body(g: &PoolGeom, x: &[f32], relu: bool) -> (Vec<f32>, Vec<u32>) {
     // and a closure handed to one shared loop, were left out of line at the
     // baseline target (the closure cost `resnet8` 15 % of a step).
     if (g.k, g.stride, g.pad) == (2, 2, 0) {
-        let mut pairs = Pairs::new(g);
+        let mut pairs = Pairs::new(g, Vectors::detect());
         for ((out, arg), plane) in planes {
             if holds_nan(plane) {
                 pool_scan(g, plane, out, arg);
@@ -112,26 +113,37 @@ fn forward_body(g: &PoolGeom, x: &[f32], relu: bool) -> (Vec<f32>, Vec<u32>) {
     (out, arg)
 }
 
-/// 2×2 windows of stride 2 in two branch-free passes the compiler
-/// vectorises (a scalar scan of each window mispredicts about every other
-/// compare): each row's pairs of columns first, one long run over the plane
-/// when its width is even; then each output row from its two rows' pair
-/// winners. Within a row the left value wins ties, and the top row's
-/// winner wins them against the bottom's: the first maximum in row-major
-/// order, as the window scan finds it. (Rows first would not be: with 1, 5
-/// on top and 5, 0 below, the scan picks the top 5.)
+/// 2×2 windows of stride 2 in two branch-free passes: each row's pairs of
+/// columns first ([`pair_winners`], a deinterleaving the compiler does
+/// not vectorise well, so it has intrinsics paths), then each output row
+/// from its two rows' pair winners (a loop the compiler vectorises). Within
+/// a row the left value wins ties, and the top row's winner wins them
+/// against the bottom's: the first maximum in row-major order, as the
+/// window scan finds it. (Rows first would not be: with 1, 5 on top and
+/// 5, 0 below, the scan picks the top 5.)
 struct Pairs {
-    /// The winner of each pair of columns of the rows the windows cover,
-    /// `2·oh × ow`, and its index in the plane.
+    vectors: Vectors,
+    /// The rows the windows cover without their odd last column, when the
+    /// width is odd: one run of pairs, `2·oh × 2·ow`.
+    even: Vec<f32>,
+    /// The winner of each pair of columns of those rows, `2·oh × ow`, and
+    /// its index in them.
     best: Vec<f32>,
     at: Vec<u32>,
 }
 
 impl Pairs {
-    fn new(g: &PoolGeom) -> Self {
+    fn new(g: &PoolGeom, vectors: Vectors) -> Self {
+        let n = 2 * g.oh * g.ow;
         Self {
-            best: vec![0.0; 2 * g.oh * g.ow],
-            at: vec![0; 2 * g.oh * g.ow],
+            vectors,
+            even: if g.w.is_multiple_of(2) {
+                Vec::new()
+            } else {
+                vec![0.0; 2 * n]
+            },
+            best: vec![0.0; n],
+            at: vec![0; n],
         }
     }
 
@@ -140,44 +152,148 @@ impl Pairs {
     fn plane(&mut self, g: &PoolGeom, plane: &[f32], out: &mut [f32], arg: &mut [u32]) {
         // Index loops over slices of known length: the compiler keeps them
         // in this function and vectorises them (zipped iterators were left
-        // out of line at the baseline target). `n` pairs: the rows the
-        // windows cover (floor mode drops an odd last row).
-        let n = 2 * g.oh * g.ow;
-        let (best, at) = (&mut self.best[..n], &mut self.at[..n]);
-        if g.w.is_multiple_of(2) {
-            // Pairs run on across rows: one loop over the plane.
-            let plane = &plane[..2 * n];
-            for m in 0..n {
-                let (left, right) = (plane[2 * m], plane[2 * m + 1]);
-                let wins = right > left;
-                best[m] = if wins { right } else { left };
-                at[m] = 2 * m as u32 + u32::from(wins);
-            }
+        // out of line at the baseline target). Floor mode drops an odd last
+        // row.
+        let (w, ow, width) = (g.w, g.ow, 2 * g.ow);
+        let n = g.oh * width;
+        let Self {
+            vectors,
+            even,
+            best,
+            at,
+        } = self;
+        let src = if w == width {
+            &plane[..2 * n]
         } else {
             // An odd last column, which no window covers, ends each row.
-            for (i, row) in plane.chunks_exact(g.w).take(2 * g.oh).enumerate() {
-                let row = &row[..2 * g.ow];
-                let (best, at) = (&mut best[i * g.ow..][..g.ow], &mut at[i * g.ow..][..g.ow]);
-                for c in 0..g.ow {
-                    let (left, right) = (row[2 * c], row[2 * c + 1]);
-                    let wins = right > left;
-                    best[c] = if wins { right } else { left };
-                    at[c] = (i * g.w + 2 * c) as u32 + u32::from(wins);
-                }
+            for (dst, row) in even.chunks_exact_mut(width).zip(plane.chunks_exact(w)) {
+                dst.copy_from_slice(&row[..width]);
             }
-        }
-        let ow = g.ow;
+            &even[..]
+        };
+        pair_winners(*vectors, src, best, at);
+        // A pair winner's index in the plane: its index in `src` plus one
+        // dropped column per row above it.
+        let skip = (w - width) as u32;
         for r in 0..g.oh {
             let (top, bottom) = (&best[2 * r * ow..][..ow], &best[(2 * r + 1) * ow..][..ow]);
             let (top_at, bottom_at) = (&at[2 * r * ow..][..ow], &at[(2 * r + 1) * ow..][..ow]);
+            let (top_skip, bottom_skip) = (2 * r as u32 * skip, (2 * r as u32 + 1) * skip);
             let (out, arg) = (&mut out[r * ow..][..ow], &mut arg[r * ow..][..ow]);
             for c in 0..ow {
                 let down = bottom[c] > top[c];
                 out[c] = if down { bottom[c] } else { top[c] };
-                arg[c] = if down { bottom_at[c] } else { top_at[c] };
+                arg[c] = if down {
+                    bottom_at[c] + bottom_skip
+                } else {
+                    top_at[c] + top_skip
+                };
             }
         }
     }
+}
+
+/// The winner of each pair of `src` (`2·best.len()` values without NaN):
+/// the right value where it is larger, else the left, into `best`, and its
+/// index in `src` into `at`.
+#[inline(always)]
+fn pair_winners(how: Vectors, src: &[f32], best: &mut [f32], at: &mut [u32]) {
+    let n = best.len();
+    assert!(src.len() == 2 * n && at.len() == n);
+    let done = match how {
+        // SAFETY: `Vectors::detect` chose it, so the CPU has AVX-512F.
+        #[cfg(target_arch = "x86_64")]
+        Vectors::Avx512 => unsafe { pair_winners_avx512(src, best, at) },
+        // SAFETY: `Vectors::detect` chose it, so the CPU has AVX2.
+        #[cfg(target_arch = "x86_64")]
+        Vectors::Avx2 => unsafe { pair_winners_avx2(src, best, at) },
+        _ => 0,
+    };
+    for m in done..n {
+        let (left, right) = (src[2 * m], src[2 * m + 1]);
+        let wins = right > left;
+        best[m] = if wins { right } else { left };
+        at[m] = 2 * m as u32 + u32::from(wins);
+    }
+}
+
+/// [`pair_winners`] sixteen pairs at a time: two registers of values
+/// split into their even and odd lanes by two-register permutes; returns
+/// how many pairs it did.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn pair_winners_avx512(src: &[f32], best: &mut [f32], at: &mut [u32]) -> usize {
+    use std::arch::x86_64::*;
+    let n = best.len().min(at.len()).min(src.len() / 2) / 16 * 16;
+    let lefts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let rights = _mm512_add_epi32(lefts, _mm512_set1_epi32(1));
+    let (one, step) = (_mm512_set1_epi32(1), _mm512_set1_epi32(32));
+    let mut index = lefts;
+    for m in (0..n).step_by(16) {
+        let pairs = &src[2 * m..][..32];
+        // SAFETY: `pairs` holds the 32 floats read.
+        let (a, b) = unsafe {
+            (
+                _mm512_loadu_ps(pairs.as_ptr()),
+                _mm512_loadu_ps(pairs[16..].as_ptr()),
+            )
+        };
+        let left = _mm512_permutex2var_ps(a, lefts, b);
+        let right = _mm512_permutex2var_ps(a, rights, b);
+        let wins = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(right, left);
+        let (v, i) = (&mut best[m..][..16], &mut at[m..][..16]);
+        // SAFETY: `v` and `i` hold the sixteen values written.
+        unsafe {
+            _mm512_storeu_ps(v.as_mut_ptr(), _mm512_mask_blend_ps(wins, left, right));
+            _mm512_storeu_si512(
+                i.as_mut_ptr().cast(),
+                _mm512_mask_add_epi32(index, wins, index, one),
+            );
+        }
+        index = _mm512_add_epi32(index, step);
+    }
+    n
+}
+
+/// [`pair_winners`] eight pairs at a time: two registers of values split
+/// into their even and odd lanes by `shuffle_ps` within 128-bit halves,
+/// then 64-bit chunks put in order; returns how many pairs it did.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn pair_winners_avx2(src: &[f32], best: &mut [f32], at: &mut [u32]) -> usize {
+    use std::arch::x86_64::*;
+    let n = best.len().min(at.len()).min(src.len() / 2) / 8 * 8;
+    let (step, mut index) = (
+        _mm256_set1_epi32(16),
+        _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
+    );
+    // (a0 a2 b0 b2 | a4 a6 b4 b6) → (a0 a2 a4 a6 b0 b2 b4 b6).
+    let in_order = |v: __m256| _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(v)));
+    for m in (0..n).step_by(8) {
+        let pairs = &src[2 * m..][..16];
+        // SAFETY: `pairs` holds the 16 floats read.
+        let (a, b) = unsafe {
+            (
+                _mm256_loadu_ps(pairs.as_ptr()),
+                _mm256_loadu_ps(pairs[8..].as_ptr()),
+            )
+        };
+        let left = in_order(_mm256_shuffle_ps::<0x88>(a, b));
+        let right = in_order(_mm256_shuffle_ps::<0xDD>(a, b));
+        let wins = _mm256_cmp_ps::<_CMP_GT_OQ>(right, left);
+        let (v, i) = (&mut best[m..][..8], &mut at[m..][..8]);
+        // SAFETY: `v` and `i` hold the eight values written. A winning
+        // lane's mask is −1, so subtracting it adds one to the index.
+        unsafe {
+            _mm256_storeu_ps(v.as_mut_ptr(), _mm256_blendv_ps(left, right, wins));
+            _mm256_storeu_si256(
+                i.as_mut_ptr().cast(),
+                _mm256_sub_epi32(index, _mm256_castps_si256(wins)),
+            );
+        }
+        index = _mm256_add_epi32(index, step);
+    }
+    n
 }
 
 /// A plane padded with −∞ and split into its S×S stride phases (rows and
@@ -478,6 +594,31 @@ mod tests {
             }
         }
         found
+    }
+
+    /// Every vector path of the pair winners this CPU runs gives the plain
+    /// loop's values and indices, at lengths around the vector widths, on
+    /// runs full of ties, ±0 and −∞.
+    #[test]
+    fn pair_winners_alike_on_every_path() {
+        let values = [1.0, 2.0, 2.0, -1.0, f32::NEG_INFINITY, 0.0, -0.0];
+        for n in 0..=40 {
+            let src: Vec<f32> = (0..2 * n).map(|i| values[(i * 5 + i * i) % 7]).collect();
+            let run = |how| {
+                let (mut best, mut at) = (vec![9.0f32; n], vec![99u32; n]);
+                pair_winners(how, &src, &mut best, &mut at);
+                let bits: Vec<u32> = best.iter().map(|v| v.to_bits()).collect();
+                (bits, at)
+            };
+            let want = run(Vectors::Scalar);
+            for (m, &a) in want.1.iter().enumerate() {
+                let (l, r) = (src[2 * m], src[2 * m + 1]);
+                assert_eq!(a as usize, 2 * m + usize::from(r > l), "n {n}, pair {m}");
+            }
+            for &how in Vectors::runnable() {
+                assert_eq!(run(how), want, "n {n}, {how:?}");
+            }
+        }
     }
 
     /// The row loop (planes without NaN) and the NaN planes' scan equal

@@ -52,6 +52,7 @@
 //! `FEDWEAVE_WINOGRAD=1` takes every convolution that fits, `0` none.
 
 use super::conv::{ConvGeom, gemm_f32};
+use super::vectors::Vectors;
 use fedweave_core::wide;
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -386,7 +387,7 @@ fn gather_patch(
     let (c_n, hw, p) = (g.c_in, g.h * g.w, g.pad);
     let row_len = cols * c_n;
     let planes = &x[image * c_n * hw..][..c_n * hw];
-    let how = Transpose::detect();
+    let how = Vectors::detect();
     for (r, padded) in patch.chunks_exact_mut(row_len).enumerate() {
         let Some(row) = (first + r).checked_sub(p).filter(|&ih| ih < g.h) else {
             padded.fill(0.0);
@@ -423,43 +424,15 @@ fn gather_patch(
     }
 }
 
-/// How [`square`] transposes: by the widest register shuffles the CPU
-/// has, or through a small array.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Transpose {
-    /// 16×16 in AVX-512 registers.
-    Avx512,
-    /// 8×8 blocks in AVX registers (AVX2 CPUs).
-    Avx2,
-    /// Scalar moves through an array.
-    Array,
-}
-
-impl Transpose {
-    /// The widest this CPU runs (cached feature flags).
-    fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if fedweave_core::simd::has_x86_64_v4() {
-                return Self::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2") {
-                return Self::Avx2;
-            }
-        }
-        Self::Array
-    }
-}
-
 /// Sixteen channels' runs of `Q` (8 or 16) columns (`src(c)`) into `Q`
 /// runs of sixteen channels, `ld` apart in `dst`, as `how` says (checked
-/// once by the caller). The array path keeps its moves in L1 (storing
+/// once by the caller). The scalar path keeps its moves in L1 (storing
 /// each scalar straight to its strided place cost 40 % of the transform)
 /// but is still scalar: on an AVX2 CPU it was about half of the
 /// channels-last transform.
 #[inline(always)]
 fn square<'a, const Q: usize>(
-    how: Transpose,
+    how: Vectors,
     src: impl Fn(usize) -> &'a [f32],
     dst: &mut [f32],
     ld: usize,
@@ -467,10 +440,10 @@ fn square<'a, const Q: usize>(
     #[cfg(target_arch = "x86_64")]
     match how {
         // SAFETY: `detect` chose it, so the CPU has AVX-512F.
-        Transpose::Avx512 => return unsafe { square_avx512::<Q>(src, dst, ld) },
+        Vectors::Avx512 => return unsafe { square_avx512::<Q>(src, dst, ld) },
         // SAFETY: `detect` chose it, so the CPU has AVX2.
-        Transpose::Avx2 => return unsafe { square_avx2::<Q>(src, dst, ld) },
-        Transpose::Array => {}
+        Vectors::Avx2 => return unsafe { square_avx2::<Q>(src, dst, ld) },
+        Vectors::Scalar => {}
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = how;
@@ -1017,7 +990,7 @@ mod tests {
     /// a block's pieces stay within images.
     #[test]
     fn squares_transpose_by_shuffles_or_scalars_alike() {
-        fn check<const Q: usize>(how: Transpose) {
+        fn check<const Q: usize>(how: Vectors) {
             // Sixteen runs of Q columns, 20 apart; rows of 16 written 19
             // apart into a destination that starts filled with −1.
             let src: Vec<f32> = (0..16 * 20).map(|n| n as f32).collect();
@@ -1034,13 +1007,7 @@ mod tests {
                 assert_eq!(v, want, "Q = {Q}, {how:?}, at {n}");
             }
         }
-        // Every path this CPU runs: the detected one and those below it.
-        let paths = match Transpose::detect() {
-            Transpose::Avx512 => &[Transpose::Array, Transpose::Avx2, Transpose::Avx512][..],
-            Transpose::Avx2 => &[Transpose::Array, Transpose::Avx2][..],
-            Transpose::Array => &[Transpose::Array][..],
-        };
-        for &how in paths {
+        for &how in Vectors::runnable() {
             check::<16>(how);
             check::<8>(how);
         }
