@@ -45,10 +45,12 @@ macro_rules! wide {
 }
 
 /// Whether the CPU has x86-64-v4's AVX-512 subsets, the level `gemm`'s
-/// and burn-flex's 16-lane kernels run at.
+/// and burn-flex's 16-lane kernels run at (never with the `x86-64-v3`
+/// feature, which measures AVX2 paths on an AVX-512 CPU).
 #[cfg(target_arch = "x86_64")]
 pub fn has_x86_64_v4() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
+    !cfg!(feature = "x86-64-v3")
+        && std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
         && std::arch::is_x86_feature_detected!("avx512cd")
         && std::arch::is_x86_feature_detected!("avx512dq")

@@ -1,10 +1,10 @@
 //! k×k max pooling on `f32` slices, forward and backward, in one pass that
 //! keeps each window's winner (its index in the plane) for the backward
-//! pass. Branch-free selects the compiler vectorises: the seed models' 2×2
-//! windows of stride 2 as pairs of columns, then of rows
-//! ([`Pairs`]); other windows of stride 1 or 2 (the ResNets' 3×3 stem
-//! pools) over stride phases ([`Phases`]); the rest, and planes holding
-//! NaN, a scan of each window.
+//! pass. Branch-free vector selects: the seed models' 2×2 windows of
+//! stride 2 as pairs of columns (by AVX-512 or AVX2 permutes where the CPU
+//! has them), then of rows ([`Pairs`]); other windows of stride 1 or 2 (the
+//! ResNets' 3×3 stem pools) over stride phases ([`Phases`]); the rest, and
+//! planes holding NaN, a scan of each window.
 //!
 //! Layout `[batch, channels, h, w]`, floor mode, padding never wins. Ties go
 //! to the first maximum in row-major order; a window holding NaN yields NaN,
