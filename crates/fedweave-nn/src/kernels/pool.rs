@@ -122,6 +122,7 @@ fn forward_body(g: &PoolGeom, x: &[f32], relu: bool) -> (Vec<f32>, Vec<u32>) {
 /// window scan finds it. (Rows first would not be: with 1, 5 on top and
 /// 5, 0 below, the scan picks the top 5.)
 struct Pairs {
+    /// The pair winners' vector path, detected once per forward.
     vectors: Vectors,
     /// The rows the windows cover without their odd last column, when the
     /// width is odd: one run of pairs, `2·oh × 2·ow`.
@@ -137,7 +138,7 @@ impl Pairs {
         let n = 2 * g.oh * g.ow;
         Self {
             vectors,
-            even: if g.w.is_multiple_of(2) {
+            even: if g.w == 2 * g.ow {
                 Vec::new()
             } else {
                 vec![0.0; 2 * n]
