@@ -61,7 +61,7 @@ use crate::Augment;
 use crate::auxiliary::{AuxObjective, Body};
 use crate::batch::{Batch, LocalData};
 use crate::extra::{DeviceTerm, ExtraLoss};
-use crate::kernels::{Sgd, sgd_momentum};
+use crate::kernels::{Sgd, sgd_momentum, with_values};
 use crate::model::{ModelSpec, Norm, ParamTensor, RegressionLoss};
 use crate::objective::{Objective, Outputs, cross_entropy};
 use crate::resident::{LossLog, RunningStats};
@@ -481,11 +481,7 @@ impl<'a> LocalTrainer<'a> {
         let value = loss.inner();
         if let (Loss::Aux(_, _, aux_grad), Some(leaf)) = (objective, aux_leaf) {
             match leaf.grad(&grads) {
-                Some(g) => aux_grad.copy_from_slice(
-                    g.to_data()
-                        .as_slice::<f32>()
-                        .expect("f32 auxiliary gradient"),
-                ),
+                Some(g) => with_values(&g, |g| aux_grad.copy_from_slice(g)),
                 None => aux_grad.fill(0.0),
             }
         }
@@ -500,10 +496,8 @@ impl<'a> LocalTrainer<'a> {
         if !terms.on_host.is_empty() {
             let mut theta = std::mem::take(&mut self.host_theta);
             let mut g = std::mem::take(&mut self.host_grad);
-            flatten(self.params.iter().map(Tensor::to_data), &mut theta);
-            // Taken by value: `into_data` copies only a tensor something else
-            // still holds.
-            flatten(grad.into_iter().map(Tensor::into_data), &mut g);
+            flatten(&self.params, &mut theta);
+            flatten(&grad, &mut g);
             for e in &terms.on_host {
                 e.add_value_and_grad(&theta, &mut g);
             }
@@ -639,7 +633,7 @@ impl<'a> LocalTrainer<'a> {
 
     fn read_all(&self, parts: &[Tensor<1>]) -> Vec<f32> {
         let mut out = Vec::with_capacity(self.spec.layout().len());
-        flatten(parts.iter().map(Tensor::to_data), &mut out);
+        flatten(parts, &mut out);
         out
     }
 
@@ -650,17 +644,16 @@ impl<'a> LocalTrainer<'a> {
             "parameter vector length"
         );
         for (t, spec_t) in parts.iter().zip(self.spec.layout().tensors()) {
-            let data = t.to_data();
-            out[spec_t.range()].copy_from_slice(data.as_slice::<f32>().expect("f32 tensors"));
+            with_values(t, |v| out[spec_t.range()].copy_from_slice(v));
         }
     }
 }
 
 /// `out` becomes the concatenation of `parts`' `f32` values.
-fn flatten(parts: impl Iterator<Item = TensorData>, out: &mut Vec<f32>) {
+fn flatten(parts: &[Tensor<1>], out: &mut Vec<f32>) {
     out.clear();
-    for data in parts {
-        out.extend_from_slice(data.as_slice::<f32>().expect("f32 tensors"));
+    for t in parts {
+        with_values(t, |v| out.extend_from_slice(v));
     }
 }
 

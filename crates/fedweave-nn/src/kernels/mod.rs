@@ -182,6 +182,24 @@ fn pool_square(x: Tensor<4>, (k, s, p): (usize, usize, usize), relu: bool) -> Te
     ))
 }
 
+/// Runs `f` on `t`'s `f32` values in row-major order: borrowed from the CPU
+/// backend's storage where they lie there contiguous, else read through
+/// `to_data`. burn's `to_data` of a tensor that something else still holds
+/// copies the buffer twice (a copy, then another into a 16-byte-aligned
+/// allocation), and the trainer reads every parameter and gradient.
+///
+/// # Panics
+///
+/// If `t` does not hold `f32` values.
+pub(crate) fn with_values<const D: usize, R>(t: &Tensor<D>, f: impl FnOnce(&[f32]) -> R) -> R {
+    if let Ok(flex) = t.clone().try_into_primitive::<Flex>()
+        && let Some(v) = flex.as_slice::<f32>()
+    {
+        return f(v);
+    }
+    f(t.to_data().as_slice::<f32>().expect("f32 tensor"))
+}
+
 /// Whether the kernels can take `x`: an `f32` tensor on the CPU backend
 /// (with or without autodiff).
 pub(crate) fn on_cpu_f32(x: &Tensor<4>) -> bool {
