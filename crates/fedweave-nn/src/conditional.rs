@@ -25,11 +25,11 @@
 
 use crate::auxiliary::{AuxObjective, Body};
 use crate::batch::LocalData;
+use crate::kernels::linear;
 use crate::model::ModelSpec;
 use crate::objective::cross_entropy;
 use crate::train::{EvalStats, add_classification, for_each_eval_batch};
 use burn::tensor::activation::{relu, sigmoid};
-use burn::tensor::module::linear;
 use burn::tensor::{Tensor, TensorData};
 use rand::Rng;
 

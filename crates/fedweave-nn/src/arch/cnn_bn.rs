@@ -11,11 +11,11 @@ use super::{
 };
 use crate::NnError;
 use crate::batched::BatchedCx;
+use crate::kernels::linear;
 use crate::kernels::{conv2d, max_pool2d, relu_max_pool2d};
 use crate::model::{Norm, ParamTensor, flatten, to_image};
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
-use burn::tensor::module::linear;
 use fedweave_core::ParamLayout;
 use std::sync::Arc;
 

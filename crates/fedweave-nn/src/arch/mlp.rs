@@ -3,10 +3,10 @@
 use super::{Batched, BatchedInput, BuildCx, Built, LayerDesc, ModelInfo, Net, linear_desc};
 use crate::NnError;
 use crate::batched::BatchedCx;
+use crate::kernels::linear;
 use crate::model::{Norm, ParamTensor};
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
-use burn::tensor::module::linear;
 use fedweave_core::ParamLayout;
 
 /// The registry entry.

@@ -20,9 +20,9 @@ pub(crate) mod textcnn;
 
 use crate::NnError;
 use crate::batched::BatchedCx;
+use crate::kernels::linear;
 use crate::model::{ModelInput, Norm, ParamTensor, RegressionLoss};
 use burn::tensor::Tensor;
-use burn::tensor::module::linear;
 use fedweave_core::{ParamLayout, TensorSpec};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::sync::Arc;

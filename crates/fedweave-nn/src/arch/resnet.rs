@@ -21,11 +21,11 @@ use super::{
 };
 use crate::NnError;
 use crate::batched::BatchedCx;
+use crate::kernels::linear;
 use crate::kernels::{conv2d, max_pool2d};
 use crate::model::{Norm, ParamTensor, to_image};
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
-use burn::tensor::module::linear;
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 use fedweave_core::{ParamLayout, TensorSpec};
 use std::sync::Arc;

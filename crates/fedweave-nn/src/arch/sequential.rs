@@ -21,10 +21,11 @@
 use super::{Batched, BatchedInput, BuildCx, Built, Draw, LayerDesc, ModelInfo, Net, bn_desc};
 use crate::NnError;
 use crate::batched::BatchedCx;
+use crate::kernels::linear;
 use crate::kernels::{conv2d, max_pool2d, relu_max_pool2d};
 use crate::model::{BN_EPS, InputValues, Norm, ParamTensor, flatten};
 use burn::tensor::activation::{gelu, relu, tanh};
-use burn::tensor::module::{adaptive_avg_pool2d, avg_pool2d, embedding, linear};
+use burn::tensor::module::{adaptive_avg_pool2d, avg_pool2d, embedding};
 use burn::tensor::ops::{AvgPoolOptions, ConvOptions, MaxPoolOptions};
 use burn::tensor::{Tensor, TensorData};
 use fedweave_core::{ParamLayout, TensorSpec};

@@ -30,6 +30,7 @@ mod batch_norm;
 mod batch_norm_ops;
 mod channels_last;
 mod conv;
+mod dense;
 mod grouped;
 mod in_place;
 mod pool;
@@ -42,10 +43,11 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, AutodiffBackend, Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
-use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Shape, Tensor, TensorData};
 use burn_flex::FlexTensor;
 use conv::ConvGeom;
 use pool::PoolGeom;
@@ -86,6 +88,14 @@ pub trait CpuKernels: Backend {
         eps: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
+    /// `x · weight + bias` for `x` of `[m, k]`, `weight` of `[k, n]` and
+    /// `bias` of `[n]`: burn's `linear`, into buffers of its own ([`dense`]).
+    fn linear_bias(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+
     /// [`CpuKernels::batch_norm_train`] followed by ReLU, in one kernel
     /// each way.
     fn batch_norm_relu_train(
@@ -123,6 +133,25 @@ pub(crate) fn conv2d(
         s,
         p,
     ))
+}
+
+/// burn's `linear` of a batch of rows (`x` of `[m, k]`, `weight` of
+/// `[k, n]`), through [`dense`] on the CPU backend in `f32` with a bias:
+/// the same products and bits, without burn-flex's zeroed and then
+/// realigned copy of each one. (The bits are burn's for row-major
+/// operands, which every model here passes: a parameter reshaped, a
+/// flattened activation.)
+pub(crate) fn linear(x: Tensor<2>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<2> {
+    match bias {
+        Some(bias) if on_cpu(&x) && x.dtype() == DType::F32 => {
+            Tensor::from_dispatch(<Dispatch as CpuKernels>::linear_bias(
+                x.into_dispatch(),
+                weight.into_dispatch(),
+                bias.into_dispatch(),
+            ))
+        }
+        bias => burn::tensor::module::linear(x, weight, bias),
+    }
 }
 
 /// (stride, padding) of a convolution without dilation whose stride and
@@ -207,7 +236,7 @@ pub(crate) fn on_cpu_f32(x: &Tensor<4>) -> bool {
 }
 
 /// Whether `x` lives on the CPU backend (with or without autodiff).
-pub(crate) fn on_cpu(x: &Tensor<4>) -> bool {
+pub(crate) fn on_cpu<const D: usize>(x: &Tensor<D>) -> bool {
     x.device().inner() == Device::flex()
 }
 
@@ -377,6 +406,12 @@ impl CpuKernels for Flex {
         pooled(&x, &g, out)
     }
 
+    fn linear_bias(x: FlexTensor, weight: FlexTensor, bias: FlexTensor) -> FlexTensor {
+        let ([m, k], [_, n]) = (dims::<2>(&x), dims::<2>(&weight));
+        let out = dense::forward(m, k, n, &values(&x), &values(&weight), &values(&bias));
+        flex(out, [m, n])
+    }
+
     fn batch_norm_train(
         y: FlexTensor,
         gamma: FlexTensor,
@@ -484,6 +519,36 @@ impl Backward<Flex, 3> for ConvBackward {
     }
 }
 
+/// The backward step of [`CpuKernels::linear_bias`]; its state is the
+/// forward's input and weight (shared buffers, not copies).
+#[derive(Debug)]
+struct LinearBackward;
+
+impl Backward<Flex, 3> for LinearBackward {
+    type State = (FlexTensor, FlexTensor);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_w, node_b] = ops.parents;
+        let dout = grads.consume::<Flex>(&ops.node);
+        let (x, weight) = ops.state;
+        let ([m, k], [_, n]) = (dims::<2>(&x), dims::<2>(&weight));
+        let d = values(&dout);
+        if let Some(node) = node_x {
+            let dx = dense::input_grad(m, k, n, &d, &values(&weight));
+            grads.register::<Flex>(node.id, flex(dx, [m, k]));
+        }
+        if let Some(node) = node_w {
+            let dw = dense::weight_grad(m, k, n, &values(&x), &d);
+            grads.register::<Flex>(node.id, flex(dw, [k, n]));
+        }
+        if let Some(node) = node_b {
+            // burn's own sum over the rows, for its bits.
+            let db = Flex::float_sum_dim(dout.clone(), 0);
+            grads.register::<Flex>(node.id, Flex::float_reshape(db, Shape::new([n])));
+        }
+    }
+}
+
 /// The backward step of [`CpuKernels::max_pool2d_square`]: each window's
 /// winner, the geometry, and with ReLU its output (ReLU's mask).
 #[derive(Debug)]
@@ -579,6 +644,21 @@ impl<C: CheckpointStrategy> CpuKernels for Autodiff<Flex, C> {
             OpsKind::UnTracked(prep) => {
                 prep.finish(Flex::conv2d_im2col(x, weight, bias, stride, padding))
             }
+        }
+    }
+
+    fn linear_bias(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let (prep, [x, weight, bias]) = track::<_, C, 3>(LinearBackward, [x, weight, bias]);
+        match prep {
+            OpsKind::Tracked(prep) => {
+                let out = Flex::linear_bias(x.clone(), weight.clone(), bias);
+                prep.finish((x, weight), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(Flex::linear_bias(x, weight, bias)),
         }
     }
 
@@ -718,6 +798,51 @@ mod tests {
             close(dx1, dx2, 1e-4, "dx");
             close(dw1, dw2, 1e-4, "dw");
             close(db1, db2, 1e-4, "db");
+        }
+    }
+
+    /// The dense layer through [`dense`] and through burn's `linear`: the
+    /// same bits in the output and all three gradients, with and without
+    /// autodiff, on shapes around `gemm`'s microkernel and depth blocks
+    /// (one row, one column, a depth over 512) and a row-offset input (a
+    /// narrowed tensor, as the conditional layer passes).
+    #[test]
+    fn dense_layer_has_burns_bits() {
+        let device = Device::flex().autodiff();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let bits = |t: Tensor<2>| values_of(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let bits1 = |t: Tensor<1>| values_of(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for (m, k, n) in [
+            (16, 784, 200),
+            (1, 7, 3),
+            (5, 1, 1),
+            (64, 2304, 33),
+            (3, 600, 1),
+        ] {
+            let all = Tensor::<2>::random([m + 2, k], normal, &device);
+            let x = all.narrow(0, 2, m).require_grad();
+            let w = Tensor::<2>::random([k, n], normal, &device).require_grad();
+            let b = Tensor::<1>::random([n], normal, &device).require_grad();
+            let probe = Tensor::<2>::random([m, n], normal, &device);
+            let run = |ours: bool| {
+                let (x, w, b) = (x.clone(), w.clone(), b.clone());
+                let y = if ours {
+                    linear(x.clone(), w.clone(), Some(b.clone()))
+                } else {
+                    burn::tensor::module::linear(x.clone(), w.clone(), Some(b.clone()))
+                };
+                let grads = (y.clone() * probe.clone()).sum().backward();
+                (
+                    bits(y.inner()),
+                    bits(x.grad(&grads).expect("a gradient")),
+                    bits(w.grad(&grads).expect("a gradient")),
+                    bits1(b.grad(&grads).expect("a gradient")),
+                )
+            };
+            assert!(run(true) == run(false), "{m}×{k}·{k}×{n}");
+            let (xi, wi, bi) = (x.clone().inner(), w.clone().inner(), b.clone().inner());
+            let plain = bits(linear(xi.clone(), wi.clone(), Some(bi.clone())));
+            assert!(plain == bits(burn::tensor::module::linear(xi, wi, Some(bi))));
         }
     }
 
