@@ -740,6 +740,11 @@ mod tests {
         t.into_data().try_to_vec::<f32>().expect("f32")
     }
 
+    /// `t`'s values as bit patterns, for comparisons that must be exact.
+    fn bits_of<const D: usize>(t: Tensor<D>) -> Vec<u32> {
+        values_of(t).iter().map(|v| v.to_bits()).collect()
+    }
+
     /// `a` and `b` of one shape, equal within `tol` relative (plus `tol`
     /// absolute); `what` names them in a failure.
     pub(super) fn close<const D: usize>(a: Tensor<D>, b: Tensor<D>, tol: f32, what: &str) {
@@ -807,11 +812,9 @@ mod tests {
     /// (one row, one column, a depth over 512) and a row-offset input (a
     /// narrowed tensor, as the conditional layer passes).
     #[test]
-    fn dense_layer_has_burns_bits() {
+    fn dense_layer_has_burns_bits_of() {
         let device = Device::flex().autodiff();
         let normal = Distribution::Normal(0.0, 1.0);
-        let bits = |t: Tensor<2>| values_of(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        let bits1 = |t: Tensor<1>| values_of(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         for (m, k, n) in [
             (16, 784, 200),
             (1, 7, 3),
@@ -833,16 +836,16 @@ mod tests {
                 };
                 let grads = (y.clone() * probe.clone()).sum().backward();
                 (
-                    bits(y.inner()),
-                    bits(x.grad(&grads).expect("a gradient")),
-                    bits(w.grad(&grads).expect("a gradient")),
-                    bits1(b.grad(&grads).expect("a gradient")),
+                    bits_of(y.inner()),
+                    bits_of(x.grad(&grads).expect("a gradient")),
+                    bits_of(w.grad(&grads).expect("a gradient")),
+                    bits_of(b.grad(&grads).expect("a gradient")),
                 )
             };
             assert!(run(true) == run(false), "{m}×{k}·{k}×{n}");
             let (xi, wi, bi) = (x.clone().inner(), w.clone().inner(), b.clone().inner());
-            let plain = bits(linear(xi.clone(), wi.clone(), Some(bi.clone())));
-            assert!(plain == bits(burn::tensor::module::linear(xi, wi, Some(bi))));
+            let plain = bits_of(linear(xi.clone(), wi.clone(), Some(bi.clone())));
+            assert!(plain == bits_of(burn::tensor::module::linear(xi, wi, Some(bi))));
         }
     }
 
