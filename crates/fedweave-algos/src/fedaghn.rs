@@ -43,7 +43,7 @@ use crate::{
 };
 use fedweave_core::LayerGroup;
 use fedweave_core::pairwise::{Kernels, View};
-use fedweave_core::vecmath::dot;
+use fedweave_core::vecmath::{dot, zeroed_rows};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -90,8 +90,13 @@ impl Validate for FedAghnParams {
 /// over the others scaled by 1/(1+p), and p/(1+p) for itself. A lone client
 /// keeps its own model.
 pub fn attention(cos: &[f64], me: usize, p: f64, q: f64) -> Vec<f64> {
+    attention_of(softmax_others(cos, me, q), me, p)
+}
+
+/// [`attention`] from its softmax `s` ([`softmax_others`]), reused.
+fn attention_of(s: Vec<f64>, me: usize, p: f64) -> Vec<f64> {
     let p = p.max(0.0);
-    let mut alpha = softmax_others(cos, me, q);
+    let mut alpha = s;
     if alpha.len() == 1 {
         return vec![1.0];
     }
@@ -127,8 +132,12 @@ fn softmax_others(cos: &[f64], me: usize, q: f64) -> Vec<f64> {
 /// j ≠ `me` with c̄ = Σ_k s_k c_k, and β_me = 0 (the self weight does not
 /// depend on q).
 pub fn dq_coefficients(cos: &[f64], me: usize, p: f64, q: f64) -> Vec<f64> {
+    dq_of(&softmax_others(cos, me, q), cos, p)
+}
+
+/// [`dq_coefficients`] from its softmax `s` ([`softmax_others`]).
+fn dq_of(s: &[f64], cos: &[f64], p: f64) -> Vec<f64> {
     let p = p.max(0.0);
-    let s = softmax_others(cos, me, q);
     let mean: f64 = s.iter().zip(cos).map(|(s, c)| s * c).sum();
     s.iter()
         .zip(cos)
@@ -344,19 +353,21 @@ pub fn server_step(
     // Attention α and its q-derivative's coefficients β, per layer and
     // participant, then θ̄ = α·Θ and ∂θ̄/∂q = β·Θ layer by layer as
     // blocked products.
-    let mut models_bar = vec![vec![0.0f32; d]; m];
-    let mut grads_q = vec![vec![0.0f32; d]; m];
+    let mut models_bar = zeroed_rows(m, d);
+    let mut grads_q = zeroed_rows(m, d);
     let mut layer_rows: Vec<Vec<Vec<f64>>> = Vec::with_capacity(groups.len());
     for (r, g) in groups.iter().enumerate() {
         let rg = g.range.clone();
+        // One softmax per participant serves α and β; participants in
+        // parallel (m² exponentials per layer), collected in order.
         let (alpha, beta): (Vec<Vec<f64>>, Vec<Vec<f64>>) = participants
-            .iter()
+            .par_iter()
             .enumerate()
             .map(|(k, &i)| {
-                (
-                    attention(&cos[r][k], k, p[i][r], q[i][r]),
-                    dq_coefficients(&cos[r][k], k, p[i][r], q[i][r]),
-                )
+                let c = &cos[r][k];
+                let s = softmax_others(c, k, q[i][r]);
+                let beta = dq_of(&s, c, p[i][r]);
+                (attention_of(s, k, p[i][r]), beta)
             })
             .unzip();
         let slices: Vec<&[f32]> = models.iter().map(|x| &x[rg.clone()]).collect();

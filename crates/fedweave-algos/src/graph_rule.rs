@@ -30,6 +30,7 @@ use crate::{
 };
 use fedweave_core::CollaborationGraph;
 use fedweave_core::pairwise::Kernels;
+use fedweave_core::vecmath::zeroed_rows;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 
@@ -220,7 +221,7 @@ pub fn mix_weights(
         Weights::Whole(w) => kernels.mix(w, models).into_rows(),
         Weights::Layers(w) => {
             let d = models.first().map_or(0, |m| m.len());
-            let mut mixed = vec![vec![0.0f32; d]; w.first().map_or(0, Vec::len)];
+            let mut mixed = zeroed_rows(w.first().map_or(0, Vec::len), d);
             for (rows, (_, range)) in w.iter().zip(layers) {
                 let slices: Vec<&[f32]> = models.iter().map(|m| &m[range.clone()]).collect();
                 let layer = kernels.mix(rows, &slices);

@@ -8,12 +8,14 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Tunes mimalloc for a round's many model-sized blocks: freed memory goes
-/// back to the kernel 10 s after its last use rather than 1 s (a round at
-/// N = 500 reuses most of the last round's blocks within a few seconds, and
-/// a purged block pays its page faults again), and arenas are reserved
-/// 64 MiB at a time without eager commit (1 GiB eagerly committed arenas
-/// cost FedAvg's first round at N = 500 1.3 s).
+/// Tunes mimalloc for a round's many model-sized blocks: freed memory is
+/// kept for reuse, not returned to the kernel, while the process runs (each
+/// round reuses the last round's blocks, and a returned block pays its page
+/// faults again; mimalloc v3 counts a purge delay from the first free of an
+/// arena's batch, not the last, so a 10 s delay still returned blocks freed
+/// a moment before: ~40,000 page faults per pFedGraph round at N = 500),
+/// and arenas are reserved 64 MiB at a time without eager commit (1 GiB
+/// eagerly committed arenas cost FedAvg's first round at N = 500 1.3 s).
 ///
 /// The options are named by their index in the `mi_option_e` of the
 /// mimalloc `mimalloc` =0.1.52 builds (v3; the crate's constants stop
@@ -23,7 +25,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn tune_allocator() {
     // (index, variable, v3's default, fedweave's value)
     const OPTIONS: [(libmimalloc_sys::mi_option_t, &str, i64, i64); 3] = [
-        (15, "MIMALLOC_PURGE_DELAY", 1_000, 10_000),
+        (15, "MIMALLOC_PURGE_DELAY", 1_000, -1),
         (4, "MIMALLOC_ARENA_EAGER_COMMIT", 2, 0),
         (23, "MIMALLOC_ARENA_RESERVE", 1 << 20, 64 << 10),
     ];

@@ -107,6 +107,16 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `rows` zeroed vectors of `len` elements, each allocated zeroed.
+///
+/// `vec![vec![0.0; len]; rows]` clones its first row into the others, a copy
+/// of `rows·len` floats read and written; a zeroed allocation is one write
+/// at most, and none when the allocator hands out fresh pages. Outputs a
+/// kernel then overwrites (a round's mixed models) are allocated this way.
+pub fn zeroed_rows(rows: usize, len: usize) -> Vec<Vec<f32>> {
+    (0..rows).map(|_| vec![0.0f32; len]).collect()
+}
+
 /// out ← a − b.
 pub fn sub_into(a: &[f32], b: &[f32], out: &mut [f32]) {
     for ((o, x), y) in out.iter_mut().zip(a).zip(b) {

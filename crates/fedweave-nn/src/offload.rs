@@ -189,7 +189,7 @@ impl Offload for BurnOffload {
         let d = models.first().map_or(0, |x| x.len());
         self.guarded(|| {
             let w = self.upload_f64(weights.concat(), [p, m]);
-            let mut out = vec![vec![0.0f32; d]; p];
+            let mut out = fedweave_core::vecmath::zeroed_rows(p, d);
             for c0 in (0..d).step_by(BLOCK_COLS) {
                 let c1 = (c0 + BLOCK_COLS).min(d);
                 let dc = c1 - c0;

@@ -649,9 +649,12 @@ impl<'a> LocalTrainer<'a> {
     }
 }
 
-/// `out` becomes the concatenation of `parts`' `f32` values.
+/// `out` becomes the concatenation of `parts`' `f32` values (its capacity
+/// reserved once: grown part by part, a new trainer's first step copied
+/// the vector at every doubling).
 fn flatten(parts: &[Tensor<1>], out: &mut Vec<f32>) {
     out.clear();
+    out.reserve(parts.iter().map(|t| t.dims()[0]).sum());
     for t in parts {
         with_values(t, |v| out.extend_from_slice(v));
     }

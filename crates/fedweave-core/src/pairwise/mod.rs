@@ -1235,7 +1235,7 @@ impl Kernels {
     {
         let d = row_len(&[models]).unwrap_or(0);
         let (distinct_w, which) = distinct_rows(weights, models.len());
-        let mut distinct = vec![vec![0.0f32; d]; distinct_w.len()];
+        let mut distinct = crate::vecmath::zeroed_rows(distinct_w.len(), d);
         let mut outs: Vec<&mut [f32]> = distinct.iter_mut().map(Vec::as_mut_slice).collect();
         self.mix_distinct(&distinct_w, models, &mut outs);
         Mixed { distinct, which }
