@@ -13,7 +13,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// round reuses the last round's blocks, and a returned block pays its page
 /// faults again; mimalloc v3 counts a purge delay from the first free of an
 /// arena's batch, not the last, so a 10 s delay still returned blocks freed
-/// a moment before: ~40,000 page faults per pFedGraph round at N = 500),
+/// a moment before: 36,000–48,000 page faults per pFedGraph round at
+/// N = 500, ~5,000 without purging; docs/results.md "Freed memory kept"),
 /// and arenas are reserved 64 MiB at a time without eager commit (1 GiB
 /// eagerly committed arenas cost FedAvg's first round at N = 500 1.3 s).
 ///
