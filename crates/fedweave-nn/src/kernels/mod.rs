@@ -812,7 +812,7 @@ mod tests {
     /// (one row, one column, a depth over 512) and a row-offset input (a
     /// narrowed tensor, as the conditional layer passes).
     #[test]
-    fn dense_layer_has_burns_bits_of() {
+    fn dense_layer_has_burns_bits() {
         let device = Device::flex().autodiff();
         let normal = Distribution::Normal(0.0, 1.0);
         for (m, k, n) in [
