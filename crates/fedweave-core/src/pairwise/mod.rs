@@ -135,6 +135,9 @@ pub const MIX_SPARSE_DENSITY: f64 = 1.0 / 3.0;
 /// Bytes of `f32` models one sparse mixing block reads (the block of every
 /// model stays in a 256 KiB L2 while each output row gathers its terms).
 const SPARSE_BLOCK_BYTES: usize = 256 * 1024;
+/// How many rows ahead a gather of model blocks prefetches: enough to
+/// cover a DRAM access while a block of 1–2 KB is copied.
+const PREFETCH_ROWS_AHEAD: usize = 4;
 /// Relative error bound of every entry of [`sq_dist_matrix`].
 pub const SQ_DIST_REL_TOL: f64 = 1e-9;
 
@@ -732,71 +735,97 @@ fn transpose<E: Copy>(src: &[E], rows: usize, kc: usize, dst: &mut [E]) {
     }
 }
 
-/// The right operand of one Gram tile.
-enum Right<'a, A, B> {
-    /// The left rows themselves (a diagonal tile of a symmetric Gram).
-    Same,
-    /// Other rows of the left set (an off-diagonal symmetric tile).
-    Left(&'a [A]),
-    Other(&'a [B]),
-}
-
-/// One task of a Gram: rows × rows over a run of column chunks.
-struct GramTile<'a, A, B> {
-    left: &'a [A],
-    right: Right<'a, A, B>,
+/// One task of a Gram: the products of some tile pairs over a run of
+/// column chunks. Each tile's block of a chunk is gathered (and, for a
+/// depth-major right operand, transposed) once however many of the pairs
+/// use it, so a task holding every pair reads each model once per chunk
+/// instead of once per pair it appears in.
+struct GramTask<'a, A, B> {
+    a: &'a [A],
+    /// The right rows; `None` for a symmetric Gram (its right tiles are
+    /// `a`'s).
+    b: Option<&'a [B]>,
+    /// Row ranges of `a`'s tiles and of the right tiles.
+    ta: &'a [(usize, usize)],
+    tb: &'a [(usize, usize)],
+    /// (left tile, right tile) of each product.
+    pairs: &'a [(usize, usize)],
     cols: &'a Columns<'a>,
     chunks: Range<usize>,
 }
 
-impl<A: AsRef<[f32]>, B: AsRef<[f32]>> GramTile<'_, A, B> {
-    /// The tile's partial sums, chunk by chunk in order.
-    fn product<G: BlockGemm>(&self) -> Vec<f64> {
-        let ni = self.left.len();
-        let nj = match &self.right {
-            Right::Same => ni,
-            Right::Left(r) => r.len(),
-            Right::Other(r) => r.len(),
-        };
-        let mut acc = vec![0.0f64; ni * nj];
-        let mut bufa = vec![G::E::default(); ni * KC];
-        let same = matches!(self.right, Right::Same);
-        let mut bufb = vec![G::E::default(); if same { 0 } else { nj * KC }];
-        // `gemm` takes tiles of at most 16 × 16 with rows contiguous along k
-        // into horizontal kernels (other sums, other bits): those keep the
-        // row-major operand.
-        let depth_major = G::DEPTH_MAJOR_RIGHT && ni * nj > 256;
-        let mut bt = vec![G::E::default(); if depth_major { nj * KC } else { 0 }];
+impl<A: AsRef<[f32]>, B: AsRef<[f32]>> GramTask<'_, A, B> {
+    /// Each pair's partial sums (ni × nj, row-major), chunk by chunk in
+    /// order: the same operations, hence the same bits, however the pairs
+    /// are grouped into tasks.
+    fn products<G: BlockGemm>(&self) -> Vec<Vec<f64>> {
+        let len = |(lo, hi): (usize, usize)| hi - lo;
+        let sym = self.b.is_none();
+        let mut accs: Vec<Vec<f64>> = self
+            .pairs
+            .iter()
+            .map(|&(ti, tj)| vec![0.0; len(self.ta[ti]) * len(self.tb[tj])])
+            .collect();
+        // Slots: a's tiles, then (cross Grams) the right tiles.
+        let right_slot = |tj: usize| if sym { tj } else { self.ta.len() + tj };
+        let slots = self.ta.len() + if sym { 0 } else { self.tb.len() };
+        let mut rows: Vec<Vec<G::E>> = vec![Vec::new(); slots];
+        let mut depth_major_rows: Vec<Vec<G::E>> = vec![Vec::new(); slots];
         let mut scratch = Vec::new();
         let cols = self.cols;
         for c in self.chunks.clone() {
             let (k0, k1) = cols.chunk(c);
             let kc = k1 - k0;
-            cols.gather_rows(self.left, k0, k1, &mut bufa);
-            match &self.right {
-                Right::Same => {}
-                Right::Left(r) => cols.gather_rows(r, k0, k1, &mut bufb),
-                Right::Other(r) => cols.gather_rows(r, k0, k1, &mut bufb),
-            }
-            let rows = if same { &bufa[..] } else { &bufb[..] };
-            let b = if depth_major {
-                transpose(&rows[..nj * kc], nj, kc, &mut bt[..nj * kc]);
-                RightRows {
-                    ptr: bt.as_ptr(),
-                    row: 1,
-                    depth: nj,
+            let mut gathered = vec![false; slots];
+            let mut transposed = vec![false; slots];
+            let mut gather = |slot: usize, rows: &mut Vec<Vec<G::E>>| {
+                if std::mem::replace(&mut gathered[slot], true) {
+                    return;
                 }
-            } else {
-                RightRows {
-                    ptr: rows.as_ptr(),
-                    row: kc,
-                    depth: 1,
+                let buf = &mut rows[slot];
+                if slot < self.ta.len() {
+                    let (lo, hi) = self.ta[slot];
+                    buf.resize((hi - lo) * KC, G::E::default());
+                    cols.gather_rows(&self.a[lo..hi], k0, k1, buf);
+                } else if let Some(b) = self.b {
+                    let (lo, hi) = self.tb[slot - self.ta.len()];
+                    buf.resize((hi - lo) * KC, G::E::default());
+                    cols.gather_rows(&b[lo..hi], k0, k1, buf);
                 }
             };
-            // SAFETY: bufa holds ni rows of kc, b reaches nj × kc.
-            unsafe { G::accumulate(ni, nj, kc, bufa.as_ptr(), b, same, &mut acc, &mut scratch) };
+            for (acc, &(ti, tj)) in accs.iter_mut().zip(self.pairs) {
+                let (ni, nj) = (len(self.ta[ti]), len(self.tb[tj]));
+                // A diagonal tile of a symmetric Gram multiplies one buffer by itself.
+                let same = sym && ti == tj;
+                let rs = right_slot(tj);
+                gather(ti, &mut rows);
+                gather(rs, &mut rows);
+                // `gemm` takes tiles of at most 16 × 16 with rows contiguous
+                // along k into horizontal kernels (other sums, other bits):
+                // those keep the row-major operand.
+                let b = if G::DEPTH_MAJOR_RIGHT && ni * nj > 256 {
+                    let bt = &mut depth_major_rows[rs];
+                    if !std::mem::replace(&mut transposed[rs], true) {
+                        bt.resize(nj * KC, G::E::default());
+                        transpose(&rows[rs][..nj * kc], nj, kc, &mut bt[..nj * kc]);
+                    }
+                    RightRows {
+                        ptr: bt.as_ptr(),
+                        row: 1,
+                        depth: nj,
+                    }
+                } else {
+                    RightRows {
+                        ptr: rows[rs].as_ptr(),
+                        row: kc,
+                        depth: 1,
+                    }
+                };
+                // SAFETY: the left slot holds ni rows of kc, b reaches nj × kc.
+                unsafe { G::accumulate(ni, nj, kc, rows[ti].as_ptr(), b, same, acc, &mut scratch) };
+            }
         }
-        acc
+        accs
     }
 }
 
@@ -827,10 +856,10 @@ where
     };
     let (ta, tb) = (tiles(n), tiles(m));
     let mut pairs = Vec::new();
-    for (ti, &ri) in ta.iter().enumerate() {
-        for (tj, &rj) in tb.iter().enumerate() {
+    for ti in 0..ta.len() {
+        for tj in 0..tb.len() {
             if b.is_some() || ti <= tj {
-                pairs.push((ri, rj));
+                pairs.push((ti, tj));
             }
         }
     }
@@ -840,38 +869,43 @@ where
         .min(nchunks)
         .min(max_seg)
         .max(1);
-    let tasks: Vec<(usize, usize)> = (0..pairs.len())
-        .flat_map(|p| (0..nseg).map(move |s| (p, s)))
+    // Consecutive pairs (sharing left tiles) go to one task while there
+    // are at least four tasks per thread: fewer gathers, same bits.
+    let group = (pairs.len() * nseg / (4 * rayon::current_num_threads())).clamp(1, pairs.len());
+    let groups: Vec<Range<usize>> = (0..pairs.len())
+        .step_by(group)
+        .map(|p| p..(p + group).min(pairs.len()))
         .collect();
-    let partials: Vec<Vec<f64>> = tasks
+    let tasks: Vec<(usize, usize)> = (0..groups.len())
+        .flat_map(|g| (0..nseg).map(move |s| (g, s)))
+        .collect();
+    let results: Vec<Vec<Vec<f64>>> = tasks
         .par_iter()
-        .map(|&(p, s)| {
-            let ((i0, i1), (j0, j1)) = pairs[p];
-            // A diagonal tile of a symmetric Gram multiplies one buffer by itself.
-            let same = b.is_none() && i0 == j0;
-            let other = b.map_or(&[] as &[B], |b| &b[j0..j1]);
-            let tile = GramTile {
-                left: &a[i0..i1],
-                right: if same {
-                    Right::Same
-                } else if b.is_some() {
-                    Right::Other(other)
-                } else {
-                    Right::Left(&a[j0..j1])
-                },
+        .map(|&(g, s)| {
+            let task = GramTask {
+                a,
+                b,
+                ta: &ta,
+                tb: &tb,
+                pairs: &pairs[groups[g].clone()],
                 cols,
                 chunks: s * nchunks / nseg..(s + 1) * nchunks / nseg,
             };
             match arith {
-                Arith::F64 => tile.product::<ExactMm>(),
-                Arith::F64Gemm => tile.product::<GemmIn<f64, WHOLE>>(),
-                Arith::F32Blocks => tile.product::<GemmIn<f32, F32_BLOCK>>(),
-                Arith::F32Chunks => tile.product::<GemmIn<f32, KC>>(),
+                Arith::F64 => task.products::<ExactMm>(),
+                Arith::F64Gemm => task.products::<GemmIn<f64, WHOLE>>(),
+                Arith::F32Blocks => task.products::<GemmIn<f32, F32_BLOCK>>(),
+                Arith::F32Chunks => task.products::<GemmIn<f32, KC>>(),
             }
         })
         .collect();
-    for (p, &((i0, i1), (j0, j1))) in pairs.iter().enumerate() {
-        let parts = &partials[p * nseg..(p + 1) * nseg];
+    // Pair p's partial of segment s.
+    let part = |p: usize, s: usize| {
+        let g = p / group;
+        &results[g * nseg + s][p - groups[g].start]
+    };
+    for (p, &(ti, tj)) in pairs.iter().enumerate() {
+        let ((i0, i1), (j0, j1)) = (ta[ti], tb[tj]);
         let nj = j1 - j0;
         for r in 0..i1 - i0 {
             for c in 0..nj {
@@ -879,9 +913,9 @@ where
                 if b.is_none() && i > j {
                     continue;
                 }
-                let mut v = parts[0][r * nj + c];
-                for part in &parts[1..] {
-                    v += part[r * nj + c];
+                let mut v = part(p, 0)[r * nj + c];
+                for s in 1..nseg {
+                    v += part(p, s)[r * nj + c];
                 }
                 out.set(i, j, v);
                 if b.is_none() {
@@ -1679,7 +1713,7 @@ fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [f32
                     }
                 }
                 MixBy::Gemm64 => {
-                    let theta = theta_block(models, c0, dc, f64::from);
+                    let theta = theta_block(models, c0, dc, lanes::widen_f64);
                     for i0 in tiles {
                         let ni = TILE.min(p - i0);
                         // SAFETY: wd holds p rows of na (row stride na), theta
@@ -1702,17 +1736,17 @@ fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [f32
                                 1,
                             );
                         }
-                        round_rows(&mut outs, i0, ni, &acc, |r, out, acc| {
+                        round_rows(&mut outs, i0, ni, &acc, None, |r, out, acc| {
                             weighted_block(&w_row(r), c0, out, acc)
                         });
                     }
                 }
                 MixBy::Gemm32 => {
-                    let theta = theta_block(models, c0, dc, |x| x);
+                    let theta = theta_block(models, c0, dc, <[f32]>::copy_from_slice);
                     let mut scratch = vec![0.0f32; TILE.min(p) * dc];
+                    let last = (na - 1) / F32_BLOCK * F32_BLOCK;
                     for i0 in tiles {
                         let ni = TILE.min(p - i0);
-                        acc[..ni * dc].fill(0.0);
                         for j0 in (0..na).step_by(F32_BLOCK) {
                             let kb = F32_BLOCK.min(na - j0);
                             // SAFETY: wf holds p rows of na, theta na rows of
@@ -1740,60 +1774,79 @@ fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [f32
                                     gemm::Parallelism::None,
                                 );
                             }
-                            lanes::add_f32(&mut acc[..ni * dc], &scratch[..ni * dc]);
+                            // The blocks' sum 0 + b₀ + b₁ + … in `f64`, the
+                            // first widened into `acc` (no zero-fill pass),
+                            // the last added while rounding to the outputs.
+                            let (acc, part) = (&mut acc[..ni * dc], &scratch[..ni * dc]);
+                            if j0 == 0 {
+                                lanes::start_f32(acc, part);
+                            }
+                            if j0 == last {
+                                let ahead = if j0 == 0 { None } else { Some(part) };
+                                round_rows(&mut outs, i0, ni, acc, ahead, |r, out, acc| {
+                                    weighted_block(&w_row(r), c0, out, acc)
+                                });
+                            } else if j0 > 0 {
+                                lanes::add_f32(acc, part);
+                            }
                         }
-                        round_rows(&mut outs, i0, ni, &acc, |r, out, acc| {
-                            weighted_block(&w_row(r), c0, out, acc)
-                        });
                     }
                 }
             }
         });
 }
 
-/// Columns `c0..c0 + dc` of every model, one row each, converted by `conv`.
+/// Columns `c0..c0 + dc` of every model, one row each, written by
+/// `fill(dst, src)` (a copy or a widening).
 fn theta_block<T: Copy + Default>(
     models: &[&[f32]],
     c0: usize,
     dc: usize,
-    conv: impl Fn(f32) -> T,
+    fill: impl Fn(&mut [T], &[f32]),
 ) -> Vec<T> {
     let mut theta = vec![T::default(); models.len() * dc];
-    for (row, x) in theta.chunks_exact_mut(dc).zip(models) {
-        for (t, v) in row.iter_mut().zip(&x[c0..c0 + dc]) {
-            *t = conv(*v);
+    for (r, (row, x)) in theta.chunks_exact_mut(dc).zip(models).enumerate() {
+        // Each model is a separate allocation, so every row starts a new
+        // stream the hardware prefetcher has not seen: ask for a later
+        // row's block while this one is copied.
+        if let Some(ahead) = models.get(r + PREFETCH_ROWS_AHEAD) {
+            lanes::prefetch(&ahead[c0..c0 + dc]);
         }
+        fill(row, &x[c0..c0 + dc]);
     }
     theta
 }
 
 /// Rounds output rows `i0..i0 + ni` of a column block from `acc` (`ni`
-/// rows of the block's width); a row with a non-finite entry, which may
-/// come from 0·∞ of a skipped model, is recomputed by `reference(row,
-/// out, acc)`, the `weighted_sum` loop.
+/// rows of the block's width), plus `part` first when given (the last
+/// block of products, added in `f64` on the way); a row with a non-finite
+/// entry, which may come from 0·∞ of a skipped model, is recomputed by
+/// `reference(row, out, acc)`, the `weighted_sum` loop.
 fn round_rows(
     outs: &mut [&mut [f32]],
     i0: usize,
     ni: usize,
     acc: &[f64],
+    part: Option<&[f32]>,
     mut reference: impl FnMut(usize, &mut [f32], &mut [f64]),
 ) {
     let dc = outs[0].len();
     let mut redo = Vec::new();
     for r in 0..ni {
-        let out = &mut *outs[i0 + r];
-        let mut finite = true;
-        for (o, s) in out.iter_mut().zip(&acc[r * dc..(r + 1) * dc]) {
-            *o = *s as f32;
-            finite &= o.is_finite();
-        }
+        let (out, acc) = (&mut *outs[i0 + r], &acc[r * dc..(r + 1) * dc]);
+        let finite = match part {
+            None => lanes::narrow_f32(out, acc),
+            Some(part) => lanes::add_narrow_f32(out, acc, &part[r * dc..(r + 1) * dc]),
+        };
         if !finite {
             redo.push(i0 + r);
         }
     }
-    let mut scratch = vec![0.0f64; dc];
-    for r in redo {
-        reference(r, &mut *outs[r], &mut scratch);
+    if !redo.is_empty() {
+        let mut scratch = vec![0.0f64; dc];
+        for r in redo {
+            reference(r, &mut *outs[r], &mut scratch);
+        }
     }
 }
 
@@ -1939,7 +1992,7 @@ mod tests {
     }
 
     /// `GemmIn::accumulate` of `a` (`ni` rows of `KC`) and `b` (`nj` rows),
-    /// `b` handed over depth-major as `GramTile` does.
+    /// `b` handed over depth-major as `GramTask` does.
     fn banded<E: Elem, const DEPTH: usize>(
         ni: usize,
         nj: usize,
