@@ -6,6 +6,7 @@
 
 use crate::vecmath::sum4;
 use crate::wide;
+use std::mem::MaybeUninit;
 
 wide! {
     /// dst ← src − shift, the `f64` difference rounded once to `f32`, which
@@ -30,13 +31,13 @@ wide! {
 wide! {
     /// out ← acc rounded to `f32`; whether every rounded value is finite
     /// (the mixings' check for rows to recompute).
-    pub(super) fn narrow_f32(out: &mut [f32], acc: &[f64]) -> bool => narrow_f32_body
+    pub(super) fn narrow_f32(out: &mut [MaybeUninit<f32>], acc: &[f64]) -> bool => narrow_f32_body
 }
 
 wide! {
     /// out ← acc + part in `f64`, rounded to `f32`: [`add_f32`] and
     /// [`narrow_f32`] in one pass; whether every rounded value is finite.
-    pub(super) fn add_narrow_f32(out: &mut [f32], acc: &[f64], part: &[f32]) -> bool => add_narrow_f32_body
+    pub(super) fn add_narrow_f32(out: &mut [MaybeUninit<f32>], acc: &[f64], part: &[f32]) -> bool => add_narrow_f32_body
 }
 
 wide! {
@@ -72,7 +73,7 @@ wide! {
     /// models per pass with the same per-element order of additions, so the
     /// result is bit-identical to `weighted_sum` with a quarter of the
     /// traffic on the accumulator.
-    pub(super) fn weighted_block(terms: &[(f64, &[f32])], c0: usize, out: &mut [f32], acc: &mut [f64]) => weighted_block_body
+    pub(super) fn weighted_block(terms: &[(f64, &[f32])], c0: usize, out: &mut [MaybeUninit<f32>], acc: &mut [f64]) => weighted_block_body
 }
 
 /// Asks the CPU to bring `x`'s cache lines toward L1 (a hint: no effect on
@@ -113,21 +114,23 @@ fn widen_f64_body(dst: &mut [f64], src: &[f32]) {
 }
 
 #[inline(always)]
-fn narrow_f32_body(out: &mut [f32], acc: &[f64]) -> bool {
+fn narrow_f32_body(out: &mut [MaybeUninit<f32>], acc: &[f64]) -> bool {
     let mut finite = true;
     for (o, s) in out.iter_mut().zip(acc) {
-        *o = *s as f32;
-        finite &= o.is_finite();
+        let v = *s as f32;
+        o.write(v);
+        finite &= v.is_finite();
     }
     finite
 }
 
 #[inline(always)]
-fn add_narrow_f32_body(out: &mut [f32], acc: &[f64], part: &[f32]) -> bool {
+fn add_narrow_f32_body(out: &mut [MaybeUninit<f32>], acc: &[f64], part: &[f32]) -> bool {
     let mut finite = true;
     for ((o, s), v) in out.iter_mut().zip(acc).zip(part) {
-        *o = (*s + f64::from(*v)) as f32;
-        finite &= o.is_finite();
+        let x = (*s + f64::from(*v)) as f32;
+        o.write(x);
+        finite &= x.is_finite();
     }
     finite
 }
@@ -164,7 +167,12 @@ fn diff_dot4_body(x: &[f64], y: &[f64]) -> f64 {
 }
 
 #[inline(always)]
-fn weighted_block_body(terms: &[(f64, &[f32])], c0: usize, out: &mut [f32], acc: &mut [f64]) {
+fn weighted_block_body(
+    terms: &[(f64, &[f32])],
+    c0: usize,
+    out: &mut [MaybeUninit<f32>],
+    acc: &mut [f64],
+) {
     let len = out.len();
     let acc = &mut acc[..len];
     acc.fill(0.0);
@@ -192,12 +200,13 @@ fn weighted_block_body(terms: &[(f64, &[f32])], c0: usize, out: &mut [f32], acc:
         }
     }
     for (o, s) in out.iter_mut().zip(acc.iter()) {
-        *o = *s as f32;
+        o.write(*s as f32);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::as_uninit;
     use super::*;
     use rand::{Rng, SeedableRng};
 
@@ -220,17 +229,17 @@ mod tests {
         );
         assert_eq!(fused[0].to_bits(), 0.0f64.to_bits(), "−0 onto zeros is +0");
         let mut out = vec![0.0f32; 4099];
-        let finite = add_narrow_f32(&mut out, &fused, &last);
+        let finite = add_narrow_f32(as_uninit(&mut out), &fused, &last);
         add_f32(&mut separate, &last);
         let mut want = vec![0.0f32; 4099];
-        assert_eq!(finite, narrow_f32(&mut want, &separate));
+        assert_eq!(finite, narrow_f32(as_uninit(&mut want), &separate));
         assert!(!finite, "f32::MAX + f32::MAX overflows the f32 range");
         assert_eq!(
             out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
         );
         assert!(out[3..].iter().all(|x| x.is_finite()));
-        assert!(narrow_f32(&mut want[3..], &separate[3..]));
+        assert!(narrow_f32(as_uninit(&mut want[3..]), &separate[3..]));
     }
 
     /// The `f32` difference is the `f64` one rounded to `f32`, bit for bit,

@@ -82,6 +82,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -1269,9 +1270,11 @@ impl Kernels {
     {
         let d = row_len(&[models]).unwrap_or(0);
         let (distinct_w, which) = distinct_rows(weights, models.len());
-        let mut distinct = crate::vecmath::zeroed_rows(distinct_w.len(), d);
-        let mut outs: Vec<&mut [f32]> = distinct.iter_mut().map(Vec::as_mut_slice).collect();
-        self.mix_distinct(&distinct_w, models, &mut outs);
+        // The rows are written once, by the kernels: no zero-fill first
+        // (at N = 500 it was a sixth of the traffic of pFedGraph's mixing).
+        let distinct = written_rows(distinct_w.len(), d, |outs| {
+            self.mix_distinct(&distinct_w, models, outs);
+        });
         Mixed { distinct, which }
     }
 
@@ -1296,11 +1299,11 @@ impl Kernels {
         );
         let (distinct_w, which) = distinct_rows(weights, models.len());
         // Each distinct row is computed into its first user, then copied.
-        let mut firsts: Vec<&mut [f32]> = Vec::with_capacity(distinct_w.len());
+        let mut firsts: Vec<&mut [MaybeUninit<f32>]> = Vec::with_capacity(distinct_w.len());
         let mut taken = vec![false; distinct_w.len()];
         for (out, &k) in outs.iter_mut().zip(&which) {
             if !std::mem::replace(&mut taken[k], true) {
-                firsts.push(&mut **out);
+                firsts.push(as_uninit(out));
             }
         }
         self.mix_distinct(&distinct_w, models, &mut firsts);
@@ -1315,12 +1318,13 @@ impl Kernels {
         }
     }
 
-    /// Σ_j W_rj·θ_j into `outs[r]` for each distinct weight row.
+    /// Σ_j W_rj·θ_j into `outs[r]` for each distinct weight row, every
+    /// element written ([`written_rows`] relies on it).
     fn mix_distinct<R: AsRef<[f32]> + Sync>(
         &self,
         distinct_w: &[&[f64]],
         models: &[R],
-        outs: &mut [&mut [f32]],
+        outs: &mut [&mut [MaybeUninit<f32>]],
     ) {
         let (m, p) = (models.len(), distinct_w.len());
         let d = row_len(&[models]).unwrap_or(0);
@@ -1335,7 +1339,7 @@ impl Kernels {
             .collect();
         let used: Vec<&[f32]> = active.iter().map(|&j| models[j].as_ref()).collect();
         if na == 0 || d == 0 {
-            outs.iter_mut().for_each(|o| o.fill(0.0));
+            outs.iter_mut().for_each(|o| o.fill(MaybeUninit::new(0.0)));
             return;
         }
         let flops = 2.0 * (p * na * d) as f64;
@@ -1348,7 +1352,7 @@ impl Kernels {
                     // model: such rows take the reference loop.
                     let mut acc = vec![0.0f64; d];
                     for (r, (out, row)) in outs.iter_mut().zip(got).enumerate() {
-                        out.copy_from_slice(&row);
+                        out.write_copy_of_slice(&row);
                         if !row.iter().all(|x| x.is_finite()) {
                             weighted_block(&terms(rows[r], &used), 0, out, &mut acc);
                         }
@@ -1665,7 +1669,7 @@ enum MixBy {
 /// The host's W·Θ on `p` distinct rows `wd` (row-major, `models.len()`
 /// columns) into `distinct`: blocks of columns in parallel, each computed
 /// as `how` says.
-fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [f32]]) {
+fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [MaybeUninit<f32>]]) {
     let (p, na) = (distinct.len(), models.len());
     let d = distinct.first().map_or(0, |r| r.len());
     // Few rows: long blocks stream each model; sparse rows: blocks whose
@@ -1679,7 +1683,8 @@ fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [f32
     } else {
         DC
     };
-    let mut blocks: Vec<Vec<&mut [f32]>> = (0..d.div_ceil(width)).map(|_| Vec::new()).collect();
+    let mut blocks: Vec<Vec<&mut [MaybeUninit<f32>]>> =
+        (0..d.div_ceil(width)).map(|_| Vec::new()).collect();
     for row in distinct.iter_mut() {
         for (c, chunk) in row.chunks_mut(width).enumerate() {
             blocks[c].push(chunk);
@@ -1796,6 +1801,52 @@ fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [f32
         });
 }
 
+/// `rows` vectors of `len` elements, each element written by `fill`
+/// (which must write every one: the rows skip the zero-fill that
+/// `vec![0.0; len]` would spend a pass of memory traffic on).
+fn written_rows(
+    rows: usize,
+    len: usize,
+    fill: impl FnOnce(&mut [&mut [MaybeUninit<f32>]]),
+) -> Vec<Vec<f32>> {
+    let mut out: Vec<Vec<f32>> = (0..rows).map(|_| Vec::with_capacity(len)).collect();
+    let mut spare: Vec<&mut [MaybeUninit<f32>]> = out
+        .iter_mut()
+        .map(|r| &mut r.spare_capacity_mut()[..len])
+        .collect();
+    // Tests run with debug assertions: a pattern no kernel computes marks
+    // the elements, and any left unwritten fail below.
+    if cfg!(debug_assertions) {
+        spare
+            .iter_mut()
+            .for_each(|r| r.fill(MaybeUninit::new(f32::from_bits(UNWRITTEN))));
+    }
+    fill(&mut spare);
+    for row in &mut out {
+        // SAFETY: `fill` wrote all `len` elements (the capacity is at least
+        // `len`); `mix_distinct`, the only filler, writes every output.
+        unsafe { row.set_len(len) };
+        debug_assert!(
+            row.iter().all(|x| x.to_bits() != UNWRITTEN),
+            "a mixing left an element unwritten"
+        );
+    }
+    out
+}
+
+/// A signalling NaN with a payload no arithmetic produces (arithmetic
+/// quietens NaNs), marking unwritten outputs in debug builds.
+const UNWRITTEN: u32 = 0x7f80_dead;
+
+/// `x` as slots to write: the kernels write outputs through one type
+/// whether they were allocated uninitialised or handed in initialised.
+fn as_uninit(x: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: `MaybeUninit<f32>` has `f32`'s layout, and the kernels only
+    // ever write initialised values through the result, so `x` stays
+    // initialised.
+    unsafe { &mut *(std::ptr::from_mut(x) as *mut [MaybeUninit<f32>]) }
+}
+
 /// Columns `c0..c0 + dc` of every model, one row each, written by
 /// `fill(dst, src)` (a copy or a widening).
 fn theta_block<T: Copy + Default>(
@@ -1823,12 +1874,12 @@ fn theta_block<T: Copy + Default>(
 /// entry, which may come from 0·∞ of a skipped model, is recomputed by
 /// `reference(row, out, acc)`, the `weighted_sum` loop.
 fn round_rows(
-    outs: &mut [&mut [f32]],
+    outs: &mut [&mut [MaybeUninit<f32>]],
     i0: usize,
     ni: usize,
     acc: &[f64],
     part: Option<&[f32]>,
-    mut reference: impl FnMut(usize, &mut [f32], &mut [f64]),
+    mut reference: impl FnMut(usize, &mut [MaybeUninit<f32>], &mut [f64]),
 ) {
     let dc = outs[0].len();
     let mut redo = Vec::new();
