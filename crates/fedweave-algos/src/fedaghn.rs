@@ -43,7 +43,7 @@ use crate::{
 };
 use fedweave_core::LayerGroup;
 use fedweave_core::pairwise::{Kernels, View};
-use fedweave_core::vecmath::{dot, zeroed_rows};
+use fedweave_core::vecmath::dot;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -353,11 +353,9 @@ pub fn server_step(
     // Attention α and its q-derivative's coefficients β, per layer and
     // participant, then θ̄ = α·Θ and ∂θ̄/∂q = β·Θ layer by layer as
     // blocked products.
-    let mut models_bar = zeroed_rows(m, d);
-    let mut grads_q = zeroed_rows(m, d);
     let mut layer_rows: Vec<Vec<Vec<f64>>> = Vec::with_capacity(groups.len());
-    for (r, g) in groups.iter().enumerate() {
-        let rg = g.range.clone();
+    let mut layer_betas: Vec<Vec<Vec<f64>>> = Vec::with_capacity(groups.len());
+    for r in 0..groups.len() {
         // One softmax per participant serves α and β; participants in
         // parallel (m² exponentials per layer), collected in order.
         let (alpha, beta): (Vec<Vec<f64>>, Vec<Vec<f64>>) = participants
@@ -370,17 +368,23 @@ pub fn server_step(
                 (attention_of(s, k, p[i][r]), beta)
             })
             .unzip();
-        let slices: Vec<&[f32]> = models.iter().map(|x| &x[rg.clone()]).collect();
-        // One product for both: each block of Θ is read and converted once.
-        let weights: Vec<&[f64]> = alpha.iter().chain(&beta).map(Vec::as_slice).collect();
-        let mut outs: Vec<&mut [f32]> = models_bar
-            .iter_mut()
-            .chain(grads_q.iter_mut())
-            .map(|row| &mut row[rg.clone()])
-            .collect();
-        kernels.mix_into(&weights, &slices, &mut outs);
         layer_rows.push(alpha);
+        layer_betas.push(beta);
     }
+    // One product per layer for both: each block of Θ is read and converted
+    // once; the rows θ̄ then ∂θ̄/∂q come out of one allocation.
+    let weights: Vec<Vec<&[f64]>> = layer_rows
+        .iter()
+        .zip(&layer_betas)
+        .map(|(alpha, beta)| alpha.iter().chain(beta).map(Vec::as_slice).collect())
+        .collect();
+    let layers: Vec<(std::ops::Range<usize>, &[&[f64]])> = groups
+        .iter()
+        .zip(&weights)
+        .map(|(g, w)| (g.range.clone(), w.as_slice()))
+        .collect();
+    let mut models_bar = kernels.mix_layers(&layers, &models);
+    let grads_q = models_bar.split_off(m);
 
     let downloads: Vec<(usize, Vec<f32>)> = participants
         .par_iter()

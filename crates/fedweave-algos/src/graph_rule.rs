@@ -30,7 +30,6 @@ use crate::{
 };
 use fedweave_core::CollaborationGraph;
 use fedweave_core::pairwise::Kernels;
-use fedweave_core::vecmath::zeroed_rows;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 
@@ -220,16 +219,12 @@ pub fn mix_weights(
     match w {
         Weights::Whole(w) => kernels.mix(w, models).into_rows(),
         Weights::Layers(w) => {
-            let d = models.first().map_or(0, |m| m.len());
-            let mut mixed = zeroed_rows(w.first().map_or(0, Vec::len), d);
-            for (rows, (_, range)) in w.iter().zip(layers) {
-                let slices: Vec<&[f32]> = models.iter().map(|m| &m[range.clone()]).collect();
-                let layer = kernels.mix(rows, &slices);
-                for (k, out) in mixed.iter_mut().enumerate() {
-                    out[range.clone()].copy_from_slice(layer.row(k));
-                }
-            }
-            mixed
+            let layers: Vec<(std::ops::Range<usize>, &[Vec<f64>])> = w
+                .iter()
+                .zip(layers)
+                .map(|(rows, (_, range))| (range.clone(), rows.as_slice()))
+                .collect();
+            kernels.mix_layers(&layers, models)
         }
     }
 }

@@ -264,6 +264,41 @@ fn mixing_into_slices_gives_the_rows_of_mix_bit_for_bit() {
 }
 
 #[test]
+fn mixing_layer_by_layer_gives_each_layers_mix_and_zeros_between() {
+    // Two layers out of order with a gap before, between and after them,
+    // over 100 models (f32 blocks) and 20 (f64); layer 2 has a duplicated
+    // row and a zero row.
+    for n in [100, 20] {
+        let models = rows(80 + n as u64, n, 900, 0.0);
+        let first = weight_rows(81, 30, n);
+        let mut second = weight_rows(82, 30, n);
+        second[5] = second[2].clone();
+        second[6] = vec![0.0; n];
+        let layers: Vec<(std::ops::Range<usize>, &[Vec<f64>])> =
+            vec![(500..850, &second), (10..400, &first)];
+        let got = Kernels::cpu().mix_layers(&layers, &models);
+        assert_eq!(got.len(), 30);
+        for (range, w) in &layers {
+            let slices: Vec<&[f32]> = models.iter().map(|m| &m[range.clone()]).collect();
+            let want = Kernels::cpu().mix(w, &slices);
+            for (i, row) in got.iter().enumerate() {
+                assert_eq!(&row[range.clone()], want.row(i), "row {i} on {range:?}");
+            }
+        }
+        for row in &got {
+            assert_eq!(row.len(), 900);
+            let gaps = row[..10].iter().chain(&row[400..500]).chain(&row[850..]);
+            assert!(gaps.into_iter().all(|x| x.to_bits() == 0));
+        }
+    }
+    let models = rows(85, 4, 50, 0.0);
+    let w = weight_rows(86, 2, 4);
+    let overlapping: Vec<(std::ops::Range<usize>, &[Vec<f64>])> = vec![(0..30, &w), (20..50, &w)];
+    let caught = std::panic::catch_unwind(|| Kernels::cpu().mix_layers(&overlapping, &models));
+    assert!(caught.is_err(), "overlapping layers are refused");
+}
+
+#[test]
 fn nearest_distances_are_exact_where_a_top_k_can_see_them() {
     // 100 models in 4 groups, 30 guidance models each near its own model:
     // f32 blocks for the Gram, exact recomputation of each row's candidates.

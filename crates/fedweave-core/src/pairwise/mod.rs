@@ -1280,7 +1280,7 @@ impl Kernels {
 
     /// [`Kernels::mix`] written into `outs` (one slice of the models' length
     /// per weight row): the same numbers, without allocating the rows, for
-    /// callers that assemble them into larger vectors (per-layer mixing).
+    /// callers that assemble them into larger vectors.
     ///
     /// # Panics
     ///
@@ -1288,6 +1288,72 @@ impl Kernels {
     /// differs from the models'.
     pub fn mix_into<W, R>(&self, weights: &[W], models: &[R], outs: &mut [&mut [f32]])
     where
+        W: AsRef<[f64]>,
+        R: AsRef<[f32]> + Sync,
+    {
+        let mut outs: Vec<&mut [MaybeUninit<f32>]> =
+            outs.iter_mut().map(|o| as_uninit(o)).collect();
+        self.mix_into_slots(weights, models, &mut outs);
+    }
+
+    /// Rows mixed layer by layer: on each `(range, weights)` of `layers`,
+    /// row r is Σ_j W_rj·θ_j[range] ([`Kernels::mix_into`]'s numbers), and
+    /// 0 on elements outside every range. Per-layer graphs (FedAGHN,
+    /// `graph-rule`) get their rows in one allocation, each element written
+    /// once.
+    ///
+    /// # Panics
+    ///
+    /// When the layers have different numbers of weight rows, or a range
+    /// reaches past the models or overlaps another.
+    pub fn mix_layers<W, R>(&self, layers: &[(Range<usize>, &[W])], models: &[R]) -> Vec<Vec<f32>>
+    where
+        W: AsRef<[f64]>,
+        R: AsRef<[f32]> + Sync,
+    {
+        let d = row_len(&[models]).unwrap_or(0);
+        let rows = layers.first().map_or(0, |(_, w)| w.len());
+        assert!(
+            layers.iter().all(|(_, w)| w.len() == rows),
+            "the same number of weight rows on every layer"
+        );
+        let mut ranges: Vec<Range<usize>> = layers.iter().map(|(r, _)| r.clone()).collect();
+        ranges.sort_by_key(|r| r.start);
+        let mut gaps = Vec::new();
+        let mut end = 0;
+        for r in &ranges {
+            assert!(
+                r.start >= end && r.end <= d,
+                "layer range {r:?} overlaps or passes {d}"
+            );
+            gaps.push(end..r.start);
+            end = end.max(r.end);
+        }
+        gaps.push(end..d);
+        written_rows(rows, d, |outs| {
+            for row in outs.iter_mut() {
+                for gap in &gaps {
+                    row[gap.clone()].fill(MaybeUninit::new(0.0));
+                }
+            }
+            for (range, weights) in layers {
+                let slices: Vec<&[f32]> =
+                    models.iter().map(|m| &m.as_ref()[range.clone()]).collect();
+                let mut sub: Vec<&mut [MaybeUninit<f32>]> =
+                    outs.iter_mut().map(|o| &mut o[range.clone()]).collect();
+                self.mix_into_slots(weights, &slices, &mut sub);
+            }
+        })
+    }
+
+    /// [`Kernels::mix_into`] on slots that may be uninitialised: each is
+    /// written completely.
+    fn mix_into_slots<W, R>(
+        &self,
+        weights: &[W],
+        models: &[R],
+        outs: &mut [&mut [MaybeUninit<f32>]],
+    ) where
         W: AsRef<[f64]>,
         R: AsRef<[f32]> + Sync,
     {
@@ -1303,7 +1369,7 @@ impl Kernels {
         let mut taken = vec![false; distinct_w.len()];
         for (out, &k) in outs.iter_mut().zip(&which) {
             if !std::mem::replace(&mut taken[k], true) {
-                firsts.push(as_uninit(out));
+                firsts.push(&mut **out);
             }
         }
         self.mix_distinct(&distinct_w, models, &mut firsts);
@@ -1824,7 +1890,8 @@ fn written_rows(
     fill(&mut spare);
     for row in &mut out {
         // SAFETY: `fill` wrote all `len` elements (the capacity is at least
-        // `len`); `mix_distinct`, the only filler, writes every output.
+        // `len`): the fillers are `mix_distinct`, which writes every output,
+        // and `mix_layers`, which writes the gaps between its layers too.
         unsafe { row.set_len(len) };
         debug_assert!(
             row.iter().all(|x| x.to_bits() != UNWRITTEN),
