@@ -71,6 +71,77 @@ fn dot_and_sq_norm_body(t: &[f32], x: &[f32]) -> (f64, f64) {
     (inner, sq)
 }
 
+crate::wide! {
+    /// [`dot_and_sq_norm`] of `t` and the concatenation of `x_parts`, bit
+    /// for bit, without joining them: the cosine term reads θ as the
+    /// trainer holds it, one slice per tensor.
+    pub fn dot_and_sq_norm_parts(t: &[f32], x_parts: &[&[f32]]) -> (f64, f64) => dot_and_sq_norm_parts_body
+}
+
+#[inline(always)]
+fn dot_and_sq_norm_parts_body(t: &[f32], x_parts: &[&[f32]]) -> (f64, f64) {
+    let [inner, sq] = sums4_parts(t, x_parts, |a, b| {
+        let b = f64::from(b);
+        [f64::from(a) * b, b * b]
+    });
+    (inner, sq)
+}
+
+/// [`sums4`] of `x` and the concatenation of `ys`: element e still goes to
+/// accumulator e mod 4 in order and the last `len mod 4` into the tail, so
+/// the bits are those of the joined vectors, whatever the cut.
+#[inline(always)]
+fn sums4_parts<const K: usize, X: Copy, Y: Copy>(
+    x: &[X],
+    ys: &[&[Y]],
+    term: impl Fn(X, Y) -> [f64; K],
+) -> [f64; K] {
+    let total: usize = ys.iter().map(|y| y.len()).sum();
+    assert_eq!(x.len(), total, "parts covering the whole vector");
+    let main = total - total % 4;
+    let mut acc = [[0.0f64; K]; 4];
+    let add = |acc: &mut [f64; K], t: [f64; K]| {
+        for k in 0..K {
+            acc[k] += t[k];
+        }
+    };
+    let mut pos = 0;
+    for y in ys {
+        let xs = &x[pos..pos + y.len()];
+        // This part's elements before the tail: a head up to a multiple of
+        // four, whole chunks, then the rest (the next part continues them).
+        let end = y.len().min(main.saturating_sub(pos));
+        let head = ((4 - pos % 4) % 4).min(end);
+        for i in 0..head {
+            add(&mut acc[(pos + i) % 4], term(xs[i], y[i]));
+        }
+        let whole = (end - head) / 4 * 4;
+        let (xc, yc) = (&xs[head..head + whole], &y[head..head + whole]);
+        for (a, b) in xc.chunks_exact(4).zip(yc.chunks_exact(4)) {
+            for q in 0..4 {
+                add(&mut acc[q], term(a[q], b[q]));
+            }
+        }
+        for i in head + whole..end {
+            add(&mut acc[(pos + i) % 4], term(xs[i], y[i]));
+        }
+        pos += y.len();
+    }
+    let mut s: [f64; K] =
+        std::array::from_fn(|k| (acc[0][k] + acc[1][k]) + (acc[2][k] + acc[3][k]));
+    let mut pos = 0;
+    for y in ys {
+        for i in main.saturating_sub(pos).min(y.len())..y.len() {
+            let t = term(x[pos + i], y[i]);
+            for k in 0..K {
+                s[k] += t[k];
+            }
+        }
+        pos += y.len();
+    }
+    s
+}
+
 /// ‖a‖₂.
 pub fn norm(a: &[f32]) -> f64 {
     dot(a, a).sqrt()
@@ -229,6 +300,41 @@ mod tests {
         // The order matters on these values: a plain left-to-right sum differs.
         let serial: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
         assert_ne!(serial.to_bits(), dot(&a, &b).to_bits());
+        // Cut into parts anywhere (empty ones, parts shorter than four, a
+        // tail across parts), the pair keeps the joined vector's bits.
+        for len in [0, 1, 3, 4, 7, 8, 13, 257, 1031] {
+            let (x, y) = (&a[..len], &b[..len]);
+            let want = dot_and_sq_norm(x, y);
+            for cuts in [
+                vec![],
+                vec![0, 0],
+                vec![1],
+                vec![2, 3, 5],
+                vec![len / 3, len / 2, len - len / 5],
+            ] {
+                let mut bounds: Vec<usize> = cuts.into_iter().filter(|c| *c <= len).collect();
+                bounds.push(len);
+                let mut parts = Vec::new();
+                let mut lo = 0;
+                for hi in bounds {
+                    parts.push(&y[lo..hi.max(lo)]);
+                    lo = hi.max(lo);
+                }
+                let got = dot_and_sq_norm_parts(x, &parts);
+                assert_eq!(
+                    got.0.to_bits(),
+                    want.0.to_bits(),
+                    "length {len}, {} parts",
+                    parts.len()
+                );
+                assert_eq!(
+                    got.1.to_bits(),
+                    want.1.to_bits(),
+                    "length {len}, {} parts",
+                    parts.len()
+                );
+            }
+        }
     }
 
     #[test]

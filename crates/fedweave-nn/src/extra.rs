@@ -15,7 +15,7 @@
 
 use crate::trainer::upload_parts;
 use burn::tensor::{Device, Tensor};
-use fedweave_core::vecmath::{dot, dot_and_sq_norm, norm};
+use fedweave_core::vecmath::{dot, dot_and_sq_norm_parts, norm};
 use std::ops::Range;
 
 /// A differentiable term `R(θ)` added to the local loss.
@@ -30,6 +30,22 @@ pub trait ExtraLoss: Sync {
     fn on_device(&self, _parts: &[Range<usize>], _device: &Device) -> Option<Box<dyn DeviceTerm>> {
         None
     }
+
+    /// The host form on θ and the gradient as the trainer holds them (one
+    /// slice per tensor), when the term has one: the CPU trainer then adds
+    /// it in the gradient's own buffers instead of joining both into flat
+    /// vectors and splitting the gradient again. `None` (the default): the
+    /// trainer joins them for [`add_value_and_grad`](Self::add_value_and_grad).
+    fn on_parts(&self) -> Option<&dyn PartsTerm> {
+        None
+    }
+}
+
+/// An [`ExtraLoss`]'s host form on vectors cut into consecutive parts.
+pub trait PartsTerm {
+    /// Adds ∇R(θ) to `grad`, both cut into the same consecutive parts, with
+    /// the bits of [`ExtraLoss::add_value_and_grad`] on the joined vectors.
+    fn add_grad_parts(&self, theta: &[&[f32]], grad: &mut [&mut [f32]]);
 }
 
 /// An [`ExtraLoss`] whose constants live on the training device.
@@ -202,11 +218,13 @@ impl<'a> CosinePull<'a> {
     }
 }
 
-impl ExtraLoss for CosinePull<'_> {
-    fn add_value_and_grad(&self, theta: &[f32], grad: &mut [f32]) -> f64 {
+impl CosinePull<'_> {
+    /// Adds the gradient on the parts and returns the term's value (0 when
+    /// θ or the target is zero).
+    fn add_on_parts(&self, theta: &[&[f32]], grad: &mut [&mut [f32]]) -> f64 {
         let k = self.target_norm;
         // One pass for both sums, with the bits of `dot(t, θ)` and `norm(θ)`.
-        let (inner, sq) = dot_and_sq_norm(self.target, theta);
+        let (inner, sq) = dot_and_sq_norm_parts(self.target, theta);
         let nt = sq.sqrt();
         if nt == 0.0 || k == 0.0 {
             return 0.0;
@@ -214,10 +232,30 @@ impl ExtraLoss for CosinePull<'_> {
         // ∂/∂θ ⟨t,θ⟩/‖θ‖ = t/‖θ‖ − ⟨t,θ⟩ θ/‖θ‖³
         let a = (self.coef as f64 / (k * nt)) as f32;
         let b = (self.coef as f64 * inner / (k * nt * nt * nt)) as f32;
-        for ((g, t), x) in grad.iter_mut().zip(self.target).zip(theta) {
-            *g += a * t - b * x;
+        let mut start = 0;
+        for (g, x) in grad.iter_mut().zip(theta) {
+            pull(g, &self.target[start..start + x.len()], x, a, b);
+            start += x.len();
         }
         self.coef as f64 * inner / (k * nt)
+    }
+}
+
+fedweave_core::wide! {
+    /// g ← g + a·t − b·x, element by element.
+    fn pull(g: &mut [f32], t: &[f32], x: &[f32], a: f32, b: f32) => pull_body
+}
+
+#[inline(always)]
+fn pull_body(g: &mut [f32], t: &[f32], x: &[f32], a: f32, b: f32) {
+    for ((g, t), x) in g.iter_mut().zip(t).zip(x) {
+        *g += a * t - b * x;
+    }
+}
+
+impl ExtraLoss for CosinePull<'_> {
+    fn add_value_and_grad(&self, theta: &[f32], grad: &mut [f32]) -> f64 {
+        self.add_on_parts(&[theta], &mut [grad])
     }
 
     fn on_device(&self, parts: &[Range<usize>], device: &Device) -> Option<Box<dyn DeviceTerm>> {
@@ -226,6 +264,16 @@ impl ExtraLoss for CosinePull<'_> {
             target: upload(self.target, parts, device),
             target_norm: self.target_norm,
         }))
+    }
+
+    fn on_parts(&self) -> Option<&dyn PartsTerm> {
+        Some(self)
+    }
+}
+
+impl PartsTerm for CosinePull<'_> {
+    fn add_grad_parts(&self, theta: &[&[f32]], grad: &mut [&mut [f32]]) {
+        self.add_on_parts(theta, grad);
     }
 }
 

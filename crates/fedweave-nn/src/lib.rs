@@ -49,7 +49,7 @@ pub use batched::{BatchedClient, BatchedTrainer, train_local_batched};
 /// dependency.
 pub use burn::tensor::Device;
 pub use conditional::{ConditionalPolicy, PolicyObjective};
-pub use extra::{CosinePull, DeviceTerm, ExtraLoss, Linear, Proximal};
+pub use extra::{CosinePull, DeviceTerm, ExtraLoss, Linear, PartsTerm, Proximal};
 pub use model::{
     InputValues, MF_EMBED_DIM, ModelInput, ModelKind, ModelSpec, ModelSplit, RegressionLoss,
     TEXTCNN_EMBED_DIM,

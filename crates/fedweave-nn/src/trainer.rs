@@ -60,8 +60,8 @@
 use crate::Augment;
 use crate::auxiliary::{AuxObjective, Body};
 use crate::batch::{Batch, LocalData};
-use crate::extra::{DeviceTerm, ExtraLoss};
-use crate::kernels::{Sgd, sgd_momentum, with_values};
+use crate::extra::{DeviceTerm, ExtraLoss, PartsTerm};
+use crate::kernels::{Sgd, sgd_momentum, with_parts, with_values};
 use crate::model::{ModelSpec, Norm, ParamTensor, RegressionLoss};
 use crate::objective::{Objective, Outputs, cross_entropy};
 use crate::resident::{LossLog, RunningStats};
@@ -493,16 +493,18 @@ impl<'a> LocalTrainer<'a> {
         for t in &terms.on_device {
             t.add_grad(&self.params, &mut grad);
         }
-        if !terms.on_host.is_empty() {
-            let mut theta = std::mem::take(&mut self.host_theta);
-            let mut g = std::mem::take(&mut self.host_grad);
-            flatten(&self.params, &mut theta);
-            flatten(&grad, &mut g);
-            for e in &terms.on_host {
-                e.add_value_and_grad(&theta, &mut g);
-            }
-            grad = self.upload(&g);
-            (self.host_theta, self.host_grad) = (theta, g);
+        let on_parts: Option<Vec<&dyn PartsTerm>> =
+            terms.on_host.iter().map(|e| e.on_parts()).collect();
+        if let Some(parts_terms) = on_parts.filter(|p| !p.is_empty()) {
+            // In the gradient's own buffers, θ read in place.
+            grad = with_parts(&self.params, grad, |theta, g| {
+                for e in &parts_terms {
+                    e.add_grad_parts(theta, g);
+                }
+            })
+            .unwrap_or_else(|grad| self.add_host_terms_flat(&terms.on_host, grad));
+        } else if !terms.on_host.is_empty() {
+            grad = self.add_host_terms_flat(&terms.on_host, grad);
         }
         self.grad = Some(grad);
         if let Norm::Batch(record, _) = norm {
@@ -626,6 +628,25 @@ impl<'a> LocalTrainer<'a> {
     }
 
     /// One tensor per layout tensor from a flat vector, on the inner device.
+    /// The host terms on θ and `grad` joined into flat vectors (terms
+    /// without a parts form, or tensors off the CPU), `grad` split again.
+    fn add_host_terms_flat(
+        &mut self,
+        terms: &[&dyn ExtraLoss],
+        grad: Vec<Tensor<1>>,
+    ) -> Vec<Tensor<1>> {
+        let mut theta = std::mem::take(&mut self.host_theta);
+        let mut g = std::mem::take(&mut self.host_grad);
+        flatten(&self.params, &mut theta);
+        flatten(&grad, &mut g);
+        for e in terms {
+            e.add_value_and_grad(&theta, &mut g);
+        }
+        let grad = self.upload(&g);
+        (self.host_theta, self.host_grad) = (theta, g);
+        grad
+    }
+
     fn upload(&self, flat: &[f32]) -> Vec<Tensor<1>> {
         let ranges = self.spec.layout().tensors().iter().map(|t| t.range());
         upload_parts(flat, ranges, &self.device.clone().inner())

@@ -229,6 +229,50 @@ pub(crate) fn with_values<const D: usize, R>(t: &Tensor<D>, f: impl FnOnce(&[f32
     f(t.to_data().as_slice::<f32>().expect("f32 tensor"))
 }
 
+/// `f` on the values of `read` and, in their own buffers, of `write`, when
+/// all are contiguous `f32` tensors of the CPU backend: `write` comes back
+/// with `f`'s changes, without copies into and out of flat vectors (a
+/// buffer something else holds is copied first). `Err(write)`, untouched,
+/// for any other tensors.
+pub(crate) fn with_parts(
+    read: &[Tensor<1>],
+    write: Vec<Tensor<1>>,
+    f: impl FnOnce(&[&[f32]], &mut [&mut [f32]]),
+) -> Result<Vec<Tensor<1>>, Vec<Tensor<1>>> {
+    let flex_f32 = |t: &Tensor<1>| {
+        on_cpu(t)
+            && t.dtype() == DType::F32
+            && t.clone()
+                .try_into_primitive::<Flex>()
+                .is_ok_and(|p| sgd::flat_f32_len(&p) == Some(t.dims()[0]))
+    };
+    if !read.iter().chain(&write).all(flex_f32) {
+        return Err(write);
+    }
+    let primitive = |t: Tensor<1>| t.try_into_primitive::<Flex>().expect("checked: on the CPU");
+    let read: Vec<FlexTensor> = read.iter().cloned().map(primitive).collect();
+    let mut write: Vec<FlexTensor> = write
+        .into_iter()
+        .map(|t| sgd::writable(primitive(t)))
+        .collect();
+    let values: Vec<&[f32]> = read
+        .iter()
+        .map(|t| t.as_slice::<f32>().expect("checked: contiguous f32"))
+        .collect();
+    let mut buffers: Vec<&mut [f32]> = write
+        .iter_mut()
+        .map(|t| {
+            let n = t.layout().shape().num_elements();
+            &mut t.try_storage_mut::<f32>().expect("writable")[..n]
+        })
+        .collect();
+    f(&values, &mut buffers);
+    Ok(write
+        .into_iter()
+        .map(Tensor::from_primitive::<Flex>)
+        .collect())
+}
+
 /// Whether the kernels can take `x`: an `f32` tensor on the CPU backend
 /// (with or without autodiff).
 pub(crate) fn on_cpu_f32(x: &Tensor<4>) -> bool {

@@ -107,7 +107,7 @@ impl SgdStep for Flex {
 
 /// The element count of a contiguous `f32` tensor that starts at its
 /// buffer's first element; `None` for any other (the composed path takes it).
-fn flat_f32_len(t: &FlexTensor) -> Option<usize> {
+pub(crate) fn flat_f32_len(t: &FlexTensor) -> Option<usize> {
     match t.layout().contiguous_offsets() {
         Some((0, end)) if t.dtype() == DType::F32 => Some(end),
         _ => None,
@@ -117,7 +117,7 @@ fn flat_f32_len(t: &FlexTensor) -> Option<usize> {
 /// `t` itself when nothing else holds its buffer, else a private copy of its
 /// values (the trainers' θ is shared with the last backward's leaves only
 /// until they are dropped).
-fn writable(mut t: FlexTensor) -> FlexTensor {
+pub(crate) fn writable(mut t: FlexTensor) -> FlexTensor {
     if t.try_storage_mut::<f32>().is_some() {
         return t;
     }

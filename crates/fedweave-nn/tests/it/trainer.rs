@@ -164,6 +164,57 @@ fn extra_terms_on_the_device_train_as_on_the_host() {
     }
 }
 
+/// A term's host form alone: what the trainer runs on flat vectors.
+struct FlatOnly<'a>(&'a dyn ExtraLoss);
+
+impl ExtraLoss for FlatOnly<'_> {
+    fn add_value_and_grad(&self, theta: &[f32], grad: &mut [f32]) -> f64 {
+        self.0.add_value_and_grad(theta, grad)
+    }
+}
+
+#[test]
+fn the_cosine_term_on_the_tensors_parts_trains_as_on_flat_vectors() {
+    // The CPU trainer adds the cosine terms in the gradients' own buffers
+    // (`PartsTerm`); wrapped without that form they run on joined vectors.
+    // Same bits, parameters and losses; a mix with a flat-only term takes
+    // the flat path for all.
+    let data = Data::new(6, 3);
+    let (spec, init) = mlp();
+    let anchor: Vec<f32> = init.iter().map(|p| p * 0.5 - 0.01).collect();
+    let shift: Vec<f32> = (0..init.len()).map(|i| (i % 7) as f32 * 1e-3).collect();
+    let cos = CosinePull::new(-0.3, &anchor, true);
+    let code_cos = CosinePull::new(0.1, &shift, false);
+    assert!(cos.on_parts().is_some());
+    let cfg = cfg();
+    let train = |extras: &[&dyn ExtraLoss]| {
+        let mut rng = rng_stream(5, 1, 0, Purpose::Batches);
+        let mut sampler = BatchSampler::new(N, cfg.batch_size, &mut rng);
+        let mut trainer = LocalTrainer::new(&spec, &Device::flex(), &init, &[], cfg.sgd(), None);
+        let terms = trainer.prepare(extras);
+        let mut losses = Vec::new();
+        for _ in 0..cfg.iterations {
+            let batch = sampler.next_batch(&mut rng);
+            losses.push(
+                trainer
+                    .loss_and_grad_prepared(&data.view(), batch, &terms, None)
+                    .to_bits(),
+            );
+            trainer.step(&[], cfg.lr);
+        }
+        let mut params = vec![0.0; init.len()];
+        trainer.store(&mut params, &mut []);
+        (bits(&params), losses)
+    };
+    let parts = train(&[&cos, &code_cos]);
+    let flat = train(&[&FlatOnly(&cos), &FlatOnly(&code_cos)]);
+    let mixed = train(&[&cos, &FlatOnly(&code_cos)]);
+    assert_eq!(parts, flat);
+    assert_eq!(parts, mixed);
+    let plain = train(&[]);
+    assert_ne!(parts.0, plain.0, "the terms moved the parameters");
+}
+
 #[test]
 fn step_leaves_frozen_ranges_and_their_momentum_untouched() {
     let data = Data::new(6, 3);
