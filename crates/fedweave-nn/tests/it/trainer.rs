@@ -104,6 +104,32 @@ fn a_manual_loop_equals_train_local() {
     );
 }
 
+/// `cfg()`'s iterations from `init` with `extras`, their tensor forms on
+/// the device or not: the parameters and each step's loss.
+fn train_with_terms(
+    data: &Data,
+    spec: &ModelSpec,
+    init: &[f32],
+    extras: &[&dyn ExtraLoss],
+    on_device: bool,
+) -> (Vec<f32>, Vec<f64>) {
+    let cfg = cfg();
+    let mut rng = rng_stream(4, 1, 0, Purpose::Batches);
+    let mut sampler = BatchSampler::new(N, cfg.batch_size, &mut rng);
+    let mut trainer = LocalTrainer::new(spec, &Device::flex(), init, &[], cfg.sgd(), None)
+        .terms_on_device(on_device);
+    let terms = trainer.prepare(extras);
+    let mut losses = Vec::new();
+    for _ in 0..cfg.iterations {
+        let batch = sampler.next_batch(&mut rng);
+        losses.push(trainer.loss_and_grad_prepared(&data.view(), batch, &terms, None));
+        trainer.step(&[], cfg.lr);
+    }
+    let mut params = vec![0.0; init.len()];
+    trainer.store(&mut params, &mut []);
+    (params, losses)
+}
+
 /// `c·‖θ‖²/2`, a term with only a host form.
 struct HostOnly(f32);
 
@@ -131,25 +157,8 @@ fn extra_terms_on_the_device_train_as_on_the_host() {
     let lin = Linear { coef: &shift };
     let host_only = HostOnly(0.05);
     let extras: [&dyn ExtraLoss; 5] = [&prox, &cos, &code_cos, &lin, &host_only];
-    let cfg = cfg();
-    let train = |on_device: bool| {
-        let mut rng = rng_stream(4, 1, 0, Purpose::Batches);
-        let mut sampler = BatchSampler::new(N, cfg.batch_size, &mut rng);
-        let mut trainer = LocalTrainer::new(&spec, &Device::flex(), &init, &[], cfg.sgd(), None)
-            .terms_on_device(on_device);
-        let terms = trainer.prepare(&extras);
-        let mut losses = Vec::new();
-        for _ in 0..cfg.iterations {
-            let batch = sampler.next_batch(&mut rng);
-            losses.push(trainer.loss_and_grad_prepared(&data.view(), batch, &terms, None));
-            trainer.step(&[], cfg.lr);
-        }
-        let mut params = vec![0.0; init.len()];
-        trainer.store(&mut params, &mut []);
-        (params, losses)
-    };
-    let (host, host_losses) = train(false);
-    let (device, device_losses) = train(true);
+    let (host, host_losses) = train_with_terms(&data, &spec, &init, &extras, false);
+    let (device, device_losses) = train_with_terms(&data, &spec, &init, &extras, true);
     let moved = host
         .iter()
         .zip(&init)
@@ -186,24 +195,9 @@ fn the_cosine_term_on_the_tensors_parts_trains_as_on_flat_vectors() {
     let cos = CosinePull::new(-0.3, &anchor, true);
     let code_cos = CosinePull::new(0.1, &shift, false);
     assert!(cos.on_parts().is_some());
-    let cfg = cfg();
     let train = |extras: &[&dyn ExtraLoss]| {
-        let mut rng = rng_stream(5, 1, 0, Purpose::Batches);
-        let mut sampler = BatchSampler::new(N, cfg.batch_size, &mut rng);
-        let mut trainer = LocalTrainer::new(&spec, &Device::flex(), &init, &[], cfg.sgd(), None);
-        let terms = trainer.prepare(extras);
-        let mut losses = Vec::new();
-        for _ in 0..cfg.iterations {
-            let batch = sampler.next_batch(&mut rng);
-            losses.push(
-                trainer
-                    .loss_and_grad_prepared(&data.view(), batch, &terms, None)
-                    .to_bits(),
-            );
-            trainer.step(&[], cfg.lr);
-        }
-        let mut params = vec![0.0; init.len()];
-        trainer.store(&mut params, &mut []);
+        let (params, losses) = train_with_terms(&data, &spec, &init, extras, false);
+        let losses: Vec<u64> = losses.iter().map(|l| l.to_bits()).collect();
         (bits(&params), losses)
     };
     let parts = train(&[&cos, &code_cos]);
