@@ -683,9 +683,13 @@ fn results_do_not_depend_on_the_thread_count() {
     close[0] = a[0].iter().map(|x| x + 1e-5).collect();
     let ranges = [0..700, 900..2100];
     let w = weight_rows(23, 270, 270);
+    // Nine column chunks: one thread puts all three tile pairs of its
+    // Grams in one task, three and four threads one pair per task.
+    let long = rows(24, 140, 4200, 0.5);
     let run = || {
         let view = View::ranges(&ranges);
         (
+            bits(&Kernels::cpu().gram_sym(&long, &View::all())),
             bits(&Kernels::cpu().gram_sym(&a, &View::all())),
             bits(&Kernels::cpu().gram_sym(&a[..150], &View::all())),
             bits(&Kernels::cpu().gram(&a, &b, &view)),

@@ -870,9 +870,13 @@ where
         .min(nchunks)
         .min(max_seg)
         .max(1);
-    // Consecutive pairs (sharing left tiles) go to one task while there
-    // are at least four tasks per thread: fewer gathers, same bits.
-    let group = (pairs.len() * nseg / (4 * rayon::current_num_threads())).clamp(1, pairs.len());
+    // Consecutive pairs (sharing left tiles) go to one task, in groups of
+    // equal size, as long as there are at least eight tasks per thread to
+    // balance: fewer gathers, same bits.
+    let groups_wanted = (8 * rayon::current_num_threads())
+        .div_ceil(nseg)
+        .clamp(1, pairs.len());
+    let group = pairs.len().div_ceil(groups_wanted);
     let groups: Vec<Range<usize>> = (0..pairs.len())
         .step_by(group)
         .map(|p| p..(p + group).min(pairs.len()))
