@@ -11,7 +11,11 @@
 //! [`DeviceTerm`]) keeps the term's constant vectors on the training device
 //! and adds its gradient with tensor operations, so on a GPU the
 //! parameters and gradients never leave the device for a term (only the two
-//! scalars of [`CosinePull`] are read back per step).
+//! scalars of [`CosinePull`] are read back per step). A host form may also
+//! take θ and the gradient cut into the trainer's tensors
+//! ([`ExtraLoss::on_parts`], a [`PartsTerm`], with the flat form's bits):
+//! the CPU trainer then adds it in the gradient's own buffers instead of
+//! joining both into flat vectors every step.
 
 use crate::trainer::upload_parts;
 use burn::tensor::{Device, Tensor};
