@@ -1857,8 +1857,8 @@ fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [May
                                 lanes::start_f32(acc, part);
                             }
                             if j0 == last {
-                                let ahead = if j0 == 0 { None } else { Some(part) };
-                                round_rows(&mut outs, i0, ni, acc, ahead, |r, out, acc| {
+                                let last_part = (j0 > 0).then_some(part);
+                                round_rows(&mut outs, i0, ni, acc, last_part, |r, out, acc| {
                                     weighted_block(&w_row(r), c0, out, acc)
                                 });
                             } else if j0 > 0 {

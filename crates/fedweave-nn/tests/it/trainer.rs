@@ -104,6 +104,13 @@ fn a_manual_loop_equals_train_local() {
     );
 }
 
+/// Two vectors for the terms to pull toward: one near `init`, one small.
+fn term_targets(init: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let anchor = init.iter().map(|p| p * 0.5 - 0.01).collect();
+    let shift = (0..init.len()).map(|i| (i % 7) as f32 * 1e-3).collect();
+    (anchor, shift)
+}
+
 /// `cfg()`'s iterations from `init` with `extras`, their tensor forms on
 /// the device or not: the parameters and each step's loss.
 fn train_with_terms(
@@ -146,8 +153,7 @@ impl ExtraLoss for HostOnly {
 fn extra_terms_on_the_device_train_as_on_the_host() {
     let data = Data::new(6, 3);
     let (spec, init) = mlp();
-    let anchor: Vec<f32> = init.iter().map(|p| p * 0.5 - 0.01).collect();
-    let shift: Vec<f32> = (0..init.len()).map(|i| (i % 7) as f32 * 1e-3).collect();
+    let (anchor, shift) = term_targets(&init);
     let prox = Proximal {
         mu: 0.2,
         anchor: &anchor,
@@ -190,8 +196,7 @@ fn the_cosine_term_on_the_tensors_parts_trains_as_on_flat_vectors() {
     // the flat path for all.
     let data = Data::new(6, 3);
     let (spec, init) = mlp();
-    let anchor: Vec<f32> = init.iter().map(|p| p * 0.5 - 0.01).collect();
-    let shift: Vec<f32> = (0..init.len()).map(|i| (i % 7) as f32 * 1e-3).collect();
+    let (anchor, shift) = term_targets(&init);
     let cos = CosinePull::new(-0.3, &anchor, true);
     let code_cos = CosinePull::new(0.1, &shift, false);
     assert!(cos.on_parts().is_some());
