@@ -87,6 +87,23 @@ fn dot_and_sq_norm_parts_body(t: &[f32], x_parts: &[&[f32]]) -> (f64, f64) {
     (inner, sq)
 }
 
+crate::wide! {
+    /// (⟨t, x⟩, ‖x‖², ‖t‖²) of `t` and the concatenation of `x_parts`, with
+    /// the bits of `dot(t, x)`, `dot(x, x)` and `dot(t, t)`: the cosine
+    /// term's first step learns ‖t‖ in the pass it makes anyway (the sums'
+    /// additions are latency-bound, so a third chain adds no time).
+    pub fn dot_and_sq_norms_parts(t: &[f32], x_parts: &[&[f32]]) -> (f64, f64, f64) => dot_and_sq_norms_parts_body
+}
+
+#[inline(always)]
+fn dot_and_sq_norms_parts_body(t: &[f32], x_parts: &[&[f32]]) -> (f64, f64, f64) {
+    let [inner, sq, sq_t] = sums4_parts(t, x_parts, |a, b| {
+        let (a, b) = (f64::from(a), f64::from(b));
+        [a * b, b * b, a * a]
+    });
+    (inner, sq, sq_t)
+}
+
 /// [`sums4`] of `x` and the concatenation of `ys`: element e still goes to
 /// accumulator e mod 4 in order and the last `len mod 4` into the tail, so
 /// the bits are those of the joined vectors, whatever the cut.
@@ -321,18 +338,14 @@ mod tests {
                     lo = hi.max(lo);
                 }
                 let got = dot_and_sq_norm_parts(x, &parts);
-                assert_eq!(
-                    got.0.to_bits(),
-                    want.0.to_bits(),
-                    "length {len}, {} parts",
-                    parts.len()
-                );
-                assert_eq!(
-                    got.1.to_bits(),
-                    want.1.to_bits(),
-                    "length {len}, {} parts",
-                    parts.len()
-                );
+                let (inner, sq, sq_x) = dot_and_sq_norms_parts(x, &parts);
+                let at = format!("length {len}, {} parts", parts.len());
+                assert_eq!(got.0.to_bits(), want.0.to_bits(), "{at}");
+                assert_eq!(got.1.to_bits(), want.1.to_bits(), "{at}");
+                // The three-sum pass: the same two, and ‖x‖² as `dot`.
+                assert_eq!(inner.to_bits(), want.0.to_bits(), "{at}");
+                assert_eq!(sq.to_bits(), want.1.to_bits(), "{at}");
+                assert_eq!(sq_x.to_bits(), dot(x, x).to_bits(), "{at}");
             }
         }
     }

@@ -19,8 +19,9 @@
 
 use crate::trainer::upload_parts;
 use burn::tensor::{Device, Tensor};
-use fedweave_core::vecmath::{dot, dot_and_sq_norm_parts, norm};
+use fedweave_core::vecmath::{dot, dot_and_sq_norm_parts, dot_and_sq_norms_parts, norm};
 use std::ops::Range;
+use std::sync::OnceLock;
 
 /// A differentiable term `R(θ)` added to the local loss.
 pub trait ExtraLoss: Sync {
@@ -199,9 +200,10 @@ impl ExtraLoss for Linear<'_> {
 pub struct CosinePull<'a> {
     coef: f32,
     target: &'a [f32],
-    /// ‖t‖, or 1 without the division: the target is fixed for a round, so
-    /// this is computed once, not at every step.
-    target_norm: f64,
+    /// ‖t‖, or 1 without the division (set at once): the target is fixed
+    /// for a round, so ‖t‖ is learnt once, in the first step's pass over t and θ (a pass
+    /// of its own per client and round was ~1 % of a pFedGraph round).
+    target_norm: OnceLock<f64>,
 }
 
 impl<'a> CosinePull<'a> {
@@ -209,16 +211,20 @@ impl<'a> CosinePull<'a> {
     /// `target`), dividing by ‖target‖ (the true cosine) or not (the
     /// code's normalised form).
     pub fn new(coef: f32, target: &'a [f32], divide_by_target_norm: bool) -> Self {
-        let target_norm = if divide_by_target_norm {
-            norm(target)
-        } else {
-            1.0
-        };
+        let target_norm = OnceLock::new();
+        if !divide_by_target_norm {
+            target_norm.get_or_init(|| 1.0);
+        }
         Self {
             coef,
             target,
             target_norm,
         }
+    }
+
+    /// ‖target‖ (or 1), for the device form, which has no pass to share.
+    fn target_norm(&self) -> f64 {
+        *self.target_norm.get_or_init(|| norm(self.target))
     }
 }
 
@@ -226,9 +232,18 @@ impl CosinePull<'_> {
     /// Adds the gradient on the parts and returns the term's value (0 when
     /// θ or the target is zero).
     fn add_on_parts(&self, theta: &[&[f32]], grad: &mut [&mut [f32]]) -> f64 {
-        let k = self.target_norm;
-        // One pass for both sums, with the bits of `dot(t, θ)` and `norm(θ)`.
-        let (inner, sq) = dot_and_sq_norm_parts(self.target, theta);
+        // One pass for the sums, with the bits of `dot(t, θ)`, `norm(θ)`
+        // and (the first time) `norm(t)`.
+        let (inner, sq, k) = match self.target_norm.get() {
+            Some(&k) => {
+                let (inner, sq) = dot_and_sq_norm_parts(self.target, theta);
+                (inner, sq, k)
+            }
+            None => {
+                let (inner, sq, sq_t) = dot_and_sq_norms_parts(self.target, theta);
+                (inner, sq, *self.target_norm.get_or_init(|| sq_t.sqrt()))
+            }
+        };
         let nt = sq.sqrt();
         if nt == 0.0 || k == 0.0 {
             return 0.0;
@@ -266,7 +281,7 @@ impl ExtraLoss for CosinePull<'_> {
         Some(Box::new(DeviceCosinePull {
             coef: self.coef,
             target: upload(self.target, parts, device),
-            target_norm: self.target_norm,
+            target_norm: self.target_norm(),
         }))
     }
 

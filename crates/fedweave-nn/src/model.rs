@@ -531,15 +531,17 @@ impl ParamTensor {
     }
 
     /// This leaf's gradient as a rank-1 tensor without autodiff (`None` if
-    /// the loss does not depend on it).
-    pub(crate) fn grad_flat(&self, grads: &burn::tensor::Gradients) -> Option<Tensor<1>> {
+    /// the loss does not depend on it), taken out of `grads`: the caller
+    /// then holds its buffer's only handle, so host terms add into it in
+    /// place instead of copying it first.
+    pub(crate) fn grad_flat(&self, grads: &mut burn::tensor::Gradients) -> Option<Tensor<1>> {
         match self {
-            Self::T1(t) => t.grad(grads),
-            Self::T2(t) => t.grad(grads).map(|g| {
+            Self::T1(t) => t.grad_remove(grads),
+            Self::T2(t) => t.grad_remove(grads).map(|g| {
                 let n = g.shape().num_elements();
                 g.reshape([n])
             }),
-            Self::T4(t) => t.grad(grads).map(|g| {
+            Self::T4(t) => t.grad_remove(grads).map(|g| {
                 let n = g.shape().num_elements();
                 g.reshape([n])
             }),

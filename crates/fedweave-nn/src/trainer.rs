@@ -477,7 +477,7 @@ impl<'a> LocalTrainer<'a> {
                 }
             }
         };
-        let grads = loss.backward();
+        let mut grads = loss.backward();
         let value = loss.inner();
         if let (Loss::Aux(_, _, aux_grad), Some(leaf)) = (objective, aux_leaf) {
             match leaf.grad(&grads) {
@@ -488,7 +488,7 @@ impl<'a> LocalTrainer<'a> {
         let mut grad: Vec<Tensor<1>> = leaves
             .iter()
             .zip(&self.params)
-            .map(|(leaf, p)| leaf.grad_flat(&grads).unwrap_or_else(|| p.zeros_like()))
+            .map(|(leaf, p)| leaf.grad_flat(&mut grads).unwrap_or_else(|| p.zeros_like()))
             .collect();
         for t in &terms.on_device {
             t.add_grad(&self.params, &mut grad);

@@ -41,9 +41,22 @@ wide! {
 }
 
 wide! {
-    /// acc ← 0 + part widened to `f64`: [`add_f32`] onto zeros (the sum
-    /// turns −0 into +0 as it would) without the pass that writes them.
-    pub(super) fn start_f32(acc: &mut [f64], part: &[f32]) => start_f32_body
+    /// out ← 0 + b₀ in `f64`, rounded to `f32` (−0 becomes +0, as
+    /// [`narrow_f32`] of zeros plus [`add_f32`] gives); whether every value
+    /// is finite.
+    pub(super) fn one_narrow_f32(out: &mut [MaybeUninit<f32>], b0: &[f32]) -> bool => one_narrow_f32_body
+}
+
+wide! {
+    /// out ← (0 + b₀) + b₁ in `f64`, rounded to `f32`: a mixing's two
+    /// blocks without an `f64` accumulator; whether every value is finite.
+    pub(super) fn two_narrow_f32(out: &mut [MaybeUninit<f32>], b0: &[f32], b1: &[f32]) -> bool => two_narrow_f32_body
+}
+
+wide! {
+    /// acc ← (0 + b₀) + b₁ in `f64`: [`add_f32`] twice onto zeros, in one
+    /// pass that writes no zeros.
+    pub(super) fn start_two_f32(acc: &mut [f64], b0: &[f32], b1: &[f32]) => start_two_f32_body
 }
 
 wide! {
@@ -136,9 +149,31 @@ fn add_narrow_f32_body(out: &mut [MaybeUninit<f32>], acc: &[f64], part: &[f32]) 
 }
 
 #[inline(always)]
-fn start_f32_body(acc: &mut [f64], part: &[f32]) {
-    for (s, v) in acc.iter_mut().zip(part) {
-        *s = 0.0 + f64::from(*v);
+fn one_narrow_f32_body(out: &mut [MaybeUninit<f32>], b0: &[f32]) -> bool {
+    let mut finite = true;
+    for (o, v) in out.iter_mut().zip(b0) {
+        let x = (0.0 + f64::from(*v)) as f32;
+        o.write(x);
+        finite &= x.is_finite();
+    }
+    finite
+}
+
+#[inline(always)]
+fn two_narrow_f32_body(out: &mut [MaybeUninit<f32>], b0: &[f32], b1: &[f32]) -> bool {
+    let mut finite = true;
+    for ((o, u), v) in out.iter_mut().zip(b0).zip(b1) {
+        let x = ((0.0 + f64::from(*u)) + f64::from(*v)) as f32;
+        o.write(x);
+        finite &= x.is_finite();
+    }
+    finite
+}
+
+#[inline(always)]
+fn start_two_f32_body(acc: &mut [f64], b0: &[f32], b1: &[f32]) {
+    for ((s, u), v) in acc.iter_mut().zip(b0).zip(b1) {
+        *s = (0.0 + f64::from(*u)) + f64::from(*v);
     }
 }
 
@@ -211,35 +246,54 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     /// The fused passes of the `f32` mixing equal the passes they replace,
-    /// bit for bit: zeros plus the first block (−0 becomes +0), and the
-    /// last block added while rounding (with the finiteness verdict).
+    /// bit for bit: zeros plus each block in turn (−0 becomes +0), then
+    /// rounding, with the same finiteness verdict, whether the sum has one
+    /// block, two, or more (an accumulator started from two).
     #[test]
     fn fused_mixing_passes_equal_the_separate_ones() {
+        let bits32 = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let bits64 = |x: &[f64]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-        let mut part: Vec<f32> = (0..4099).map(|_| rng.random_range(-3.0f32..3.0)).collect();
-        part[..4].copy_from_slice(&[-0.0, 0.0, f32::MAX, f32::MIN_POSITIVE]);
-        let mut last: Vec<f32> = (0..4099).map(|_| rng.random_range(-3.0f32..3.0)).collect();
-        last[..3].copy_from_slice(&[-0.0, 1.0, f32::MAX]);
-        let (mut fused, mut separate) = (vec![1.0f64; 4099], vec![0.0f64; 4099]);
-        start_f32(&mut fused, &part);
-        add_f32(&mut separate, &part);
-        assert_eq!(
-            fused.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            separate.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-        );
-        assert_eq!(fused[0].to_bits(), 0.0f64.to_bits(), "−0 onto zeros is +0");
+        let mut block = |special: &[f32]| {
+            let mut b: Vec<f32> = (0..4099).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+            b[..special.len()].copy_from_slice(special);
+            b
+        };
+        let b0 = block(&[-0.0, 0.0, f32::MAX, f32::MIN_POSITIVE, -0.0]);
+        let b1 = block(&[-0.0, 1.0, f32::MAX, 0.0]);
+        let b2 = block(&[-0.0, -1.0, -f32::MAX]);
+        // The separate passes: zeros, then one `add_f32` per block.
+        let mut sum = vec![0.0f64; 4099];
+        let rounded = |sum: &[f64]| {
+            let mut out = vec![0.0f32; 4099];
+            let finite = narrow_f32(as_uninit(&mut out), sum);
+            (out, finite)
+        };
         let mut out = vec![0.0f32; 4099];
-        let finite = add_narrow_f32(as_uninit(&mut out), &fused, &last);
-        add_f32(&mut separate, &last);
-        let mut want = vec![0.0f32; 4099];
-        assert_eq!(finite, narrow_f32(as_uninit(&mut want), &separate));
+
+        add_f32(&mut sum, &b0);
+        let want = rounded(&sum);
+        let finite = one_narrow_f32(as_uninit(&mut out), &b0);
+        assert_eq!((bits32(&out), finite), (bits32(&want.0), want.1));
+        assert_eq!(out[0].to_bits(), 0.0f32.to_bits(), "−0 onto zeros is +0");
+        assert!(finite);
+
+        add_f32(&mut sum, &b1);
+        let want = rounded(&sum);
+        let finite = two_narrow_f32(as_uninit(&mut out), &b0, &b1);
+        assert_eq!((bits32(&out), finite), (bits32(&want.0), want.1));
         assert!(!finite, "f32::MAX + f32::MAX overflows the f32 range");
-        assert_eq!(
-            out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-        );
         assert!(out[3..].iter().all(|x| x.is_finite()));
-        assert!(narrow_f32(as_uninit(&mut want[3..]), &separate[3..]));
+        let mut acc = vec![1.0f64; 4099];
+        start_two_f32(&mut acc, &b0, &b1);
+        assert_eq!(bits64(&acc), bits64(&sum));
+        assert_eq!(acc[0].to_bits(), 0.0f64.to_bits());
+
+        let finite = add_narrow_f32(as_uninit(&mut out), &acc, &b2);
+        add_f32(&mut sum, &b2);
+        let want = rounded(&sum);
+        assert_eq!((bits32(&out), finite), (bits32(&want.0), want.1));
+        assert!(finite, "the third block brings the overflow back");
     }
 
     /// The `f32` difference is the `f64` one rounded to `f32`, bit for bit,

@@ -1776,23 +1776,25 @@ fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [May
     blocks
         .into_par_iter()
         .enumerate()
-        .for_each(|(c, mut outs)| {
+        .for_each_init(MixBuffers::default, |bufs, (c, mut outs)| {
             let c0 = c * width;
             let dc = outs[0].len();
-            let mut acc = vec![0.0f64; TILE.min(p) * dc];
             let tiles = (0..p).step_by(TILE);
+            let acc = grown(&mut bufs.acc, TILE.min(p) * dc);
             match how {
                 MixBy::Direct => {
                     for (r, out) in outs.iter_mut().enumerate() {
-                        weighted_block(&row_terms[r], c0, out, &mut acc);
+                        weighted_block(&row_terms[r], c0, out, acc);
                     }
                 }
                 MixBy::Gemm64 => {
-                    let theta = theta_block(models, c0, dc, lanes::widen_f64);
+                    let theta = grown(&mut bufs.theta64, na * dc);
+                    theta_block(models, c0, lanes::widen_f64, theta);
                     for i0 in tiles {
                         let ni = TILE.min(p - i0);
                         // SAFETY: wd holds p rows of na (row stride na), theta
-                        // na rows of dc (row stride dc), acc at least ni rows of dc.
+                        // na rows of dc (row stride dc), acc at least ni rows
+                        // of dc (β = 0: written, not read).
                         unsafe {
                             matrixmultiply::dgemm(
                                 ni,
@@ -1811,27 +1813,32 @@ fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [May
                                 1,
                             );
                         }
-                        round_rows(&mut outs, i0, ni, &acc, None, |r, out, acc| {
+                        round_rows(&mut outs, i0, ni, Blocks::Sum(acc), |r, out, acc| {
                             weighted_block(&w_row(r), c0, out, acc)
                         });
                     }
                 }
                 MixBy::Gemm32 => {
-                    let theta = theta_block(models, c0, dc, <[f32]>::copy_from_slice);
-                    let mut scratch = vec![0.0f32; TILE.min(p) * dc];
-                    let last = (na - 1) / F32_BLOCK * F32_BLOCK;
+                    let theta = grown(&mut bufs.theta32, na * dc);
+                    theta_block(models, c0, <[f32]>::copy_from_slice, theta);
+                    let first = grown(&mut bufs.first, TILE.min(p) * dc);
+                    let part = grown(&mut bufs.part, TILE.min(p) * dc);
+                    let blocks = na.div_ceil(F32_BLOCK);
                     for i0 in tiles {
                         let ni = TILE.min(p - i0);
-                        for j0 in (0..na).step_by(F32_BLOCK) {
+                        let n = ni * dc;
+                        for b in 0..blocks {
+                            let j0 = b * F32_BLOCK;
                             let kb = F32_BLOCK.min(na - j0);
+                            let dst = if b == 0 { &mut *first } else { &mut *part };
                             // SAFETY: wf holds p rows of na, theta na rows of
-                            // dc; scratch ni rows of dc, overwritten.
+                            // dc; dst ni rows of dc, overwritten (β = 0).
                             unsafe {
                                 gemm::gemm(
                                     ni,
                                     dc,
                                     kb,
-                                    scratch.as_mut_ptr(),
+                                    dst.as_mut_ptr(),
                                     1,
                                     dc as isize,
                                     false,
@@ -1849,26 +1856,55 @@ fn mix_host(wd: &[f64], models: &[&[f32]], how: MixBy, distinct: &mut [&mut [May
                                     gemm::Parallelism::None,
                                 );
                             }
-                            // The blocks' sum 0 + b₀ + b₁ + … in `f64`, the
-                            // first widened into `acc` (no zero-fill pass),
-                            // the last added while rounding to the outputs.
-                            let (acc, part) = (&mut acc[..ni * dc], &scratch[..ni * dc]);
-                            if j0 == 0 {
-                                lanes::start_f32(acc, part);
-                            }
-                            if j0 == last {
-                                let last_part = (j0 > 0).then_some(part);
-                                round_rows(&mut outs, i0, ni, acc, last_part, |r, out, acc| {
-                                    weighted_block(&w_row(r), c0, out, acc)
-                                });
-                            } else if j0 > 0 {
-                                lanes::add_f32(acc, part);
-                            }
+                            // The blocks' sum 0 + b₀ + b₁ + … in `f64`: the
+                            // first two added as they are widened (no pass
+                            // writing zeros or b₀ alone), the last added
+                            // while rounding to the outputs.
+                            let (first, part) = (&first[..n], &part[..n]);
+                            let last = b + 1 == blocks;
+                            let sum = match b {
+                                0 if last => Blocks::One(first),
+                                0 => continue,
+                                1 if last => Blocks::Two(first, part),
+                                1 => {
+                                    lanes::start_two_f32(&mut acc[..n], first, part);
+                                    continue;
+                                }
+                                _ if last => Blocks::SumAnd(&acc[..n], part),
+                                _ => {
+                                    lanes::add_f32(&mut acc[..n], part);
+                                    continue;
+                                }
+                            };
+                            round_rows(&mut outs, i0, ni, sum, |r, out, acc| {
+                                weighted_block(&w_row(r), c0, out, acc)
+                            });
                         }
                     }
                 }
             }
         });
+}
+
+/// One worker's buffers for the mixing's column blocks, reused from block
+/// to block: each is written completely before it is read, so nothing is
+/// zero-filled per block (at N = 500 that was ~1 GB of `memset` per
+/// mixing).
+#[derive(Default)]
+struct MixBuffers {
+    theta32: Vec<f32>,
+    theta64: Vec<f64>,
+    acc: Vec<f64>,
+    first: Vec<f32>,
+    part: Vec<f32>,
+}
+
+/// The first `len` elements of `buf`, grown (with zeros) when shorter.
+fn grown<T: Clone + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
+    if buf.len() < len {
+        buf.resize(len, T::default());
+    }
+    &mut buf[..len]
 }
 
 /// `rows` vectors of `len` elements, each element written by `fill`
@@ -1918,15 +1954,11 @@ fn as_uninit(x: &mut [f32]) -> &mut [MaybeUninit<f32>] {
     unsafe { &mut *(std::ptr::from_mut(x) as *mut [MaybeUninit<f32>]) }
 }
 
-/// Columns `c0..c0 + dc` of every model, one row each, written by
-/// `fill(dst, src)` (a copy or a widening).
-fn theta_block<T: Copy + Default>(
-    models: &[&[f32]],
-    c0: usize,
-    dc: usize,
-    fill: impl Fn(&mut [T], &[f32]),
-) -> Vec<T> {
-    let mut theta = vec![T::default(); models.len() * dc];
+/// Columns `c0..c0 + dc` of every model into `theta` (one row of `dc` per
+/// model, `dc = theta.len() / models.len()`), written by `fill(dst, src)`
+/// (a copy or a widening).
+fn theta_block<T>(models: &[&[f32]], c0: usize, fill: impl Fn(&mut [T], &[f32]), theta: &mut [T]) {
+    let dc = theta.len() / models.len();
     for (r, (row, x)) in theta.chunks_exact_mut(dc).zip(models).enumerate() {
         // Each model is a separate allocation, so every row starts a new
         // stream the hardware prefetcher has not seen: ask for a later
@@ -1936,29 +1968,41 @@ fn theta_block<T: Copy + Default>(
         }
         fill(row, &x[c0..c0 + dc]);
     }
-    theta
 }
 
-/// Rounds output rows `i0..i0 + ni` of a column block from `acc` (`ni`
-/// rows of the block's width), plus `part` first when given (the last
-/// block of products, added in `f64` on the way); a row with a non-finite
-/// entry, which may come from 0·∞ of a skipped model, is recomputed by
-/// `reference(row, out, acc)`, the `weighted_sum` loop.
+/// What a column block's outputs are rounded from: each slice holds the
+/// block's rows (of its width) for one row tile.
+enum Blocks<'a> {
+    /// The `f64` sum of every block.
+    Sum(&'a [f64]),
+    /// The `f64` sum of all blocks but the last, and the last.
+    SumAnd(&'a [f64], &'a [f32]),
+    /// The only block (0 + b₀).
+    One(&'a [f32]),
+    /// The only two blocks ((0 + b₀) + b₁).
+    Two(&'a [f32], &'a [f32]),
+}
+
+/// Rounds output rows `i0..i0 + ni` of a column block from `sum`; a row
+/// with a non-finite entry, which may come from 0·∞ of a skipped model, is
+/// recomputed by `reference(row, out, scratch)`, the `weighted_sum` loop.
 fn round_rows(
     outs: &mut [&mut [MaybeUninit<f32>]],
     i0: usize,
     ni: usize,
-    acc: &[f64],
-    part: Option<&[f32]>,
+    sum: Blocks,
     mut reference: impl FnMut(usize, &mut [MaybeUninit<f32>], &mut [f64]),
 ) {
     let dc = outs[0].len();
     let mut redo = Vec::new();
     for r in 0..ni {
-        let (out, acc) = (&mut *outs[i0 + r], &acc[r * dc..(r + 1) * dc]);
-        let finite = match part {
-            None => lanes::narrow_f32(out, acc),
-            Some(part) => lanes::add_narrow_f32(out, acc, &part[r * dc..(r + 1) * dc]),
+        let out = &mut *outs[i0 + r];
+        let row = r * dc..(r + 1) * dc;
+        let finite = match sum {
+            Blocks::Sum(acc) => lanes::narrow_f32(out, &acc[row]),
+            Blocks::SumAnd(acc, last) => lanes::add_narrow_f32(out, &acc[row.clone()], &last[row]),
+            Blocks::One(b0) => lanes::one_narrow_f32(out, &b0[row]),
+            Blocks::Two(b0, b1) => lanes::two_narrow_f32(out, &b0[row.clone()], &b1[row]),
         };
         if !finite {
             redo.push(i0 + r);
