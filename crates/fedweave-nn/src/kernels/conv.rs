@@ -16,6 +16,7 @@
 
 use super::{channels_last, sum_f64, winograd};
 use fedweave_core::wide;
+use std::mem::MaybeUninit;
 
 /// Floats of one block's column matrix: with its `gemm` operands this stays
 /// within a 1 MiB L2 cache.
@@ -458,17 +459,66 @@ pub(super) fn gemm_f32(
     rhs_strides: (usize, usize),
 ) {
     assert!(n <= dst_stride && (m == 0 || n == 0 || (m - 1) * dst_stride + n <= dst.len()));
+    // SAFETY: dst's rows are in bounds (asserted), and dst does not alias
+    // the operands (it is a distinct &mut).
+    unsafe {
+        gemm_f32_raw(
+            (m, n, k),
+            (dst.as_mut_ptr(), dst_stride),
+            accumulate,
+            (lhs, lhs_strides),
+            (rhs, rhs_strides),
+        );
+    }
+}
+
+/// `dst (m × n, row-major) = lhs · rhs` into slots that may be
+/// uninitialised: `gemm` with `read_dst` off writes every element (zeros
+/// when k = 0) and reads none (its α = 0 kernels store β·acc), so a fresh
+/// output needs no zero-fill.
+pub(super) fn gemm_f32_uninit(
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [MaybeUninit<f32>],
+    (lhs, lhs_strides): (&[f32], (usize, usize)),
+    (rhs, rhs_strides): (&[f32], (usize, usize)),
+) {
+    assert_eq!(dst.len(), m * n, "a row-major m × n output");
+    // SAFETY: dst holds exactly m·n slots, does not alias the operands,
+    // and is written, not read.
+    unsafe {
+        gemm_f32_raw(
+            (m, n, k),
+            (dst.as_mut_ptr().cast(), n),
+            false,
+            (lhs, lhs_strides),
+            (rhs, rhs_strides),
+        );
+    }
+}
+
+/// The `gemm` call behind [`gemm_f32`] and [`gemm_f32_uninit`], after
+/// checking that the strides keep the operands in bounds.
+///
+/// # Safety
+/// `dst` reaches `m` rows of `n` elements, `dst_stride` apart, that alias
+/// neither operand; with `accumulate` they are initialised.
+unsafe fn gemm_f32_raw(
+    (m, n, k): (usize, usize, usize),
+    (dst, dst_stride): (*mut f32, usize),
+    accumulate: bool,
+    (lhs, lhs_strides): (&[f32], (usize, usize)),
+    (rhs, rhs_strides): (&[f32], (usize, usize)),
+) {
     assert!(m == 0 || k == 0 || (m - 1) * lhs_strides.0 + (k - 1) * lhs_strides.1 < lhs.len());
     assert!(n == 0 || k == 0 || (k - 1) * rhs_strides.0 + (n - 1) * rhs_strides.1 < rhs.len());
     // SAFETY: the asserts keep every index the strides reach inside the
-    // slices; dst's rows are in bounds, and dst does not alias the operands
-    // (it is a distinct &mut).
+    // operands; the caller vouches for dst.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            dst.as_mut_ptr(),
+            dst,
             1,
             dst_stride as isize,
             accumulate,
