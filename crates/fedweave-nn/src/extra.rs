@@ -200,9 +200,10 @@ impl ExtraLoss for Linear<'_> {
 pub struct CosinePull<'a> {
     coef: f32,
     target: &'a [f32],
-    /// ‖t‖, or 1 without the division (set at once): the target is fixed
-    /// for a round, so ‖t‖ is learnt once, in the first step's pass over t and θ (a pass
-    /// of its own per client and round was ~1 % of a pFedGraph round).
+    /// ‖t‖, or 1 without the division (set at once). The target is fixed
+    /// for a round, so ‖t‖ is learnt once, in the first step's pass over
+    /// t and θ (a pass of its own per client and round was ~1 % of a
+    /// pFedGraph round).
     target_norm: OnceLock<f64>,
 }
 

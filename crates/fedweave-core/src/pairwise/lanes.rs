@@ -126,48 +126,42 @@ fn widen_f64_body(dst: &mut [f64], src: &[f32]) {
     }
 }
 
+/// Writes each `f64` sum rounded to `f32` into `out`; whether every
+/// rounded value is finite. The mixings' rounding passes differ only in
+/// the sums they round.
 #[inline(always)]
-fn narrow_f32_body(out: &mut [MaybeUninit<f32>], acc: &[f64]) -> bool {
+fn write_rounded(out: &mut [MaybeUninit<f32>], sums: impl Iterator<Item = f64>) -> bool {
     let mut finite = true;
-    for (o, s) in out.iter_mut().zip(acc) {
-        let v = *s as f32;
-        o.write(v);
-        finite &= v.is_finite();
+    for (o, s) in out.iter_mut().zip(sums) {
+        let x = s as f32;
+        o.write(x);
+        finite &= x.is_finite();
     }
     finite
+}
+
+#[inline(always)]
+fn narrow_f32_body(out: &mut [MaybeUninit<f32>], acc: &[f64]) -> bool {
+    write_rounded(out, acc.iter().copied())
 }
 
 #[inline(always)]
 fn add_narrow_f32_body(out: &mut [MaybeUninit<f32>], acc: &[f64], part: &[f32]) -> bool {
-    let mut finite = true;
-    for ((o, s), v) in out.iter_mut().zip(acc).zip(part) {
-        let x = (*s + f64::from(*v)) as f32;
-        o.write(x);
-        finite &= x.is_finite();
-    }
-    finite
+    write_rounded(out, acc.iter().zip(part).map(|(s, v)| *s + f64::from(*v)))
 }
 
 #[inline(always)]
 fn one_narrow_f32_body(out: &mut [MaybeUninit<f32>], b0: &[f32]) -> bool {
-    let mut finite = true;
-    for (o, v) in out.iter_mut().zip(b0) {
-        let x = (0.0 + f64::from(*v)) as f32;
-        o.write(x);
-        finite &= x.is_finite();
-    }
-    finite
+    write_rounded(out, b0.iter().map(|v| 0.0 + f64::from(*v)))
 }
 
 #[inline(always)]
 fn two_narrow_f32_body(out: &mut [MaybeUninit<f32>], b0: &[f32], b1: &[f32]) -> bool {
-    let mut finite = true;
-    for ((o, u), v) in out.iter_mut().zip(b0).zip(b1) {
-        let x = ((0.0 + f64::from(*u)) + f64::from(*v)) as f32;
-        o.write(x);
-        finite &= x.is_finite();
-    }
-    finite
+    let sums = b0.iter().zip(b1);
+    write_rounded(
+        out,
+        sums.map(|(u, v)| (0.0 + f64::from(*u)) + f64::from(*v)),
+    )
 }
 
 #[inline(always)]
