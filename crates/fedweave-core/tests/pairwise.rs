@@ -190,33 +190,47 @@ fn f32_blocks_from_64_models_stay_within_their_bound() {
     assert_eq!(bits(&fast), bits(&slow));
 }
 
-#[test]
-fn f32_mixing_from_64_models_stays_within_its_bound() {
-    // 300 distinct dense rows over 300 models: the GEMM path in f32 blocks of
-    // 256 models (one full block, one partial), added in f64.
-    let models = rows(63, 300, 700, 0.1);
+/// Asserts every entry of `mixed` (rows `w` over `models`) is within one
+/// `f32` rounding plus the `f32` blocks' bound of `weighted_sum`; returns
+/// how many entries of `mixed` and of `exact` equal it bit for bit.
+fn check_f32_mixing(
+    w: &[Vec<f64>],
+    models: &[Vec<f32>],
+    mixed: &fedweave_core::pairwise::Mixed,
+    exact: &fedweave_core::pairwise::Mixed,
+) -> (usize, usize) {
     let refs: Vec<&[f32]> = models.iter().map(Vec::as_slice).collect();
-    let w = weight_rows(64, 300, 300);
-    let mixed = Kernels::cpu().mix(&w, &models);
-    let f64_mixed = exact().mix(&w, &models);
-    let gamma = gram_error_factor_f32(300);
+    let d = models[0].len();
+    let gamma = gram_error_factor_f32(models.len());
     let (mut same, mut exact_same) = (0usize, 0usize);
     for (i, wi) in w.iter().enumerate() {
-        let mut want = vec![0.0f32; 700];
+        let mut want = vec![0.0f32; d];
         weighted_sum(wi, &refs, &mut want);
         for (c, r) in want.iter().enumerate() {
             let bound: f64 = wi
                 .iter()
-                .zip(&models)
+                .zip(models)
                 .map(|(wj, mj)| (wj * f64::from(mj[c])).abs())
                 .sum();
             let g = mixed.row(i)[c];
             let tol = f64::from(f32::EPSILON) * f64::from(r.abs()) + gamma * bound;
             assert!((f64::from(g) - f64::from(*r)).abs() <= tol, "({i},{c})");
             same += usize::from(g.to_bits() == r.to_bits());
-            exact_same += usize::from(f64_mixed.row(i)[c].to_bits() == r.to_bits());
+            exact_same += usize::from(exact.row(i)[c].to_bits() == r.to_bits());
         }
     }
+    (same, exact_same)
+}
+
+#[test]
+fn f32_mixing_from_64_models_stays_within_its_bound() {
+    // 300 distinct dense rows over 300 models: the GEMM path in f32 blocks of
+    // 256 models (one full block, one partial), added in f64.
+    let models = rows(63, 300, 700, 0.1);
+    let w = weight_rows(64, 300, 300);
+    let mixed = Kernels::cpu().mix(&w, &models);
+    let f64_mixed = exact().mix(&w, &models);
+    let (same, exact_same) = check_f32_mixing(&w, &models, &mixed, &f64_mixed);
     // f64 products round like weighted_sum nearly always; f32 blocks often not.
     assert!(exact_same as f64 >= 0.99 * 210_000.0, "{exact_same}");
     assert!(same < exact_same, "{same} vs {exact_same}");
@@ -235,6 +249,26 @@ fn f32_mixing_from_64_models_stays_within_its_bound() {
             })
     };
     assert_eq!(at(1), at(3));
+}
+
+#[test]
+fn f32_mixing_of_more_than_two_blocks_stays_within_its_bound() {
+    // 700 models: three blocks of 256, so the f64 sum starts from the first
+    // two and adds the third while rounding; the same bits at any thread
+    // count.
+    let models = rows(67, 700, 300, 0.1);
+    let w = weight_rows(68, 12, 700);
+    let at = |threads| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| Kernels::cpu().mix(&w, &models))
+    };
+    let mixed = at(1);
+    assert_eq!(mixed, at(3));
+    let (_, exact_same) = check_f32_mixing(&w, &models, &mixed, &exact().mix(&w, &models));
+    assert!(exact_same as f64 >= 0.99 * 3600.0, "{exact_same}");
 }
 
 #[test]
