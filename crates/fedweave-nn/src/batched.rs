@@ -78,6 +78,8 @@ pub struct BatchedTrainer<'a> {
     /// The clients' samples kept on the device (see
     /// [`keep_samples_on_device`](BatchedTrainer::keep_samples_on_device)).
     resident: Option<Resident<'a>>,
+    /// How batch norm broadcasts its per-channel operands on this device.
+    broadcast: ChannelBroadcast,
 }
 
 /// The clients' samples on the device: client c's local sample k is row
@@ -321,6 +323,7 @@ impl<'a> BatchedTrainer<'a> {
             )));
         }
         let inner = device.clone().inner();
+        let broadcast = channel_broadcast(inner == Device::flex());
         let stacked: Vec<Tensor<2>> = layout
             .tensors()
             .iter()
@@ -345,6 +348,7 @@ impl<'a> BatchedTrainer<'a> {
             losses: LossLog::default(),
             logged_sizes: Vec::new(),
             resident: None,
+            broadcast,
         })
     }
 
@@ -571,6 +575,7 @@ impl<'a> BatchedTrainer<'a> {
             k,
             step,
             record: &mut record,
+            broadcast: self.broadcast,
         };
         let logits = spec
             .net()
@@ -817,6 +822,7 @@ pub(crate) struct BatchedCx<'a> {
     step: &'a Step,
     /// Batch-norm statistics over `K·C` channels, in order.
     record: &'a mut Vec<BatchStats>,
+    broadcast: ChannelBroadcast,
 }
 
 impl BatchedCx<'_> {
@@ -835,7 +841,14 @@ impl BatchedCx<'_> {
 
     /// Batch norm with scale `i` and shift `i + 1` (see [`batch_norm`]).
     pub(crate) fn batch_norm(&mut self, y: Tensor<4>, i: usize) -> Tensor<4> {
-        batch_norm(y, &self.stack, i, self.step, self.k, self.record)
+        let Self {
+            stack,
+            k,
+            step,
+            record,
+            broadcast,
+        } = self;
+        batch_norm(y, stack, i, step, *k, record, *broadcast)
     }
 }
 
@@ -848,15 +861,63 @@ fn batch_norm(
     step: &Step,
     k: usize,
     record: &mut Vec<BatchStats>,
+    broadcast: ChannelBroadcast,
 ) -> Tensor<4> {
     let [_, kc, h, w] = y.dims();
     let mask = step.channel_mask(k, kc / k);
     let counts = step.channel_counts(k, kc / k, h * w);
     let mean = channel_sums(y.clone() * mask.clone()).div(counts.clone());
-    let centred = y - mean.clone();
+    let spread = |v: Tensor<4>| match broadcast {
+        ChannelBroadcast::Implicit => v,
+        ChannelBroadcast::Product => spread_over_plane(v, h, w),
+    };
+    let centred = y - spread(mean.clone());
     let var = channel_sums((centred.clone() * mask).square()).div(counts);
     record.push(BatchStats::of(&mean, &var, h * w));
-    centred / (var + BN_EPS).sqrt() * p.channel(i) + p.channel(i + 1)
+    centred / spread((var + BN_EPS).sqrt()) * spread(p.channel(i)) + spread(p.channel(i + 1))
+}
+
+/// How batch norm's per-channel operands (`[1, C, 1, 1]`) meet the
+/// `[B, C, H, W]` activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChannelBroadcast {
+    /// Broadcast by the element-wise operations. Under autodiff each
+    /// operand's gradient is then a sum over the batch and the plane, which
+    /// burn-cubecl runs on two blocks of 256 threads: ~130 µs each at
+    /// `cnn-bn`'s first layer with K = 10, batch 10 (Nsight Compute on an
+    /// H100, docs/results.md "GPU, session 24"). The CPU's choice.
+    Implicit,
+    /// Spread over the plane first by a product with ones
+    /// ([`spread_over_plane`]): the gradient is a product too, and the sum
+    /// left over the batch is one of many contiguous outputs. The GPU's
+    /// choice: +11 % client-steps/s for `cnn-bn` (K = 10, batch 10) with the
+    /// columns' convolutions on an H200 (docs/results.md, "GPU, session 44").
+    Product,
+}
+
+/// The broadcast for tensors on the CPU or off it, unless the environment
+/// sets `FEDWEAVE_BN_BROADCAST=implicit|product` (read once, to compare).
+fn channel_broadcast(cpu: bool) -> ChannelBroadcast {
+    static CHOICE: std::sync::OnceLock<Option<ChannelBroadcast>> = std::sync::OnceLock::new();
+    let chosen = *CHOICE.get_or_init(|| match std::env::var("FEDWEAVE_BN_BROADCAST").as_deref() {
+        Ok("product") => Some(ChannelBroadcast::Product),
+        Ok("implicit") => Some(ChannelBroadcast::Implicit),
+        _ => None,
+    });
+    match chosen {
+        Some(c) => c,
+        None if cpu => ChannelBroadcast::Implicit,
+        None => ChannelBroadcast::Product,
+    }
+}
+
+/// `v` (`[1, C, 1, 1]`) as `[1, C, H, W]`: `v · 1ᵀ` over the plane's `H·W`
+/// positions. Each value is `v`'s own (a product by one), so the forward
+/// pass is unchanged; the gradient `dS · 1` is a matmul.
+fn spread_over_plane(v: Tensor<4>, h: usize, w: usize) -> Tensor<4> {
+    let [_, c, _, _] = v.dims();
+    let ones = Tensor::<2>::ones([1, h * w], &v.device());
+    v.reshape([c, 1]).matmul(ones).reshape([1, c, h, w])
 }
 
 /// Whether batched rounds may be recorded as CUDA graphs: yes unless the
@@ -1038,6 +1099,163 @@ mod tests {
     }
     use fedweave_core::{Purpose, rng_stream};
 
+    /// A per-channel operand spread over the plane by a product with ones
+    /// takes the implicit broadcast's values bit for bit, and its gradient
+    /// is the sum over the batch and the plane (hand-summed in `f64`).
+    #[test]
+    fn spreading_a_channel_operand_keeps_values_and_sums_its_gradient() {
+        let device = Device::flex().autodiff();
+        let (b, c, h, w) = (3, 4, 5, 6);
+        let xs: Vec<f32> = (0..b * c * h * w)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+            .collect();
+        let vs: Vec<f32> = (0..c).map(|i| 0.5 + i as f32 * 0.25).collect();
+        let x: Tensor<4> = Tensor::from_data(TensorData::new(xs.clone(), [b, c, h, w]), &device);
+        let v = || -> Tensor<4> {
+            Tensor::from_data(TensorData::new(vs.clone(), [1, c, 1, 1]), &device).require_grad()
+        };
+        let (v_implicit, v_spread) = (v(), v());
+        let implicit = x.clone() * v_implicit.clone();
+        let spread = x.clone() * spread_over_plane(v_spread.clone(), h, w);
+        let values = |t: &Tensor<4>| t.clone().into_data().try_to_vec::<f32>().unwrap();
+        assert_eq!(values(&implicit), values(&spread));
+        let grad = |out: Tensor<4>, leaf: &Tensor<4>| {
+            let g = out.sum().backward();
+            leaf.grad(&g)
+                .unwrap()
+                .into_data()
+                .try_to_vec::<f32>()
+                .unwrap()
+        };
+        let (g_implicit, g_spread) = (grad(implicit, &v_implicit), grad(spread, &v_spread));
+        for ch in 0..c {
+            let want: f64 = (0..b)
+                .flat_map(|n| (0..h * w).map(move |q| (n * c + ch) * h * w + q))
+                .map(|i| f64::from(xs[i]))
+                .sum();
+            for got in [g_implicit[ch], g_spread[ch]] {
+                assert!((f64::from(got) - want).abs() <= 1e-4, "{got} vs {want}");
+            }
+        }
+    }
+
+    /// Three `cnn-bn` clients on random 28×28 images of 4 classes, and a
+    /// round of steps in which client 1 takes a full batch of 4 every step
+    /// (so every step's padded size is the plan's), client 0 rests on every
+    /// third step and client 2 stops after six.
+    struct ThreeClients {
+        spec: ModelSpec,
+        x: Vec<f32>,
+        y: Vec<u32>,
+        subsets: [Vec<usize>; 3],
+        inits: Vec<Vec<f32>>,
+        buffers: Vec<Vec<f32>>,
+        drawn: Vec<Vec<Vec<usize>>>,
+    }
+
+    impl ThreeClients {
+        fn new() -> Self {
+            let spec = ModelSpec::new(ModelKind::CNN_BN, &[1, 28, 28], 4).unwrap();
+            let mut rng = rng_stream(3, 0, 0, Purpose::Dataset);
+            let n = 30;
+            let x: Vec<f32> = (0..n * spec.input_len())
+                .map(|_| rng.random_range(-1.0f32..1.0))
+                .collect();
+            let y: Vec<u32> = (0..n).map(|_| rng.random_range(0..4)).collect();
+            let inits: Vec<Vec<f32>> = (0..3)
+                .map(|c| spec.init(&mut rng_stream(5, c, 0, Purpose::ModelInit)))
+                .collect();
+            let drawn = (0..MIN_CAPTURED_STEPS + 2)
+                .map(|t| {
+                    let first = if t % 3 == 2 {
+                        vec![]
+                    } else {
+                        vec![t % 10, (t + 3) % 10]
+                    };
+                    let third = if t < 6 { vec![(2 * t) % 10] } else { vec![] };
+                    vec![first, (0..4).map(|i| (4 * t + i) % 20).collect(), third]
+                })
+                .collect();
+            Self {
+                buffers: vec![spec.init_buffers(); 3],
+                spec,
+                x,
+                y,
+                subsets: [(0..10).collect(), (10..30).collect(), (5..15).collect()],
+                inits,
+                drawn,
+            }
+        }
+
+        fn data(&self) -> Vec<LocalData<'_>> {
+            self.subsets
+                .iter()
+                .map(|s| LocalData::new(&self.x, &self.y, s))
+                .collect()
+        }
+
+        /// A trainer on the CPU with the clients' samples kept on it.
+        fn trainer(&self) -> BatchedTrainer<'_> {
+            let params: Vec<&[f32]> = self.inits.iter().map(Vec::as_slice).collect();
+            let buffers: Vec<&[f32]> = self.buffers.iter().map(Vec::as_slice).collect();
+            let sgd = SgdConfig {
+                momentum: 0.9,
+                weight_decay: 1e-3,
+            };
+            let mut t =
+                BatchedTrainer::new(&self.spec, &Device::flex(), &params, &buffers, sgd).unwrap();
+            t.keep_samples_on_device(&self.data());
+            t
+        }
+
+        /// Client `c`'s parameters and buffers out of `trainer`.
+        fn stored(&self, trainer: &BatchedTrainer, c: usize) -> (Vec<f32>, Vec<f32>) {
+            let (mut p, mut b) = (self.inits[c].clone(), self.spec.init_buffers());
+            trainer.store(c, &mut p, &mut b);
+            (p, b)
+        }
+    }
+
+    /// Batch norm's operands spread by a product (the GPU's choice) train
+    /// what the implicit broadcast trains on the CPU. The forward pass is
+    /// the same bits (a product by one), so after one step the running
+    /// statistics are equal and the parameters differ by the gradient sums'
+    /// rounding alone; over a round of ten steps that drift grows, within
+    /// 1e-4 (parameters) and 1e-3 (statistics) relative.
+    #[test]
+    fn batch_norm_spread_by_a_product_trains_as_broadcast() {
+        let f = ThreeClients::new();
+        let data = f.data();
+        for (steps, params_bound, buffers_bound) in [(1, 1e-6, 0.0), (f.drawn.len(), 1e-4, 1e-3)] {
+            let (mut implicit, mut product) = (f.trainer(), f.trainer());
+            assert_eq!(implicit.broadcast, ChannelBroadcast::Implicit);
+            product.broadcast = ChannelBroadcast::Product;
+            for t in [&mut implicit, &mut product] {
+                let plan = t.plan(&data, &f.drawn[..steps]);
+                t.train_plan(&plan, 0.05, false).unwrap();
+            }
+            for c in 0..3 {
+                let (p1, b1) = f.stored(&implicit, c);
+                let (p2, b2) = f.stored(&product, c);
+                assert_ne!(p1, f.inits[c], "client {c} trained");
+                for (what, a, b, bound) in [
+                    ("parameters", &p1, &p2, params_bound),
+                    ("statistics", &b1, &b2, buffers_bound),
+                ] {
+                    let worst = a
+                        .iter()
+                        .zip(b)
+                        .map(|(u, v)| (u - v).abs() / u.abs().max(1e-2))
+                        .fold(0.0f32, f32::max);
+                    assert!(
+                        worst <= bound,
+                        "{steps} steps, client {c}'s {what}: relative difference {worst}"
+                    );
+                }
+            }
+        }
+    }
+
     /// A round drawn up front and read at a device counter (through the
     /// capture driver, which on the CPU warms up, is refused a recording
     /// and goes on step by step) trains what [`BatchedTrainer::step`]
@@ -1046,46 +1264,10 @@ mod tests {
     /// steps and short batches on others.
     #[test]
     fn a_planned_round_trains_as_step_by_step() {
-        let spec = ModelSpec::new(ModelKind::CNN_BN, &[1, 28, 28], 4).unwrap();
-        let mut rng = rng_stream(3, 0, 0, Purpose::Dataset);
-        let n = 30;
-        let x: Vec<f32> = (0..n * spec.input_len())
-            .map(|_| rng.random_range(-1.0f32..1.0))
-            .collect();
-        let y: Vec<u32> = (0..n).map(|_| rng.random_range(0..4)).collect();
-        let subsets: [Vec<usize>; 3] = [(0..10).collect(), (10..30).collect(), (5..15).collect()];
-        let data: Vec<LocalData> = subsets.iter().map(|s| LocalData::new(&x, &y, s)).collect();
-        let inits: Vec<Vec<f32>> = (0..3)
-            .map(|c| spec.init(&mut rng_stream(5, c, 0, Purpose::ModelInit)))
-            .collect();
-        let params: Vec<&[f32]> = inits.iter().map(Vec::as_slice).collect();
-        let buffers = vec![spec.init_buffers(); 3];
-        let buffers: Vec<&[f32]> = buffers.iter().map(Vec::as_slice).collect();
-        let sgd = SgdConfig {
-            momentum: 0.9,
-            weight_decay: 1e-3,
-        };
-        // Client 1 takes a full batch of 4 every step, so every step's
-        // padded size is the plan's.
-        let drawn: Vec<Vec<Vec<usize>>> = (0..MIN_CAPTURED_STEPS + 2)
-            .map(|t| {
-                let first = if t % 3 == 2 {
-                    vec![]
-                } else {
-                    vec![t % 10, (t + 3) % 10]
-                };
-                let third = if t < 6 { vec![(2 * t) % 10] } else { vec![] };
-                vec![first, (0..4).map(|i| (4 * t + i) % 20).collect(), third]
-            })
-            .collect();
-        let new = || {
-            let mut t =
-                BatchedTrainer::new(&spec, &Device::flex(), &params, &buffers, sgd).unwrap();
-            t.keep_samples_on_device(&data);
-            t
-        };
-        let (mut stepped, mut planned) = (new(), new());
-        for step in &drawn {
+        let f = ThreeClients::new();
+        let (data, drawn) = (f.data(), &f.drawn);
+        let (mut stepped, mut planned) = (f.trainer(), f.trainer());
+        for step in drawn {
             let batches: Vec<(LocalData, &[usize])> = data
                 .iter()
                 .zip(step)
@@ -1093,7 +1275,7 @@ mod tests {
                 .collect();
             stepped.step(&batches, 0.05);
         }
-        let plan = planned.plan(&data, &drawn);
+        let plan = planned.plan(&data, drawn);
         assert_eq!((plan.steps, plan.b), (drawn.len(), 4));
         let sums = planned.train_plan(&plan, 0.05, true).unwrap();
         let mut want = vec![0.0f32; 3];
@@ -1104,11 +1286,9 @@ mod tests {
         }
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&sums), bits(&want), "loss sums");
-        for (c, init) in inits.iter().enumerate() {
-            let (mut p1, mut b1) = (init.clone(), spec.init_buffers());
-            let (mut p2, mut b2) = (p1.clone(), b1.clone());
-            stepped.store(c, &mut p1, &mut b1);
-            planned.store(c, &mut p2, &mut b2);
+        for (c, init) in f.inits.iter().enumerate() {
+            let (p1, b1) = f.stored(&stepped, c);
+            let (p2, b2) = f.stored(&planned, c);
             assert_eq!(bits(&p1), bits(&p2), "client {c}'s parameters");
             assert_eq!(bits(&b1), bits(&b2), "client {c}'s buffers");
             assert_ne!(&p1, init, "client {c} trained");

@@ -1,10 +1,13 @@
-//! Grouped convolution whose weight gradient is one grouped convolution,
-//! and dense convolution (off the CPU) whose weight gradient is one batched
-//! matmul over gathered columns. `FEDWEAVE_GROUPED_CONV=columns` lowers a
-//! grouped convolution's forward pass and weight gradient to columns and
-//! batched matmuls too ([`Lowering`]): a GPU experiment (on the CPU it is
-//! 0.6–0.9× burn-flex's grouped convolution). The gather index of a window is
-//! uploaded once and kept.
+//! Grouped convolution, and dense convolution (off the CPU) whose weight
+//! gradient is one batched matmul over gathered columns. Off the CPU a
+//! grouped convolution's forward pass and weight gradient take the columns
+//! and batched matmuls too: 2.1× the client-steps/s of burn-cubecl's direct
+//! kernels for `cnn-bn` (K = 10, batch 10) and 1.5–1.6× for `cnn` (K = 100,
+//! batch 16) on an H200 (docs/results.md, "GPU, session 44"). On the CPU
+//! they keep one grouped convolution for the weight gradient (the columns
+//! are 0.6–0.9× burn-flex's there). `FEDWEAVE_GROUPED_CONV=direct|columns`
+//! overrides the choice ([`Lowering`]). The gather index of a window is
+//! uploaded once per thread and kept.
 //!
 //! burn differentiates a grouped convolution's weight group by group: per
 //! group a slice of the input, a slice of the output gradient, one
@@ -85,7 +88,7 @@ pub(crate) fn conv2d(
 }
 
 /// The forward pass on any backend: burn's convolution, or for more than
-/// one group the [`Lowering`] the environment chose.
+/// one group the backend's [`Lowering`].
 fn forward<B: Backend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
@@ -94,19 +97,26 @@ fn forward<B: Backend>(
     padding: usize,
     groups: usize,
 ) -> FloatTensor<B> {
-    match lowering(groups) {
+    match lowering::<B>(groups) {
         Lowering::Direct => B::conv2d(x, weight, bias, options(stride, padding, groups)),
         Lowering::Columns => forward_by_columns::<B>(x, weight, bias, stride, padding, groups),
     }
 }
 
-/// The lowering of a convolution of `groups` groups: a single group keeps
-/// burn's forward (its dense weight gradient takes the columns anyway).
-fn lowering(groups: usize) -> Lowering {
-    if groups > 1 {
-        grouped_lowering()
-    } else {
+/// The lowering of a convolution of `groups` groups on backend `B`: a
+/// single group keeps burn's forward (its dense weight gradient takes the
+/// columns anyway); more groups take the columns off the CPU, unless the
+/// environment says otherwise ([`lowering_override`]).
+fn lowering<B: Backend>(groups: usize) -> Lowering {
+    use std::any::TypeId;
+    if groups == 1 {
         Lowering::Direct
+    } else if let Some(chosen) = lowering_override() {
+        chosen
+    } else if TypeId::of::<B>() == TypeId::of::<Flex>() {
+        Lowering::Direct
+    } else {
+        Lowering::Columns
     }
 }
 
@@ -202,16 +212,17 @@ enum Lowering {
     Columns,
 }
 
-/// The lowering of a grouped convolution (more than one group): `Direct`
-/// unless the environment sets `FEDWEAVE_GROUPED_CONV=columns`, read once.
-/// A dense convolution's weight gradient always takes the columns (a
-/// direct kernel whose window is the whole output plane runs on a grid of
-/// 2 blocks on a GPU; docs/results.md, session 22).
-fn grouped_lowering() -> Lowering {
-    static CHOICE: std::sync::OnceLock<Lowering> = std::sync::OnceLock::new();
+/// The lowering `FEDWEAVE_GROUPED_CONV` asks for grouped convolutions
+/// (`direct` or `columns`, to compare), read once; `None` when unset or
+/// anything else. A dense convolution's weight gradient always takes the
+/// columns (a direct kernel whose window is the whole output plane runs on
+/// a grid of 2 blocks on a GPU; docs/results.md, session 22).
+fn lowering_override() -> Option<Lowering> {
+    static CHOICE: std::sync::OnceLock<Option<Lowering>> = std::sync::OnceLock::new();
     *CHOICE.get_or_init(|| match std::env::var("FEDWEAVE_GROUPED_CONV").as_deref() {
-        Ok("columns") => Lowering::Columns,
-        _ => Lowering::Direct,
+        Ok("columns") => Some(Lowering::Columns),
+        Ok("direct") => Some(Lowering::Direct),
+        _ => None,
     })
 }
 
@@ -258,17 +269,28 @@ impl Window {
     }
 }
 
-/// A window's gather index on one backend and device, uploaded once and
-/// kept: a step recorded into a CUDA graph may not upload, and the index
-/// depends on the window only (not on the batch or the channels).
+/// A window's gather index on one backend, device and thread, uploaded
+/// once and kept: a step recorded into a CUDA graph may not upload, and the
+/// index depends on the window only (not on the batch or the channels).
+///
+/// Kept per thread because cubecl gives each thread its own stream, and a
+/// launch that reads a buffer of another stream pins it and may wait on
+/// that stream (cubecl-server's `align_streams`), which a recording cannot
+/// hold. Shared across threads, the columns' indices made in round 1 were
+/// followed by every later round's recording failing on an H200
+/// (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`; those rounds were retrained
+/// step by step), as a round's batched group runs on whichever worker is
+/// free; the direct kernels, which use no kept index, recorded every round.
 fn gather_index<B: Backend>(window: Window, device: &B::Device) -> (IntTensor<B>, bool) {
     use std::any::{Any, TypeId};
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
-    type Key = (TypeId, String, Window);
+    use std::thread::ThreadId;
+    type Key = (TypeId, String, ThreadId, Window);
     type Cache = HashMap<Key, Box<dyn Any + Send + Sync>>;
     static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
-    let key = (TypeId::of::<B>(), format!("{device:?}"), window);
+    let thread = std::thread::current().id();
+    let key = (TypeId::of::<B>(), format!("{device:?}"), thread, window);
     let mut cache = CACHE
         .get_or_init(Default::default)
         .lock()
@@ -426,7 +448,7 @@ fn register<B: Backend>(
         grads.register::<B>(id, dx);
     }
     if let Some(id) = id_w {
-        let dw = if groups == 1 || lowering(groups) == Lowering::Columns {
+        let dw = if groups == 1 || lowering::<B>(groups) == Lowering::Columns {
             weight_grad_by_columns::<B>(x, dy, shape, stride, padding, groups)
         } else {
             weight_grad::<B>(x, dy, shape, stride, padding, groups)
