@@ -62,7 +62,10 @@ impl Backend {
     /// [`NnError::BackendMissing`] when the binary was built without the
     /// backend's cargo feature; [`NnError::DeviceUnavailable`] when the
     /// device does not work (cudarc, for one, panics when it finds no
-    /// driver library: that panic is caught here and becomes the error).
+    /// driver library: that panic is caught here and becomes the error);
+    /// [`NnError::LibdeviceMissing`] when a CUDA binary that compiles its
+    /// kernels through LLVM finds no `libdevice.10.bc` (else the first
+    /// kernel calling `exp` or `log` would fail mid-run).
     pub fn device(self) -> Result<Device, NnError> {
         let device = match self {
             Backend::Cpu => Device::flex(),
@@ -89,11 +92,51 @@ impl Backend {
         });
         std::panic::set_hook(hook);
         match works {
+            #[cfg(all(feature = "cuda", not(feature = "cuda-nvrtc")))]
+            Ok(true) if self == Backend::Cuda => {
+                let env = std::env::var_os("CUDA_PATH").map(std::path::PathBuf::from);
+                libdevice(env.as_deref())
+                    .map(|_| device)
+                    .map_err(|looked| NnError::LibdeviceMissing { looked })
+            }
             Ok(true) => Ok(device),
             _ => Err(NnError::DeviceUnavailable {
                 backend: self.name(),
             }),
         }
+    }
+}
+
+/// Where cubecl's LLVM path loads `libdevice.10.bc` from (cubecl-llvm
+/// 0.11's search, mirrored so that its absence is an error before the run
+/// starts): `$CUDA_PATH/nvvm/libdevice/` when `CUDA_PATH` is set (`cuda_path`),
+/// else the first of the usual toolkit roots holding `nvvm/libdevice/`.
+/// `Err` names the places looked at.
+#[cfg_attr(
+    not(all(feature = "cuda", not(feature = "cuda-nvrtc"))),
+    allow(dead_code)
+)]
+fn libdevice(cuda_path: Option<&std::path::Path>) -> Result<std::path::PathBuf, String> {
+    use std::path::Path;
+    const ROOTS: [&str; 4] = ["/usr/local/cuda", "/opt/cuda", "/usr/lib/cuda", "/usr"];
+    let file = |root: &Path| root.join("nvvm/libdevice/libdevice.10.bc");
+    let root = match cuda_path {
+        Some(root) => Some(root.to_path_buf()),
+        None => ROOTS
+            .iter()
+            .map(Path::new)
+            .find(|r| r.join("nvvm/libdevice").is_dir())
+            .map(Path::to_path_buf),
+    };
+    match root.map(|r| file(&r)) {
+        Some(found) if found.is_file() => Ok(found),
+        Some(missing) => Err(missing.display().to_string()),
+        None => Err(format!(
+            "{} (CUDA_PATH is not set)",
+            ROOTS
+                .map(|r| file(Path::new(r)).display().to_string())
+                .join(", ")
+        )),
     }
 }
 
@@ -158,6 +201,25 @@ impl std::fmt::Display for CpuKernelClass {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// libdevice is found where `CUDA_PATH` says, and its absence names the
+    /// file looked for.
+    #[test]
+    fn libdevice_is_looked_for_under_cuda_path() {
+        let dir = std::env::temp_dir().join(format!("fedweave-libdevice-{}", std::process::id()));
+        let nvvm = dir.join("nvvm/libdevice");
+        std::fs::create_dir_all(&nvvm).unwrap();
+        let missing = libdevice(Some(&dir)).unwrap_err();
+        assert!(
+            missing.ends_with("nvvm/libdevice/libdevice.10.bc"),
+            "{missing}"
+        );
+        std::fs::write(nvvm.join("libdevice.10.bc"), b"BC").unwrap();
+        assert_eq!(libdevice(Some(&dir)), Ok(nvvm.join("libdevice.10.bc")));
+        std::fs::remove_dir_all(&dir).unwrap();
+        let gone = libdevice(Some(&dir)).unwrap_err();
+        assert!(gone.contains("fedweave-libdevice-"), "{gone}");
+    }
 
     #[test]
     fn cpu_is_always_there_and_gpus_follow_the_features() {

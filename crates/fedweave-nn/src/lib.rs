@@ -104,6 +104,15 @@ pub enum NnError {
         /// The backend's configuration name.
         backend: &'static str,
     },
+    /// A CUDA binary built on LLVM's NVPTX backend finds no
+    /// `libdevice.10.bc`, which kernels calling `exp`, `log` or `tanh` link.
+    #[error(
+        "backend `cuda` needs libdevice.10.bc for kernels using exp/log/tanh, and it is not at {looked}: set CUDA_PATH to a CUDA toolkit (the folder holding nvvm/), or `pip install nvidia-cuda-nvcc-cu12` and set CUDA_PATH to its site-packages/nvidia/cuda_nvcc folder"
+    )]
+    LibdeviceMissing {
+        /// The path(s) looked at.
+        looked: String,
+    },
     /// The backend's device cannot multiply `f64` matrices, which the
     /// server kernels need (wgpu on most GPUs).
     #[error(
