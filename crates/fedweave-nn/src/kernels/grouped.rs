@@ -273,42 +273,40 @@ impl Window {
 /// once and kept: a step recorded into a CUDA graph may not upload, and the
 /// index depends on the window only (not on the batch or the channels).
 ///
-/// Kept per thread because cubecl gives each thread its own stream, and a
-/// launch that reads a buffer of another stream pins it and may wait on
-/// that stream (cubecl-server's `align_streams`), which a recording cannot
-/// hold. Shared across threads, the columns' indices made in round 1 were
-/// followed by every later round's recording failing on an H200
-/// (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`; those rounds were retrained
-/// step by step), as a round's batched group runs on whichever worker is
-/// free; the direct kernels, which use no kept index, recorded every round.
+/// Kept per thread (a thread-local, freed with its thread) because cubecl
+/// gives each thread its own stream, and a launch that reads a buffer of
+/// another stream pins it and may wait on that stream (cubecl-server's
+/// `align_streams`), which a recording cannot hold. Shared across threads,
+/// the columns' indices made in round 1 were followed by every later
+/// round's recording failing on an H200 (`CUDA_ERROR_STREAM_CAPTURE_
+/// INVALIDATED`; those rounds were retrained step by step), as a round's
+/// batched group runs on whichever worker is free; the direct kernels,
+/// which use no kept index, recorded every round.
 fn gather_index<B: Backend>(window: Window, device: &B::Device) -> (IntTensor<B>, bool) {
     use std::any::{Any, TypeId};
+    use std::cell::RefCell;
     use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    use std::thread::ThreadId;
-    type Key = (TypeId, String, ThreadId, Window);
-    type Cache = HashMap<Key, Box<dyn Any + Send + Sync>>;
-    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
-    let thread = std::thread::current().id();
-    let key = (TypeId::of::<B>(), format!("{device:?}"), thread, window);
-    let mut cache = CACHE
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(kept) = cache
-        .get(&key)
-        .and_then(|k| k.downcast_ref::<(IntTensor<B>, bool)>())
-    {
-        return kept.clone();
+    type Key = (TypeId, String, Window);
+    thread_local! {
+        static KEPT: RefCell<HashMap<Key, Box<dyn Any>>> = RefCell::new(HashMap::new());
     }
-    let (index, padded) = window.index();
-    let len = index.len();
-    let kept = (
-        B::int_from_data(TensorData::new(index, [len]), device),
-        padded,
-    );
-    cache.insert(key, Box::new(kept.clone()));
-    kept
+    let key = (TypeId::of::<B>(), format!("{device:?}"), window);
+    KEPT.with_borrow_mut(|kept| {
+        if let Some(index) = kept
+            .get(&key)
+            .and_then(|k| k.downcast_ref::<(IntTensor<B>, bool)>())
+        {
+            return index.clone();
+        }
+        let (index, padded) = window.index();
+        let len = index.len();
+        let made = (
+            B::int_from_data(TensorData::new(index, [len]), device),
+            padded,
+        );
+        kept.insert(key, Box::new(made.clone()));
+        made
+    })
 }
 
 /// The column matrices of `x` (`[n, g·c, h, w]`) under a `kh`×`kw` window,
