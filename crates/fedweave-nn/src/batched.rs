@@ -867,9 +867,12 @@ fn batch_norm(
     let mask = step.channel_mask(k, kc / k);
     let counts = step.channel_counts(k, kc / k, h * w);
     let mean = channel_sums(y.clone() * mask.clone()).div(counts.clone());
-    let spread = |v: Tensor<4>| match broadcast {
-        ChannelBroadcast::Implicit => v,
-        ChannelBroadcast::Product => spread_over_plane(v, h, w),
+    // One row of ones for the layer's four operands.
+    let ones = (broadcast == ChannelBroadcast::Product)
+        .then(|| Tensor::<2>::ones([1, h * w], &y.device()));
+    let spread = |v: Tensor<4>| match &ones {
+        None => v,
+        Some(ones) => spread_over_plane(v, ones, [h, w]),
     };
     let centred = y - spread(mean.clone());
     let var = channel_sums((centred.clone() * mask).square()).div(counts);
@@ -911,13 +914,12 @@ fn channel_broadcast(cpu: bool) -> ChannelBroadcast {
     }
 }
 
-/// `v` (`[1, C, 1, 1]`) as `[1, C, H, W]`: `v · 1ᵀ` over the plane's `H·W`
-/// positions. Each value is `v`'s own (a product by one), so the forward
-/// pass is unchanged; the gradient `dS · 1` is a matmul.
-fn spread_over_plane(v: Tensor<4>, h: usize, w: usize) -> Tensor<4> {
+/// `v` (`[1, C, 1, 1]`) as `[1, C, H, W]`: `v · 1ᵀ` with `ones` the
+/// `[1, H·W]` row of ones. Each value is `v`'s own (a product by one), so
+/// the forward pass is unchanged; the gradient `dS · 1` is a matmul.
+fn spread_over_plane(v: Tensor<4>, ones: &Tensor<2>, [h, w]: [usize; 2]) -> Tensor<4> {
     let [_, c, _, _] = v.dims();
-    let ones = Tensor::<2>::ones([1, h * w], &v.device());
-    v.reshape([c, 1]).matmul(ones).reshape([1, c, h, w])
+    v.reshape([c, 1]).matmul(ones.clone()).reshape([1, c, h, w])
 }
 
 /// Whether batched rounds may be recorded as CUDA graphs: yes unless the
@@ -1116,7 +1118,8 @@ mod tests {
         };
         let (v_implicit, v_spread) = (v(), v());
         let implicit = x.clone() * v_implicit.clone();
-        let spread = x.clone() * spread_over_plane(v_spread.clone(), h, w);
+        let ones = Tensor::<2>::ones([1, h * w], &device);
+        let spread = x.clone() * spread_over_plane(v_spread.clone(), &ones, [h, w]);
         let values = |t: &Tensor<4>| t.clone().into_data().try_to_vec::<f32>().unwrap();
         assert_eq!(values(&implicit), values(&spread));
         let grad = |out: Tensor<4>, leaf: &Tensor<4>| {
