@@ -1219,6 +1219,21 @@ mod tests {
         }
     }
 
+    /// Batch norm's operands are spread by a product off the CPU only; a
+    /// CPU trainer takes the plain broadcast.
+    #[test]
+    fn the_product_spread_is_for_devices_off_the_cpu() {
+        if std::env::var_os("FEDWEAVE_BN_BROADCAST").is_some() {
+            return; // set for a comparison run
+        }
+        assert_eq!(channel_broadcast(true), ChannelBroadcast::Implicit);
+        assert_eq!(channel_broadcast(false), ChannelBroadcast::Product);
+        assert_eq!(
+            ThreeClients::new().trainer().broadcast,
+            ChannelBroadcast::Implicit
+        );
+    }
+
     /// Batch norm's operands spread by a product (the GPU's choice) train
     /// what the implicit broadcast trains on the CPU. The forward pass is
     /// the same bits (a product by one), so after one step the running

@@ -707,6 +707,20 @@ mod tests {
         }
     }
 
+    /// The CPU backend keeps burn-flex's grouped convolution (the columns
+    /// are 0.6–0.9× as fast there); any other backend takes the columns for
+    /// more than one group; one group keeps burn's forward everywhere.
+    #[test]
+    fn the_columns_are_for_grouped_convolutions_off_the_cpu() {
+        if lowering_override().is_some() {
+            return; // FEDWEAVE_GROUPED_CONV set for a comparison run
+        }
+        assert_eq!(lowering::<Flex>(1), Lowering::Direct);
+        assert_eq!(lowering::<Flex>(10), Lowering::Direct);
+        assert_eq!(lowering::<Dispatch>(1), Lowering::Direct);
+        assert_eq!(lowering::<Dispatch>(10), Lowering::Columns);
+    }
+
     /// Without a bias the operation's third parent is absent, so the
     /// weight's gradient is not counted twice; on a plain (non-autodiff)
     /// device the forward is burn's.
