@@ -97,27 +97,52 @@ fn forward<B: Backend>(
     padding: usize,
     groups: usize,
 ) -> FloatTensor<B> {
-    match lowering::<B>(groups) {
+    let columns = column_len(x.shape().dims(), weight.shape().dims(), stride, padding);
+    match lowering::<B>(groups, columns) {
         Lowering::Direct => B::conv2d(x, weight, bias, options(stride, padding, groups)),
         Lowering::Columns => forward_by_columns::<B>(x, weight, bias, stride, padding, groups),
     }
 }
 
-/// The lowering of a convolution of `groups` groups on backend `B`: a
-/// single group keeps burn's forward (its dense weight gradient takes the
-/// columns anyway); more groups take the columns off the CPU, unless the
-/// environment says otherwise ([`lowering_override`]).
-fn lowering<B: Backend>(groups: usize) -> Lowering {
+/// The lowering of a convolution of `groups` groups on backend `B` whose
+/// column matrix would hold `columns` values: a single group keeps burn's
+/// forward (its dense weight gradient takes the columns anyway); more groups
+/// take the columns off the CPU when the matrix fits [`MAX_COLUMNS`], unless
+/// the environment says otherwise ([`lowering_override`]).
+fn lowering<B: Backend>(groups: usize, columns: usize) -> Lowering {
     use std::any::TypeId;
     if groups == 1 {
         Lowering::Direct
     } else if let Some(chosen) = lowering_override() {
         chosen
-    } else if TypeId::of::<B>() == TypeId::of::<Flex>() {
+    } else if TypeId::of::<B>() == TypeId::of::<Flex>() || columns > MAX_COLUMNS {
         Lowering::Direct
     } else {
         Lowering::Columns
     }
+}
+
+/// The largest column matrix (values) a grouped convolution is lowered to
+/// by default: 2²⁸ `f32`, 1 GiB. The direct kernels need no such buffer,
+/// so a GPU that batched, say, ten ResNet-18s at batch 64 (a first layer's
+/// columns: 1.5 GB) keeps them rather than running out of memory.
+const MAX_COLUMNS: usize = 1 << 28;
+
+/// Values in the column matrix of a convolution of `x` (`[n, g·c, h, w]`)
+/// by `weight` (`[g·o, c, kh, kw]`): `n · g·c·kh·kw · oh·ow`.
+fn column_len(x: [usize; 4], weight: [usize; 4], stride: usize, padding: usize) -> usize {
+    let [n, gc, h, w] = x;
+    let [_, _, kh, kw] = weight;
+    let window = Window {
+        h,
+        w,
+        kh,
+        kw,
+        stride,
+        padding,
+    };
+    let (oh, ow) = window.out();
+    n * gc * kh * kw * oh * ow
 }
 
 /// [`GroupedConv`] for a backend without autodiff: burn's own forward.
@@ -472,10 +497,14 @@ fn register<B: Backend>(
         let t = B::float_sum_dim(B::float_sum_dim(t, 2), 0);
         grads.register::<B>(id, B::float_reshape(t, Shape::new([go])));
     }
+    let columns = column_len(x.shape().dims(), shape, stride, padding);
     if let Some(id) = id_x {
-        let [_, _, h, w] = x.shape().dims::<4>();
+        let [n, _, h, w] = x.shape().dims::<4>();
+        let go = dy.shape().dims::<4>()[1];
+        // The output gradient's columns: every input position under the window.
+        let dy_columns = n * go * shape[2] * shape[3] * h * w;
         let by_columns = input_grad_by_columns_asked()
-            && lowering::<B>(groups) == Lowering::Columns
+            && lowering::<B>(groups, dy_columns) == Lowering::Columns
             && stride == 1
             && shape[2] == shape[3]
             && padding < shape[2];
@@ -492,7 +521,7 @@ fn register<B: Backend>(
         grads.register::<B>(id, dx);
     }
     if let Some(id) = id_w {
-        let dw = if groups == 1 || lowering::<B>(groups) == Lowering::Columns {
+        let dw = if groups == 1 || lowering::<B>(groups, columns) == Lowering::Columns {
             weight_grad_by_columns::<B>(x, dy, shape, stride, padding, groups)
         } else {
             weight_grad::<B>(x, dy, shape, stride, padding, groups)
@@ -709,16 +738,28 @@ mod tests {
 
     /// The CPU backend keeps burn-flex's grouped convolution (the columns
     /// are 0.6–0.9× as fast there); any other backend takes the columns for
-    /// more than one group; one group keeps burn's forward everywhere.
+    /// more than one group while they fit 1 GiB; one group keeps burn's
+    /// forward everywhere.
     #[test]
     fn the_columns_are_for_grouped_convolutions_off_the_cpu() {
         if lowering_override().is_some() {
             return; // FEDWEAVE_GROUPED_CONV set for a comparison run
         }
-        assert_eq!(lowering::<Flex>(1), Lowering::Direct);
-        assert_eq!(lowering::<Flex>(10), Lowering::Direct);
-        assert_eq!(lowering::<Dispatch>(1), Lowering::Direct);
-        assert_eq!(lowering::<Dispatch>(10), Lowering::Columns);
+        assert_eq!(lowering::<Flex>(1, 1000), Lowering::Direct);
+        assert_eq!(lowering::<Flex>(10, 1000), Lowering::Direct);
+        assert_eq!(lowering::<Dispatch>(1, 1000), Lowering::Direct);
+        assert_eq!(lowering::<Dispatch>(10, 1000), Lowering::Columns);
+        // Over 1 GiB of columns the direct kernels stay.
+        assert_eq!(lowering::<Dispatch>(10, MAX_COLUMNS), Lowering::Columns);
+        assert_eq!(lowering::<Dispatch>(10, MAX_COLUMNS + 1), Lowering::Direct);
+        // Ten ResNet-18s at batch 64 on 32×32 inputs, a 64-channel 3×3 layer: 1.5 GB.
+        let resnet = column_len([64, 640, 32, 32], [640, 64, 3, 3], 1, 1);
+        assert_eq!(resnet, 64 * 640 * 9 * 1024);
+        assert_eq!(lowering::<Dispatch>(10, resnet), Lowering::Direct);
+        // PFLlib's step, cnn-bn's second layer at K = 10, batch 10: 10·320·25·64.
+        let cnn_bn = column_len([10, 320, 12, 12], [640, 32, 5, 5], 1, 0);
+        assert_eq!(cnn_bn, 10 * 320 * 25 * 64);
+        assert_eq!(lowering::<Dispatch>(10, cnn_bn), Lowering::Columns);
     }
 
     /// Without a bias the operation's third parent is absent, so the
