@@ -131,17 +131,9 @@ const MAX_COLUMNS: usize = 1 << 28;
 /// Values in the column matrix of a convolution of `x` (`[n, g·c, h, w]`)
 /// by `weight` (`[g·o, c, kh, kw]`): `n · g·c·kh·kw · oh·ow`.
 fn column_len(x: [usize; 4], weight: [usize; 4], stride: usize, padding: usize) -> usize {
-    let [n, gc, h, w] = x;
+    let [n, gc, ..] = x;
     let [_, _, kh, kw] = weight;
-    let window = Window {
-        h,
-        w,
-        kh,
-        kw,
-        stride,
-        padding,
-    };
-    let (oh, ow) = window.out();
+    let (oh, ow) = Window::over(x, [kh, kw], stride, padding).out();
     n * gc * kh * kw * oh * ow
 }
 
@@ -264,6 +256,19 @@ struct Window {
 }
 
 impl Window {
+    /// The window of a `kh`×`kw` kernel over the planes of `x` (`[n, c, h, w]`).
+    fn over(x: [usize; 4], [kh, kw]: [usize; 2], stride: usize, padding: usize) -> Self {
+        let [_, _, h, w] = x;
+        Self {
+            h,
+            w,
+            kh,
+            kw,
+            stride,
+            padding,
+        }
+    }
+
     /// Output rows and columns.
     fn out(&self) -> (usize, usize) {
         let out = |n: usize, k: usize| (n + 2 * self.padding - k) / self.stride + 1;
@@ -348,14 +353,7 @@ fn columns<B: Backend>(
     padding: usize,
 ) -> (FloatTensor<B>, (usize, usize)) {
     let [n, gc, h, w] = x.shape().dims::<4>();
-    let window = Window {
-        h,
-        w,
-        kh,
-        kw,
-        stride,
-        padding,
-    };
+    let window = Window::over([n, gc, h, w], [kh, kw], stride, padding);
     let (oh, ow) = window.out();
     let device = x.device();
     let (index, padded) = gather_index::<B>(window, &device);
