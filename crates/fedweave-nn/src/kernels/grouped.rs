@@ -419,8 +419,8 @@ fn weight_grad_by_columns<B: Backend>(
 /// flipped on both axes (dx[n, g, c, y, x] = Σ_o Σ_{i,j} dy[n, g, o, y + i −
 /// (k − 1 − p), x + j − (k − 1 − p)] · W[g, o, c, k − 1 − i, k − 1 − j]),
 /// which gives back the input's `h`×`w`. Where `p < k − 1` it multiplies
-/// zeros in the padding (up to 4.4× the products for `cnn-bn`'s 5×5 on
-/// 8×8), traded on a GPU for one batched matmul instead of burn-cubecl's
+/// zeros in the padding (2.25× the products for `cnn-bn`'s 5×5 from 8×8
+/// back to 12×12), traded on a GPU for one batched matmul instead of burn-cubecl's
 /// direct transposed convolution (session 24: 244 µs a step for `cnn-bn`'s
 /// second layer at K = 10, batch 10, on an H100).
 /// `FEDWEAVE_GROUPED_DX=columns` asks for it, off the CPU, for grouped
