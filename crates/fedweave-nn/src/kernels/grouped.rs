@@ -420,11 +420,9 @@ fn weight_grad_by_columns<B: Backend>(
 /// (k − 1 − p), x + j − (k − 1 − p)] · W[g, o, c, k − 1 − i, k − 1 − j]),
 /// which gives back the input's `h`×`w`. Where `p < k − 1` it multiplies
 /// zeros in the padding (2.25× the products for `cnn-bn`'s 5×5 from 8×8
-/// back to 12×12), traded on a GPU for one batched matmul instead of burn-cubecl's
-/// direct transposed convolution (session 24: 244 µs a step for `cnn-bn`'s
-/// second layer at K = 10, batch 10, on an H100).
-/// `FEDWEAVE_GROUPED_DX=columns` asks for it, off the CPU, for grouped
-/// convolutions that take the columns: a GPU experiment, unmeasured.
+/// back to 12×12), traded on a GPU for one batched matmul instead of
+/// burn-cubecl's direct transposed convolution (session 24: 244 µs a step
+/// for `cnn-bn`'s second layer at K = 10, batch 10, on an H100).
 fn input_grad_by_columns<B: Backend>(
     dy: FloatTensor<B>,
     weight: FloatTensor<B>,
@@ -443,15 +441,36 @@ fn input_grad_by_columns<B: Backend>(
     dx
 }
 
-/// Whether the environment sets `FEDWEAVE_GROUPED_DX=columns` (read once).
-fn input_grad_by_columns_asked() -> bool {
+/// Whether dx of a convolution with output gradient `dy` (`[n, g·o, oh,
+/// ow]`) and `weight` (`[g·o, c, k, k]`) takes [`input_grad_by_columns`]:
+/// when the environment sets `FEDWEAVE_GROUPED_DX=columns` (read once; a
+/// GPU experiment, unmeasured), for a stride-1 square window with `p < k`
+/// whose lowering, judged on the output gradient's own columns, is
+/// [`Lowering::Columns`].
+fn input_grad_takes_columns<B: Backend>(
+    dy: [usize; 4],
+    weight: [usize; 4],
+    stride: usize,
+    padding: usize,
+    groups: usize,
+) -> bool {
     static ASKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ASKED.get_or_init(|| std::env::var("FEDWEAVE_GROUPED_DX").as_deref() == Ok("columns"))
+    let asked =
+        *ASKED.get_or_init(|| std::env::var("FEDWEAVE_GROUPED_DX").as_deref() == Ok("columns"));
+    let [go, c, k, kw] = weight;
+    if !asked || stride != 1 || k != kw || padding >= k {
+        return false;
+    }
+    let turned = [groups * c, go / groups, k, k];
+    let columns = column_len(dy, turned, 1, k - 1 - padding);
+    lowering::<B>(groups, columns) == Lowering::Columns
 }
 
 /// The backward step of [`GroupedConv::conv2d_grouped`] with (`N` = 3)
 /// or without (`N` = 2) a bias: dx through burn's data gradient (one
-/// transposed convolution), dW by [`weight_grad`], the bias gradient a sum.
+/// transposed convolution) or, when asked, [`input_grad_by_columns`]; dW by
+/// the columns or [`weight_grad`] (the backend's [`Lowering`]); the bias
+/// gradient a sum.
 #[derive(Debug)]
 struct GroupedBackward<const N: usize>;
 
@@ -495,18 +514,10 @@ fn register<B: Backend>(
         let t = B::float_sum_dim(B::float_sum_dim(t, 2), 0);
         grads.register::<B>(id, B::float_reshape(t, Shape::new([go])));
     }
-    let columns = column_len(x.shape().dims(), shape, stride, padding);
     if let Some(id) = id_x {
-        let [n, _, h, w] = x.shape().dims::<4>();
-        let go = dy.shape().dims::<4>()[1];
-        // The output gradient's columns: every input position under the window.
-        let dy_columns = n * go * shape[2] * shape[3] * h * w;
-        let by_columns = input_grad_by_columns_asked()
-            && lowering::<B>(groups, dy_columns) == Lowering::Columns
-            && stride == 1
-            && shape[2] == shape[3]
-            && padding < shape[2];
-        let dx = if by_columns {
+        let [_, _, h, w] = x.shape().dims::<4>();
+        let dx = if input_grad_takes_columns::<B>(dy.shape().dims(), shape, stride, padding, groups)
+        {
             input_grad_by_columns::<B>(dy.clone(), weight, [h, w], padding, groups)
         } else {
             B::conv2d_x_backward(
@@ -519,6 +530,7 @@ fn register<B: Backend>(
         grads.register::<B>(id, dx);
     }
     if let Some(id) = id_w {
+        let columns = column_len(x.shape().dims(), shape, stride, padding);
         let dw = if groups == 1 || lowering::<B>(groups, columns) == Lowering::Columns {
             weight_grad_by_columns::<B>(x, dy, shape, stride, padding, groups)
         } else {
@@ -758,6 +770,17 @@ mod tests {
         let cnn_bn = column_len([10, 320, 12, 12], [640, 32, 5, 5], 1, 0);
         assert_eq!(cnn_bn, 10 * 320 * 25 * 64);
         assert_eq!(lowering::<Dispatch>(10, cnn_bn), Lowering::Columns);
+        // The input gradient by columns only when asked for.
+        if std::env::var_os("FEDWEAVE_GROUPED_DX").is_none() {
+            let dy = [10, 640, 8, 8];
+            assert!(!input_grad_takes_columns::<Dispatch>(
+                dy,
+                [640, 32, 5, 5],
+                1,
+                0,
+                10
+            ));
+        }
     }
 
     /// Without a bias the operation's third parent is absent, so the
