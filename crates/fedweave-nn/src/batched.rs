@@ -45,7 +45,7 @@
 use crate::NnError;
 use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
-use crate::kernels::{REPLAYABLE, assign, assign_rows, conv2d, sgd_momentum};
+use crate::kernels::{REPLAYABLE, assign, assign_rows, conv2d, masked_batch_norm, sgd_momentum};
 use crate::model::{BN_EPS, ModelSpec, channel_sums};
 use crate::resident::{BatchStats, LossLog, RunningStats};
 use crate::train::{TrainConfig, TrainStats};
@@ -78,8 +78,8 @@ pub struct BatchedTrainer<'a> {
     /// The clients' samples kept on the device (see
     /// [`keep_samples_on_device`](BatchedTrainer::keep_samples_on_device)).
     resident: Option<Resident<'a>>,
-    /// How batch norm broadcasts its per-channel operands on this device.
-    broadcast: ChannelBroadcast,
+    /// How batch norm is lowered on this device.
+    norm: BatchedNorm,
 }
 
 /// The clients' samples on the device: client c's local sample k is row
@@ -323,7 +323,7 @@ impl<'a> BatchedTrainer<'a> {
             )));
         }
         let inner = device.clone().inner();
-        let broadcast = channel_broadcast(inner == Device::flex());
+        let norm = batched_norm(inner == Device::flex());
         let stacked: Vec<Tensor<2>> = layout
             .tensors()
             .iter()
@@ -348,7 +348,7 @@ impl<'a> BatchedTrainer<'a> {
             losses: LossLog::default(),
             logged_sizes: Vec::new(),
             resident: None,
-            broadcast,
+            norm,
         })
     }
 
@@ -575,7 +575,7 @@ impl<'a> BatchedTrainer<'a> {
             k,
             step,
             record: &mut record,
-            broadcast: self.broadcast,
+            norm: self.norm,
         };
         let logits = spec
             .net()
@@ -822,7 +822,7 @@ pub(crate) struct BatchedCx<'a> {
     step: &'a Step,
     /// Batch-norm statistics over `K·C` channels, in order.
     record: &'a mut Vec<BatchStats>,
-    broadcast: ChannelBroadcast,
+    norm: BatchedNorm,
 }
 
 impl BatchedCx<'_> {
@@ -846,9 +846,9 @@ impl BatchedCx<'_> {
             k,
             step,
             record,
-            broadcast,
+            norm,
         } = self;
-        batch_norm(y, stack, i, step, *k, record, *broadcast)
+        batch_norm(y, stack, i, step, *k, record, *norm)
     }
 }
 
@@ -861,15 +861,26 @@ fn batch_norm(
     step: &Step,
     k: usize,
     record: &mut Vec<BatchStats>,
-    broadcast: ChannelBroadcast,
+    norm: BatchedNorm,
 ) -> Tensor<4> {
     let [_, kc, h, w] = y.dims();
+    if norm == BatchedNorm::Kernel {
+        let (out, mean, var) = masked_batch_norm(
+            y,
+            p.leaves[i].clone().reshape([kc]),
+            p.leaves[i + 1].clone().reshape([kc]),
+            step.valid.clone().inner(),
+            step.sizes.clone().inner(),
+            BN_EPS,
+        );
+        record.push(BatchStats::of(&mean, &var, h * w));
+        return out;
+    }
     let mask = step.channel_mask(k, kc / k);
     let counts = step.channel_counts(k, kc / k, h * w);
     let mean = channel_sums(y.clone() * mask.clone()).div(counts.clone());
     // One row of ones for the layer's four operands.
-    let ones = (broadcast == ChannelBroadcast::Product)
-        .then(|| Tensor::<2>::ones([1, h * w], &y.device()));
+    let ones = (norm == BatchedNorm::Product).then(|| Tensor::<2>::ones([1, h * w], &y.device()));
     let spread = |v: Tensor<4>| match &ones {
         None => v,
         Some(ones) => spread_over_plane(v, ones, [h, w]),
@@ -880,37 +891,44 @@ fn batch_norm(
     centred / spread((var + BN_EPS).sqrt()) * spread(p.channel(i)) + spread(p.channel(i + 1))
 }
 
-/// How batch norm's per-channel operands (`[1, C, 1, 1]`) meet the
-/// `[B, C, H, W]` activations.
+/// How the batched trainer's batch norm is lowered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ChannelBroadcast {
-    /// Broadcast by the element-wise operations. Under autodiff each
+enum BatchedNorm {
+    /// burn's operations, the per-channel operands (`[1, C, 1, 1]`)
+    /// broadcast by the element-wise operations. Under autodiff each
     /// operand's gradient is then a sum over the batch and the plane, which
     /// burn-cubecl runs on two blocks of 256 threads: ~130 µs each at
     /// `cnn-bn`'s first layer with K = 10, batch 10 (Nsight Compute on an
     /// H100, docs/results.md "GPU, session 24"). The CPU's choice.
     Implicit,
-    /// Spread over the plane first by a product with ones
-    /// ([`spread_over_plane`]): the gradient is a product too, and the sum
-    /// left over the batch is one of many contiguous outputs. The GPU's
-    /// choice: +11 % client-steps/s for `cnn-bn` (K = 10, batch 10) with the
-    /// columns' convolutions on an H200 (docs/results.md, "GPU, session 44").
+    /// burn's operations, the operands spread over the plane first by a
+    /// product with ones ([`spread_over_plane`]): the gradient is a product
+    /// too, and the sum left over the batch is one of many contiguous
+    /// outputs. +11 % client-steps/s over `Implicit` for `cnn-bn` (K = 10,
+    /// batch 10) with the columns' convolutions on an H200 (docs/results.md,
+    /// "GPU, session 44").
     Product,
+    /// One operation with a hand-written backward step
+    /// ([`masked_batch_norm`]): on the cube backends one kernel each way
+    /// per layer instead of ~50 launches. The choice off the CPU.
+    Kernel,
 }
 
-/// The broadcast for tensors on the CPU or off it, unless the environment
-/// sets `FEDWEAVE_BN_BROADCAST=implicit|product` (read once, to compare).
-fn channel_broadcast(cpu: bool) -> ChannelBroadcast {
-    static CHOICE: std::sync::OnceLock<Option<ChannelBroadcast>> = std::sync::OnceLock::new();
-    let chosen = *CHOICE.get_or_init(|| match std::env::var("FEDWEAVE_BN_BROADCAST").as_deref() {
-        Ok("product") => Some(ChannelBroadcast::Product),
-        Ok("implicit") => Some(ChannelBroadcast::Implicit),
+/// The lowering for tensors on the CPU or off it, unless the environment
+/// sets `FEDWEAVE_BATCHED_BN=implicit|product|kernel` (read once, to
+/// compare).
+fn batched_norm(cpu: bool) -> BatchedNorm {
+    static CHOICE: std::sync::OnceLock<Option<BatchedNorm>> = std::sync::OnceLock::new();
+    let chosen = *CHOICE.get_or_init(|| match std::env::var("FEDWEAVE_BATCHED_BN").as_deref() {
+        Ok("implicit") => Some(BatchedNorm::Implicit),
+        Ok("product") => Some(BatchedNorm::Product),
+        Ok("kernel") => Some(BatchedNorm::Kernel),
         _ => None,
     });
     match chosen {
         Some(c) => c,
-        None if cpu => ChannelBroadcast::Implicit,
-        None => ChannelBroadcast::Product,
+        None if cpu => BatchedNorm::Implicit,
+        None => BatchedNorm::Kernel,
     }
 }
 
@@ -1219,56 +1237,61 @@ mod tests {
         }
     }
 
-    /// Batch norm's operands are spread by a product off the CPU only; a
-    /// CPU trainer takes the plain broadcast.
+    /// Off the CPU batch norm is one operation; a CPU trainer takes burn's
+    /// operations with the plain broadcast.
     #[test]
-    fn the_product_spread_is_for_devices_off_the_cpu() {
-        if std::env::var_os("FEDWEAVE_BN_BROADCAST").is_some() {
+    fn the_batch_norm_kernel_is_for_devices_off_the_cpu() {
+        if std::env::var_os("FEDWEAVE_BATCHED_BN").is_some() {
             return; // set for a comparison run
         }
-        assert_eq!(channel_broadcast(true), ChannelBroadcast::Implicit);
-        assert_eq!(channel_broadcast(false), ChannelBroadcast::Product);
-        assert_eq!(
-            ThreeClients::new().trainer().broadcast,
-            ChannelBroadcast::Implicit
-        );
+        assert_eq!(batched_norm(true), BatchedNorm::Implicit);
+        assert_eq!(batched_norm(false), BatchedNorm::Kernel);
+        assert_eq!(ThreeClients::new().trainer().norm, BatchedNorm::Implicit);
     }
 
-    /// Batch norm's operands spread by a product (the GPU's choice) train
-    /// what the implicit broadcast trains on the CPU. The forward pass is
-    /// the same bits (a product by one), so after one step the running
-    /// statistics are equal and the parameters differ by the gradient sums'
-    /// rounding alone; over a round of ten steps that drift grows, within
-    /// 1e-4 (parameters) and 1e-3 (statistics) relative.
+    /// The GPU's lowerings of batch norm train what the implicit broadcast
+    /// trains on the CPU (with clients resting on some steps and short
+    /// batches on others). Spread by a product the forward pass is the same
+    /// bits (a product by one), so after one step the running statistics
+    /// are equal and the parameters differ by the gradient sums' rounding
+    /// alone. As one operation ([`masked_batch_norm`], here its CPU form)
+    /// the statistics are the same sums and the gradient the closed form,
+    /// with the same bounds (measured: 4e-7 after one step; 2e-5 and 4e-4
+    /// after ten). Over a round of ten steps the drift grows, within 1e-4
+    /// (parameters) and 1e-3 (statistics) relative.
     #[test]
-    fn batch_norm_spread_by_a_product_trains_as_broadcast() {
+    fn batch_norm_lowerings_train_as_the_broadcast() {
         let f = ThreeClients::new();
         let data = f.data();
-        for (steps, params_bound, buffers_bound) in [(1, 1e-6, 0.0), (f.drawn.len(), 1e-4, 1e-3)] {
-            let (mut implicit, mut product) = (f.trainer(), f.trainer());
-            assert_eq!(implicit.broadcast, ChannelBroadcast::Implicit);
-            product.broadcast = ChannelBroadcast::Product;
-            for t in [&mut implicit, &mut product] {
-                let plan = t.plan(&data, &f.drawn[..steps]);
-                t.train_plan(&plan, 0.05, false).unwrap();
-            }
-            for c in 0..3 {
-                let (p1, b1) = f.stored(&implicit, c);
-                let (p2, b2) = f.stored(&product, c);
-                assert_ne!(p1, f.inits[c], "client {c} trained");
-                for (what, a, b, bound) in [
-                    ("parameters", &p1, &p2, params_bound),
-                    ("statistics", &b1, &b2, buffers_bound),
-                ] {
-                    let worst = a
-                        .iter()
-                        .zip(b)
-                        .map(|(u, v)| (u - v).abs() / u.abs().max(1e-2))
-                        .fold(0.0f32, f32::max);
-                    assert!(
-                        worst <= bound,
-                        "{steps} steps, client {c}'s {what}: relative difference {worst}"
-                    );
+        for norm in [BatchedNorm::Product, BatchedNorm::Kernel] {
+            for (steps, params_bound, buffers_bound) in
+                [(1, 1e-6, 0.0), (f.drawn.len(), 1e-4, 1e-3)]
+            {
+                let (mut implicit, mut other) = (f.trainer(), f.trainer());
+                assert_eq!(implicit.norm, BatchedNorm::Implicit);
+                other.norm = norm;
+                for t in [&mut implicit, &mut other] {
+                    let plan = t.plan(&data, &f.drawn[..steps]);
+                    t.train_plan(&plan, 0.05, false).unwrap();
+                }
+                for c in 0..3 {
+                    let (p1, b1) = f.stored(&implicit, c);
+                    let (p2, b2) = f.stored(&other, c);
+                    assert_ne!(p1, f.inits[c], "client {c} trained");
+                    for (what, a, b, bound) in [
+                        ("parameters", &p1, &p2, params_bound),
+                        ("statistics", &b1, &b2, buffers_bound),
+                    ] {
+                        let worst = a
+                            .iter()
+                            .zip(b)
+                            .map(|(u, v)| (u - v).abs() / u.abs().max(1e-2))
+                            .fold(0.0f32, f32::max);
+                        assert!(
+                            worst <= bound,
+                            "{norm:?}, {steps} steps, client {c}'s {what}: relative difference {worst}"
+                        );
+                    }
                 }
             }
         }

@@ -33,6 +33,7 @@ mod conv;
 mod dense;
 mod grouped;
 mod in_place;
+mod masked_batch_norm;
 mod pool;
 mod sgd;
 mod vectors;
@@ -285,6 +286,7 @@ pub(crate) fn on_cpu<const D: usize>(x: &Tensor<D>) -> bool {
 }
 
 pub(crate) use in_place::{REPLAYABLE, assign, assign_rows};
+pub(crate) use masked_batch_norm::masked_batch_norm;
 pub(crate) use sgd::{Sgd, sgd_momentum};
 
 /// A training-mode batch norm of the dispatching backend: `(y, gamma,
