@@ -45,7 +45,7 @@
 use crate::NnError;
 use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
-use crate::kernels::{REPLAYABLE, assign, assign_rows, conv2d, masked_batch_norm, sgd_momentum};
+use crate::kernels::{REPLAYABLE, assign, conv2d, masked_batch_norm, sgd_momentum_rows};
 use crate::model::{BN_EPS, ModelSpec, channel_sums};
 use crate::resident::{BatchStats, LossLog, RunningStats};
 use crate::train::{TrainConfig, TrainStats};
@@ -629,9 +629,7 @@ impl<'a> BatchedTrainer<'a> {
     fn update(&mut self, grad: Vec<Tensor<2>>, active: &Tensor<1>, lr: f32) {
         let hyper = self.sgd.with_lr(lr);
         for ((theta, buf), g) in self.params.iter_mut().zip(&mut self.momentum).zip(grad) {
-            let (new_theta, new_buf) = sgd_momentum(theta.clone(), buf.clone(), g, hyper);
-            assign_rows(theta, new_theta, active);
-            assign_rows(buf, new_buf, active);
+            sgd_momentum_rows(theta, buf, g, active, hyper);
         }
     }
 

@@ -14,7 +14,7 @@
 //! the CPU backend's results are bit-identical to the former host-side
 //! updates (the goldens pin them).
 
-use crate::kernels::assign_rows;
+use crate::kernels::{assign_rows, fold_running_rows};
 use crate::model::{BN_MOMENTUM, ModelSpec};
 use burn::tensor::{Device, Tensor, TensorData};
 
@@ -126,6 +126,10 @@ impl RunningStats {
         }
         assert_eq!(record.len(), self.layers.len(), "one record per batch norm");
         for ((rm, rv), stats) in self.layers.iter_mut().zip(record) {
+            let batch = (stats.mean.clone(), stats.var.clone());
+            if fold_running_rows(rm, rv, batch, sizes, stats.per_sample, BN_MOMENTUM).is_some() {
+                continue;
+            }
             let rows = rm.dims()[0];
             let count = sizes.clone().mul_scalar(stats.per_sample as f32);
             let unbias = count

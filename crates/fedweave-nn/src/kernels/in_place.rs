@@ -10,6 +10,7 @@
 //! selection as a new tensor (so the CPU's results are those of
 //! `mask_where`, bit for bit).
 
+use super::sgd::{Sgd, SgdStep};
 use burn::backend::tensor::{BoolTensor, FloatTensor};
 use burn::backend::{Backend, Dispatch, Flex, backend_extension, get_or_init_device_settings};
 use burn::tensor::{Shape, Tensor};
@@ -28,6 +29,42 @@ pub trait InPlace: Backend {
         src: FloatTensor<Self>,
         active: FloatTensor<Self>,
     ) -> FloatTensor<Self>;
+
+    /// One momentum-SGD step ([`SgdStep::sgd_momentum`]) of the stacked
+    /// `theta` and `buf` (`[rows, len]`) along `grad`, kept only in the rows
+    /// where `active` is not 0: the update followed by
+    /// [`assign_rows`](Self::assign_rows) of both. On the cube backends one
+    /// kernel writing θ and the buffer where they are (three launches
+    /// before).
+    fn sgd_momentum_rows(
+        theta: FloatTensor<Self>,
+        buf: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        active: FloatTensor<Self>,
+        hyper: Sgd,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// Batch-norm running statistics `mean` and `var` (`[rows, C]`) folded
+    /// with one step's batch statistics (`batch_mean`, `batch_var`, `[rows
+    /// · C]`) as PyTorch does, in their buffers, for the rows whose client
+    /// took the step (`sizes[r]` valid samples of `per_sample` values per
+    /// channel; 0: resting): `mean ← (1 − m)·mean + m·batch_mean`, `var ←
+    /// (1 − m)·var + m·batch_var·n/(n − 1)` with n = `sizes[r]·per_sample`
+    /// (factor 1 when n ≤ 1). `None` where the backend has no such kernel:
+    /// the caller composes it (`RunningStats::fold_rows`, the CPU's bits).
+    /// On the cube backends one kernel instead of fourteen launches.
+    #[allow(clippy::too_many_arguments)]
+    fn fold_running_rows(
+        _mean: FloatTensor<Self>,
+        _var: FloatTensor<Self>,
+        _batch_mean: FloatTensor<Self>,
+        _batch_var: FloatTensor<Self>,
+        _sizes: FloatTensor<Self>,
+        _per_sample: usize,
+        _momentum: f32,
+    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
+        None
+    }
 }
 
 /// Whether a step built from these assignments can be replayed from a
@@ -59,6 +96,66 @@ pub(crate) fn assign<const D: usize>(dst: &mut Tensor<D>, src: Tensor<D>, one: &
     *dst = flat.reshape(dims);
 }
 
+/// `*theta` and `*buf` after [`InPlace::sgd_momentum_rows`]; on the cube
+/// backends both keep their buffers.
+pub(crate) fn sgd_momentum_rows(
+    theta: &mut Tensor<2>,
+    buf: &mut Tensor<2>,
+    grad: Tensor<2>,
+    active: &Tensor<1>,
+    hyper: Sgd,
+) {
+    debug_assert_eq!(theta.dims(), grad.dims(), "gradient of another shape");
+    let (t, b) = <Dispatch as InPlace>::sgd_momentum_rows(
+        theta.clone().into_dispatch(),
+        buf.clone().into_dispatch(),
+        grad.into_dispatch(),
+        active.clone().into_dispatch(),
+        hyper,
+    );
+    *theta = Tensor::from_dispatch(t);
+    *buf = Tensor::from_dispatch(b);
+}
+
+/// [`InPlace::fold_running_rows`] on the dispatching backend: `None` when
+/// it has no kernel for it.
+pub(crate) fn fold_running_rows(
+    mean: &mut Tensor<2>,
+    var: &mut Tensor<2>,
+    batch: (Tensor<1>, Tensor<1>),
+    sizes: &Tensor<1>,
+    per_sample: usize,
+    momentum: f32,
+) -> Option<()> {
+    let (m, v) = <Dispatch as InPlace>::fold_running_rows(
+        mean.clone().into_dispatch(),
+        var.clone().into_dispatch(),
+        batch.0.into_dispatch(),
+        batch.1.into_dispatch(),
+        sizes.clone().into_dispatch(),
+        per_sample,
+        momentum,
+    )?;
+    *mean = Tensor::from_dispatch(m);
+    *var = Tensor::from_dispatch(v);
+    Some(())
+}
+
+/// [`InPlace::sgd_momentum_rows`] as the update, then the selection of both.
+fn sgd_then_selected<B: InPlace + SgdStep>(
+    theta: FloatTensor<B>,
+    buf: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    active: FloatTensor<B>,
+    hyper: Sgd,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let (new_theta, new_buf) = B::sgd_momentum(theta.clone(), buf.clone(), grad, hyper);
+    (
+        B::assign_rows(theta, new_theta, active.clone()),
+        B::assign_rows(buf, new_buf, active),
+    )
+}
+
 /// The selection as burn's operations.
 fn selected<B: Backend>(
     dst: FloatTensor<B>,
@@ -85,6 +182,16 @@ macro_rules! selected_assign {
             ) -> FloatTensor<Self> {
                 selected::<Self>(dst, src, active)
             }
+
+            fn sgd_momentum_rows(
+                theta: FloatTensor<Self>,
+                buf: FloatTensor<Self>,
+                grad: FloatTensor<Self>,
+                active: FloatTensor<Self>,
+                hyper: Sgd,
+            ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+                sgd_then_selected::<Self>(theta, buf, grad, active, hyper)
+            }
         }
     };
 }
@@ -97,10 +204,11 @@ selected_assign!(burn::backend::Cube);
 
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube {
-    use super::{InPlace, selected};
+    use super::{InPlace, Sgd, selected, sgd_then_selected};
     use burn::backend::tensor::FloatTensor;
     use burn::tensor::DType;
     use burn_cubecl::CubeBackend;
+    use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::ir::FloatKind;
     use cubecl::prelude::*;
@@ -125,7 +233,185 @@ mod cube {
         }
     }
 
+    /// One thread per element: the update of `sgd::sgd_momentum_kernel`
+    /// (the same roundings in the same order), written over θ and the
+    /// buffer when the element's row is active.
+    #[cube(launch_unchecked, address_type = "dynamic")]
+    #[allow(clippy::too_many_arguments)]
+    fn sgd_momentum_rows_kernel<F: Float>(
+        grad: &Tensor<F>,
+        active: &Tensor<F>,
+        theta: &mut Tensor<F>,
+        buf: &mut Tensor<F>,
+        row_len: usize,
+        lr: InputScalar,
+        momentum: InputScalar,
+        weight_decay: InputScalar,
+        #[define(F)] _dtype: ElemType,
+    ) {
+        if ABSOLUTE_POS >= theta.len() {
+            terminate!();
+        }
+        if active[ABSOLUTE_POS / row_len] != F::new(0.0) {
+            let t = theta[ABSOLUTE_POS];
+            let g = grad[ABSOLUTE_POS] + t * weight_decay.get::<F>();
+            let b = buf[ABSOLUTE_POS] * momentum.get::<F>() + g;
+            buf[ABSOLUTE_POS] = b;
+            theta[ABSOLUTE_POS] = t - b * lr.get::<F>();
+        }
+    }
+
+    /// One thread per running statistic: `RunningStats::fold_rows`'s
+    /// arithmetic (the same roundings in the same order) written in place
+    /// where the row's client took the step.
+    #[cube(launch_unchecked, address_type = "dynamic")]
+    #[allow(clippy::too_many_arguments)]
+    fn fold_running_rows_kernel<F: Float>(
+        batch_mean: &Tensor<F>,
+        batch_var: &Tensor<F>,
+        sizes: &Tensor<F>,
+        mean: &mut Tensor<F>,
+        var: &mut Tensor<F>,
+        row_len: usize,
+        per_sample: InputScalar,
+        momentum: InputScalar,
+        keep: InputScalar,
+        #[define(F)] _dtype: ElemType,
+    ) {
+        if ABSOLUTE_POS >= mean.len() {
+            terminate!();
+        }
+        let size = sizes[ABSOLUTE_POS / row_len];
+        if size != F::new(0.0) {
+            let m = momentum.get::<F>();
+            let count = size * per_sample.get::<F>();
+            let mut unbias = F::new(1.0);
+            if count > F::new(1.0) {
+                unbias = count / (count - F::new(1.0));
+            }
+            let i = ABSOLUTE_POS;
+            mean[i] = mean[i] * keep.get::<F>() + batch_mean[i] * m;
+            var[i] = var[i] * keep.get::<F>() + batch_var[i] * m * unbias;
+        }
+    }
+
     impl InPlace for CubeBackend {
+        fn fold_running_rows(
+            mean: CubeTensor,
+            var: CubeTensor,
+            batch_mean: CubeTensor,
+            batch_var: CubeTensor,
+            sizes: CubeTensor,
+            per_sample: usize,
+            momentum: f32,
+        ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
+            let shape = mean.meta.shape().clone();
+            let [rows, len] = shape.dims::<2>();
+            let n = rows * len;
+            let fits = [&mean, &var, &batch_mean, &batch_var, &sizes]
+                .iter()
+                .all(|t| t.dtype == DType::F32)
+                && *var.meta.shape() == shape
+                && batch_mean.meta.shape().num_elements() == n
+                && batch_var.meta.shape().num_elements() == n
+                && sizes.meta.shape().num_elements() == rows
+                && mean.is_contiguous()
+                && var.is_contiguous();
+            if !fits || n == 0 {
+                return None;
+            }
+            let [batch_mean, batch_var, sizes] =
+                [batch_mean, batch_var, sizes].map(into_contiguous);
+            let client = mean.client.clone();
+            let address = [&mean, &var]
+                .iter()
+                .map(|t| t.required_address_type())
+                .max()
+                .unwrap_or_default();
+            let cube_dim = CubeDim::new(&client, n);
+            let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
+            let elem = ElemType::Float(FloatKind::F32);
+            let scalar = |v: f32| InputScalar::new(v, elem);
+            // SAFETY: all five are contiguous; the statistics hold `n`
+            // elements and `sizes` `rows`, read at `pos / len`. Each thread
+            // reads and writes only its own element of `mean` and `var`.
+            unsafe {
+                fold_running_rows_kernel::launch_unchecked(
+                    &client,
+                    cube_count,
+                    cube_dim,
+                    address,
+                    batch_mean.into_tensor_arg(),
+                    batch_var.into_tensor_arg(),
+                    sizes.into_tensor_arg(),
+                    mean.clone().into_tensor_arg(),
+                    var.clone().into_tensor_arg(),
+                    len,
+                    scalar(per_sample as f32),
+                    scalar(momentum),
+                    scalar(1.0 - momentum),
+                    elem,
+                );
+            }
+            Some((mean, var))
+        }
+
+        fn sgd_momentum_rows(
+            theta: CubeTensor,
+            buf: CubeTensor,
+            grad: CubeTensor,
+            active: CubeTensor,
+            hyper: Sgd,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+            let shape = theta.meta.shape().clone();
+            let [rows, len] = shape.dims::<2>();
+            let fits = [&theta, &buf, &grad, &active]
+                .iter()
+                .all(|t| t.dtype == DType::F32)
+                && *buf.meta.shape() == shape
+                && *grad.meta.shape() == shape
+                && active.meta.shape().num_elements() == rows
+                && theta.is_contiguous()
+                && buf.is_contiguous();
+            if !fits || rows * len == 0 {
+                return sgd_then_selected::<Self>(theta, buf, grad, active, hyper);
+            }
+            let (grad, active) = (into_contiguous(grad), into_contiguous(active));
+            let n = rows * len;
+            let client = theta.client.clone();
+            let address = [&theta, &buf, &grad]
+                .iter()
+                .map(|t| t.required_address_type())
+                .max()
+                .unwrap_or_default();
+            let cube_dim = CubeDim::new(&client, n);
+            let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
+            let elem = ElemType::Float(FloatKind::F32);
+            let scalar = |v: f32| InputScalar::new(v, elem);
+            // SAFETY: all four are contiguous; `theta`, `buf` and `grad`
+            // hold `n` elements and `active` `rows`, read at `pos / len`.
+            // Each thread reads and writes only its own element of θ and
+            // the buffer.
+            unsafe {
+                sgd_momentum_rows_kernel::launch_unchecked(
+                    &client,
+                    cube_count,
+                    cube_dim,
+                    address,
+                    grad.into_tensor_arg(),
+                    active.into_tensor_arg(),
+                    theta.clone().into_tensor_arg(),
+                    buf.clone().into_tensor_arg(),
+                    len,
+                    scalar(hyper.lr),
+                    scalar(hyper.momentum),
+                    scalar(hyper.weight_decay),
+                    elem,
+                );
+            }
+            (theta, buf)
+        }
+
         fn assign_rows(dst: CubeTensor, src: CubeTensor, active: CubeTensor) -> FloatTensor<Self> {
             let shape = dst.meta.shape().clone();
             let [rows, len] = shape.dims::<2>();

@@ -26,8 +26,6 @@
 //!   the chain rule through the composition exactly (`S₃` is zero up to
 //!   rounding, and kept so the two agree to rounding).
 
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
-use burn::backend::Cube;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;

@@ -285,7 +285,7 @@ pub(crate) fn on_cpu<const D: usize>(x: &Tensor<D>) -> bool {
     x.device().inner() == Device::flex()
 }
 
-pub(crate) use in_place::{REPLAYABLE, assign, assign_rows};
+pub(crate) use in_place::{REPLAYABLE, assign, assign_rows, fold_running_rows, sgd_momentum_rows};
 pub(crate) use masked_batch_norm::masked_batch_norm;
 pub(crate) use sgd::{Sgd, sgd_momentum};
 
