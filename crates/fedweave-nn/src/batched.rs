@@ -45,7 +45,10 @@
 use crate::NnError;
 use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
-use crate::kernels::{REPLAYABLE, assign, conv2d, masked_batch_norm, sgd_momentum_rows};
+use crate::kernels::{
+    REPLAYABLE, assign, conv2d, env_choice, masked_batch_norm, sgd_momentum_rows,
+    weighted_cross_entropy,
+};
 use crate::model::{BN_EPS, ModelSpec, channel_sums};
 use crate::resident::{BatchStats, LossLog, RunningStats};
 use crate::train::{TrainConfig, TrainStats};
@@ -80,6 +83,8 @@ pub struct BatchedTrainer<'a> {
     resident: Option<Resident<'a>>,
     /// How batch norm is lowered on this device.
     norm: BatchedNorm,
+    /// How the loss is lowered on this device.
+    loss: BatchedLoss,
 }
 
 /// The clients' samples on the device: client c's local sample k is row
@@ -323,7 +328,8 @@ impl<'a> BatchedTrainer<'a> {
             )));
         }
         let inner = device.clone().inner();
-        let norm = batched_norm(inner == Device::flex());
+        let cpu = inner == Device::flex();
+        let (norm, loss) = (batched_norm(cpu), batched_loss(cpu));
         let stacked: Vec<Tensor<2>> = layout
             .tensors()
             .iter()
@@ -349,6 +355,7 @@ impl<'a> BatchedTrainer<'a> {
             logged_sizes: Vec::new(),
             resident: None,
             norm,
+            loss,
         })
     }
 
@@ -583,12 +590,15 @@ impl<'a> BatchedTrainer<'a> {
             .expect("checked by BatchedTrainer::new")
             .forward(&mut cx, x.autodiff());
         // Σ_k Σ_b −w_kb·log p(y_kb): per client its mean cross-entropy.
-        let per_client = log_softmax(logits, 2)
-            .mul(target)
-            .sum_dim(2)
-            .sum_dim(1)
-            .neg()
-            .reshape([k]);
+        let per_client = match self.loss {
+            BatchedLoss::Kernel => weighted_cross_entropy(logits, target),
+            BatchedLoss::Composed => log_softmax(logits, 2)
+                .mul(target)
+                .sum_dim(2)
+                .sum_dim(1)
+                .neg()
+                .reshape([k]),
+        };
         let loss = per_client.clone().sum();
         let grads = loss.backward();
         let grad: Vec<Tensor<2>> = leaves
@@ -917,16 +927,52 @@ enum BatchedNorm {
 /// compare).
 fn batched_norm(cpu: bool) -> BatchedNorm {
     static CHOICE: std::sync::OnceLock<Option<BatchedNorm>> = std::sync::OnceLock::new();
-    let chosen = *CHOICE.get_or_init(|| match std::env::var("FEDWEAVE_BATCHED_BN").as_deref() {
-        Ok("implicit") => Some(BatchedNorm::Implicit),
-        Ok("product") => Some(BatchedNorm::Product),
-        Ok("kernel") => Some(BatchedNorm::Kernel),
-        _ => None,
+    let chosen = *CHOICE.get_or_init(|| {
+        env_choice(
+            "FEDWEAVE_BATCHED_BN",
+            &[
+                ("implicit", BatchedNorm::Implicit),
+                ("product", BatchedNorm::Product),
+                ("kernel", BatchedNorm::Kernel),
+            ],
+        )
     });
     match chosen {
         Some(c) => c,
         None if cpu => BatchedNorm::Implicit,
         None => BatchedNorm::Kernel,
+    }
+}
+
+/// How the batched trainer's loss (each client's cross-entropy) is lowered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BatchedLoss {
+    /// burn's log-softmax, product and sums, differentiated by autodiff:
+    /// the CPU's choice.
+    Composed,
+    /// One operation with a hand-written backward step
+    /// ([`weighted_cross_entropy`]): on the cube backends one kernel each
+    /// way instead of ~25 launches. The choice off the CPU.
+    Kernel,
+}
+
+/// The loss's lowering on the CPU or off it, unless the environment sets
+/// `FEDWEAVE_BATCHED_LOSS=composed|kernel` (read once, to compare).
+fn batched_loss(cpu: bool) -> BatchedLoss {
+    static CHOICE: std::sync::OnceLock<Option<BatchedLoss>> = std::sync::OnceLock::new();
+    let chosen = *CHOICE.get_or_init(|| {
+        env_choice(
+            "FEDWEAVE_BATCHED_LOSS",
+            &[
+                ("composed", BatchedLoss::Composed),
+                ("kernel", BatchedLoss::Kernel),
+            ],
+        )
+    });
+    match chosen {
+        Some(c) => c,
+        None if cpu => BatchedLoss::Composed,
+        None => BatchedLoss::Kernel,
     }
 }
 
@@ -1235,45 +1281,69 @@ mod tests {
         }
     }
 
-    /// Off the CPU batch norm is one operation; a CPU trainer takes burn's
-    /// operations with the plain broadcast.
+    /// Off the CPU batch norm and the loss are one operation each; a CPU
+    /// trainer takes burn's operations (batch norm's operands broadcast).
     #[test]
-    fn the_batch_norm_kernel_is_for_devices_off_the_cpu() {
-        if std::env::var_os("FEDWEAVE_BATCHED_BN").is_some() {
-            return; // set for a comparison run
+    fn the_kernels_are_for_devices_off_the_cpu() {
+        if std::env::var_os("FEDWEAVE_BATCHED_BN").is_none() {
+            assert_eq!(batched_norm(true), BatchedNorm::Implicit);
+            assert_eq!(batched_norm(false), BatchedNorm::Kernel);
+            assert_eq!(ThreeClients::new().trainer().norm, BatchedNorm::Implicit);
         }
-        assert_eq!(batched_norm(true), BatchedNorm::Implicit);
-        assert_eq!(batched_norm(false), BatchedNorm::Kernel);
-        assert_eq!(ThreeClients::new().trainer().norm, BatchedNorm::Implicit);
+        if std::env::var_os("FEDWEAVE_BATCHED_LOSS").is_none() {
+            assert_eq!(batched_loss(true), BatchedLoss::Composed);
+            assert_eq!(batched_loss(false), BatchedLoss::Kernel);
+            assert_eq!(ThreeClients::new().trainer().loss, BatchedLoss::Composed);
+        }
     }
 
-    /// The GPU's lowerings of batch norm train what the implicit broadcast
-    /// trains on the CPU (with clients resting on some steps and short
-    /// batches on others). Spread by a product the forward pass is the same
-    /// bits (a product by one), so after one step the running statistics
-    /// are equal and the parameters differ by the gradient sums' rounding
-    /// alone. As one operation ([`masked_batch_norm`], here its CPU form)
-    /// the statistics are the same sums and the gradient the closed form,
-    /// with the same bounds (measured: 4e-7 after one step; 2e-5 and 4e-4
-    /// after ten). Over a round of ten steps the drift grows, within 1e-4
-    /// (parameters) and 1e-3 (statistics) relative.
+    /// The GPU's lowerings train what the CPU's train (with clients resting
+    /// on some steps and short batches on others), here in their CPU forms:
+    /// batch norm's operands spread by a product (the forward pass the same
+    /// bits: a product by one), batch norm as one operation
+    /// ([`masked_batch_norm`]: the same sums, the gradient's closed form),
+    /// the loss as one operation ([`weighted_cross_entropy`]), and both
+    /// operations (the GPU's default). After one step the running
+    /// statistics are equal and the parameters differ by the gradients'
+    /// rounding alone (measured ≤ 4.2e-7); over a round of ten steps the
+    /// drift grows (measured ≤ 2.7e-5 and 3.6e-4), within 1e-4 (parameters)
+    /// and 1e-3 (statistics) relative.
     #[test]
-    fn batch_norm_lowerings_train_as_the_broadcast() {
+    fn gpu_lowerings_train_as_the_cpus() {
         let f = ThreeClients::new();
         let data = f.data();
-        for norm in [BatchedNorm::Product, BatchedNorm::Kernel] {
+        let lowerings = [
+            (BatchedNorm::Product, BatchedLoss::Composed),
+            (BatchedNorm::Kernel, BatchedLoss::Composed),
+            (BatchedNorm::Implicit, BatchedLoss::Kernel),
+            (BatchedNorm::Kernel, BatchedLoss::Kernel),
+        ];
+        for (norm, loss) in lowerings {
             for (steps, params_bound, buffers_bound) in
                 [(1, 1e-6, 0.0), (f.drawn.len(), 1e-4, 1e-3)]
             {
-                let (mut implicit, mut other) = (f.trainer(), f.trainer());
-                assert_eq!(implicit.norm, BatchedNorm::Implicit);
-                other.norm = norm;
-                for t in [&mut implicit, &mut other] {
-                    let plan = t.plan(&data, &f.drawn[..steps]);
-                    t.train_plan(&plan, 0.05, false).unwrap();
+                let (mut cpu, mut other) = (f.trainer(), f.trainer());
+                assert_eq!(
+                    (cpu.norm, cpu.loss),
+                    (BatchedNorm::Implicit, BatchedLoss::Composed)
+                );
+                (other.norm, other.loss) = (norm, loss);
+                let sums: Vec<Vec<f32>> = [&mut cpu, &mut other]
+                    .into_iter()
+                    .map(|t| {
+                        let plan = t.plan(&data, &f.drawn[..steps]);
+                        t.train_plan(&plan, 0.05, false).unwrap()
+                    })
+                    .collect();
+                let case = format!("{norm:?} and {loss:?}, {steps} steps");
+                for (a, b) in sums[0].iter().zip(&sums[1]) {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * a.abs().max(1.0),
+                        "{case}: losses {a} vs {b}"
+                    );
                 }
                 for c in 0..3 {
-                    let (p1, b1) = f.stored(&implicit, c);
+                    let (p1, b1) = f.stored(&cpu, c);
                     let (p2, b2) = f.stored(&other, c);
                     assert_ne!(p1, f.inits[c], "client {c} trained");
                     for (what, a, b, bound) in [
@@ -1287,7 +1357,7 @@ mod tests {
                             .fold(0.0f32, f32::max);
                         assert!(
                             worst <= bound,
-                            "{norm:?}, {steps} steps, client {c}'s {what}: relative difference {worst}"
+                            "{case}, client {c}'s {what}: relative difference {worst}"
                         );
                     }
                 }

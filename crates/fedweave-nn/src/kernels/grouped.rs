@@ -236,10 +236,11 @@ enum Lowering {
 /// a grid of 2 blocks on a GPU; docs/results.md, session 22).
 fn lowering_override() -> Option<Lowering> {
     static CHOICE: std::sync::OnceLock<Option<Lowering>> = std::sync::OnceLock::new();
-    *CHOICE.get_or_init(|| match std::env::var("FEDWEAVE_GROUPED_CONV").as_deref() {
-        Ok("columns") => Some(Lowering::Columns),
-        Ok("direct") => Some(Lowering::Direct),
-        _ => None,
+    *CHOICE.get_or_init(|| {
+        super::env_choice(
+            "FEDWEAVE_GROUPED_CONV",
+            &[("columns", Lowering::Columns), ("direct", Lowering::Direct)],
+        )
     })
 }
 

@@ -340,6 +340,7 @@ mod cube {
     //! One cube per channel: its threads stride over the channel's B·H·W
     //! values and meet in shared memory for each sum.
 
+    use super::super::cube_sum::{THREADS, cube_sum};
     use super::{Geom, MaskedBatchNorm, backward_composed, forward_composed};
     use burn::backend::tensor::FloatTensor;
     use burn::tensor::{DType, Shape};
@@ -349,27 +350,6 @@ mod cube {
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::ir::FloatKind;
     use cubecl::prelude::*;
-
-    /// Threads per cube: a power of two (the sums halve it).
-    const THREADS: u32 = 256;
-
-    /// The sum of every unit's `v`, returned to every unit. `shared` holds
-    /// one value per unit; the cube meets after each halving.
-    #[cube]
-    fn cube_sum<F: Float>(v: F, shared: &mut Shared<[F]>) -> F {
-        shared[UNIT_POS as usize] = v;
-        sync_cube();
-        let mut active = CUBE_DIM;
-        while active > 1 {
-            active /= 2;
-            if UNIT_POS < active {
-                let other = shared[(UNIT_POS + active) as usize];
-                shared[UNIT_POS as usize] += other;
-            }
-            sync_cube();
-        }
-        shared[0]
-    }
 
     /// Index of value `i` (of the channel's B·H·W) of channel `ch` in a
     /// contiguous `[B, K·C, H, W]` tensor.

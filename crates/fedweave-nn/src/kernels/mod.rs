@@ -30,6 +30,8 @@ mod batch_norm;
 mod batch_norm_ops;
 mod channels_last;
 mod conv;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod cube_sum;
 mod dense;
 mod grouped;
 mod in_place;
@@ -37,6 +39,7 @@ mod masked_batch_norm;
 mod pool;
 mod sgd;
 mod vectors;
+mod weighted_cross_entropy;
 mod winograd;
 
 use batch_norm::BnGeom;
@@ -288,6 +291,18 @@ pub(crate) fn on_cpu<const D: usize>(x: &Tensor<D>) -> bool {
 pub(crate) use in_place::{REPLAYABLE, assign, assign_rows, fold_running_rows, sgd_momentum_rows};
 pub(crate) use masked_batch_norm::masked_batch_norm;
 pub(crate) use sgd::{Sgd, sgd_momentum};
+pub(crate) use weighted_cross_entropy::weighted_cross_entropy;
+
+/// The option named by environment variable `name` among `options` (a
+/// lowering set for a comparison run), or `None` when it is unset or names
+/// none of them. Callers read it once.
+pub(crate) fn env_choice<T: Copy>(name: &str, options: &[(&str, T)]) -> Option<T> {
+    let value = std::env::var(name).ok()?;
+    options
+        .iter()
+        .find(|(option, _)| *option == value)
+        .map(|&(_, choice)| choice)
+}
 
 /// A training-mode batch norm of the dispatching backend: `(y, gamma,
 /// beta, eps)` to the output and the batch's mean and variance (`[c]`,
