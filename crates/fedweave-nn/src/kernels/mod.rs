@@ -37,6 +37,7 @@ mod grouped;
 mod in_place;
 mod masked_batch_norm;
 mod pool;
+mod relu_pool;
 mod sgd;
 mod vectors;
 mod weighted_cross_entropy;
@@ -183,10 +184,20 @@ pub(crate) fn max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> 
 /// whatever it sent), so the values and gradients are those of the
 /// composition, bit for bit.
 pub(crate) fn relu_max_pool2d(x: Tensor<4>, options: MaxPoolOptions<2>) -> Tensor<4> {
-    match pool_window(&x, &options) {
-        Some(window) => pool_square(x, window, true),
-        None => burn::tensor::module::max_pool2d(burn::tensor::activation::relu(x), options),
+    if let Some(window) = pool_window(&x, &options) {
+        return pool_square(x, window, true);
     }
+    let [k, k2] = options.kernel_size;
+    let tiles = options.stride == [k, k]
+        && k == k2
+        && options.padding == [(0, 0); 2]
+        && options.dilation == [1, 1]
+        && !options.ceil_mode;
+    if tiles && !on_cpu(&x) {
+        // Off the CPU: one kernel each way (`relu_pool`).
+        return relu_pool::relu_max_pool(x, k);
+    }
+    burn::tensor::module::max_pool2d(burn::tensor::activation::relu(x), options)
 }
 
 /// (window, stride, padding) when [`pool`] covers `x` under `options`.
