@@ -256,12 +256,6 @@ impl Step {
             .mul_scalar(per_sample as f32)
             .clamp_min(1.0)
     }
-
-    /// `[K]` without autodiff: 1 for the clients that take this step, 0
-    /// for those resting.
-    fn active(&self) -> Tensor<1> {
-        self.sizes.clone().inner().clamp_max(1.0)
-    }
 }
 
 impl<'a> BatchedTrainer<'a> {
@@ -606,10 +600,11 @@ impl<'a> BatchedTrainer<'a> {
             .zip(&self.params)
             .map(|(leaf, p)| leaf.grad(&grads).unwrap_or_else(|| p.zeros_like()))
             .collect();
-        let active = step.active();
-        self.update(grad, &active, lr);
-        self.running
-            .fold_rows(record, &step.sizes.clone().inner(), &active);
+        // Rows of the clients that take the step: those of a size other
+        // than 0.
+        let sizes = step.sizes.clone().inner();
+        self.update(grad, &sizes, lr);
+        self.running.fold_rows(record, &sizes);
         per_client.inner()
     }
 
@@ -633,13 +628,13 @@ impl<'a> BatchedTrainer<'a> {
     }
 
     /// Momentum SGD on every stacked tensor, written over the old state
-    /// (in its buffers on a GPU); clients that are not `active` keep their
-    /// parameters and momentum (selected, not recomputed, so they stay
-    /// bit-identical).
-    fn update(&mut self, grad: Vec<Tensor<2>>, active: &Tensor<1>, lr: f32) {
+    /// (in its buffers on a GPU); clients whose batch size (`sizes`) is 0
+    /// keep their parameters and momentum (selected, not recomputed, so
+    /// they stay bit-identical).
+    fn update(&mut self, grad: Vec<Tensor<2>>, sizes: &Tensor<1>, lr: f32) {
         let hyper = self.sgd.with_lr(lr);
         for ((theta, buf), g) in self.params.iter_mut().zip(&mut self.momentum).zip(grad) {
-            sgd_momentum_rows(theta, buf, g, active, hyper);
+            sgd_momentum_rows(theta, buf, g, sizes, hyper);
         }
     }
 

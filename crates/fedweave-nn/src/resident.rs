@@ -112,15 +112,11 @@ impl RunningStats {
 
     /// [`fold`](Self::fold) with the batch sizes on the device (`sizes`,
     /// `[rows]`, integers as `f32`) and the new statistics written over the
-    /// old (in their buffers on a GPU) for the rows whose `active` flag is
-    /// not 0: what a replayed step does. The same arithmetic as `fold`, bit
-    /// for bit (the unbiasing factor n/(n − 1) of exact integers).
-    pub(crate) fn fold_rows(
-        &mut self,
-        record: Vec<BatchStats>,
-        sizes: &Tensor<1>,
-        active: &Tensor<1>,
-    ) {
+    /// old (in their buffers on a GPU) for the rows whose size is not 0:
+    /// what a replayed step does. The same arithmetic as `fold`, bit for
+    /// bit (the unbiasing factor n/(n − 1) of exact integers); on the cube
+    /// backends one kernel per layer ([`fold_running_rows`]).
+    pub(crate) fn fold_rows(&mut self, record: Vec<BatchStats>, sizes: &Tensor<1>) {
         if record.is_empty() {
             return;
         }
@@ -138,8 +134,8 @@ impl RunningStats {
                 .mask_fill(count.lower_equal_elem(1.0), 1.0)
                 .reshape([rows, 1]);
             let (new_m, new_v) = blend(rm, rv, stats, unbias);
-            assign_rows(rm, new_m, active);
-            assign_rows(rv, new_v, active);
+            assign_rows(rm, new_m, sizes);
+            assign_rows(rv, new_v, sizes);
         }
     }
 

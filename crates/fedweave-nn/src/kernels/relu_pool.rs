@@ -345,7 +345,10 @@ mod tests {
                 let out = if ours {
                     relu_max_pool(x.clone(), k)
                 } else {
-                    max_pool2d(relu(x.clone()), MaxPoolOptions::new([k, k]).with_stride([k, k]))
+                    max_pool2d(
+                        relu(x.clone()),
+                        MaxPoolOptions::new([k, k]).with_stride([k, k]),
+                    )
                 };
                 let grads = (out.clone() * weights.clone()).sum().backward();
                 (out.inner(), x.grad(&grads).expect("dx"))
