@@ -373,7 +373,7 @@ mod cube {
 
     #[cube(launch_unchecked, address_type = "dynamic")]
     #[allow(clippy::too_many_arguments)]
-    fn forward_kernel<F: Float>(
+    fn masked_bn_forward_kernel<F: Float>(
         y: &Tensor<F>,
         gamma: &Tensor<F>,
         beta: &Tensor<F>,
@@ -431,7 +431,7 @@ mod cube {
 
     #[cube(launch_unchecked, address_type = "dynamic")]
     #[allow(clippy::too_many_arguments)]
-    fn backward_kernel<F: Float>(
+    fn masked_bn_backward_kernel<F: Float>(
         dout: &Tensor<F>,
         y: &Tensor<F>,
         mean: &Tensor<F>,
@@ -535,7 +535,7 @@ mod cube {
             // is below B·K·C·H·W (for `y` and `out`), K·C (`gamma`, `beta`,
             // the statistics), B·K (`valid`) or K (`sizes`), all contiguous.
             unsafe {
-                forward_kernel::launch_unchecked(
+                masked_bn_forward_kernel::launch_unchecked(
                     &client,
                     CubeCount::Static(g.channels() as u32, 1, 1),
                     CubeDim::new_1d(THREADS),
@@ -589,7 +589,7 @@ mod cube {
             let elem = ElemType::Float(FloatKind::F32);
             // SAFETY: as the forward kernel's; `dout` and `dy` have `y`'s shape.
             unsafe {
-                backward_kernel::launch_unchecked(
+                masked_bn_backward_kernel::launch_unchecked(
                     &client,
                     CubeCount::Static(g.channels() as u32, 1, 1),
                     CubeDim::new_1d(THREADS),

@@ -189,7 +189,7 @@ mod cube {
     }
 
     #[cube(launch_unchecked, address_type = "dynamic")]
-    fn forward_kernel<F: Float>(
+    fn relu_pool_forward_kernel<F: Float>(
         x: &Tensor<F>,
         out: &mut Tensor<F>,
         h: usize,
@@ -212,7 +212,7 @@ mod cube {
     }
 
     #[cube(launch_unchecked, address_type = "dynamic")]
-    fn backward_kernel<F: Float>(
+    fn relu_pool_backward_kernel<F: Float>(
         x: &Tensor<F>,
         dout: &Tensor<F>,
         dx: &mut Tensor<F>,
@@ -264,7 +264,7 @@ mod cube {
             // SAFETY: one unit per output (position checked); its window
             // lies inside its plane of the contiguous input (floor mode).
             unsafe {
-                forward_kernel::launch_unchecked(
+                relu_pool_forward_kernel::launch_unchecked(
                     &x.client.clone(),
                     count,
                     dim,
@@ -298,7 +298,7 @@ mod cube {
             // SAFETY: one unit per input (position checked); the window and
             // output it reads lie inside the contiguous input and `dout`.
             unsafe {
-                backward_kernel::launch_unchecked(
+                relu_pool_backward_kernel::launch_unchecked(
                     &x.client.clone(),
                     count,
                     dim,

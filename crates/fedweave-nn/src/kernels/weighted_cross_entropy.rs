@@ -185,7 +185,7 @@ mod cube {
     use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
     #[cube(launch_unchecked, address_type = "dynamic")]
-    fn forward_kernel<F: Float>(
+    fn cross_entropy_forward_kernel<F: Float>(
         logits: &Tensor<F>,
         target: &Tensor<F>,
         loss: &mut Tensor<F>,
@@ -228,7 +228,7 @@ mod cube {
     }
 
     #[cube(launch_unchecked, address_type = "dynamic")]
-    fn backward_kernel<F: Float>(
+    fn cross_entropy_backward_kernel<F: Float>(
         dloss: &Tensor<F>,
         logits: &Tensor<F>,
         target: &Tensor<F>,
@@ -277,7 +277,7 @@ mod cube {
             // logits and targets (b < B) and writes its log-sum-exp and
             // mass; unit 0 writes loss[k]. All contiguous.
             unsafe {
-                forward_kernel::launch_unchecked(
+                cross_entropy_forward_kernel::launch_unchecked(
                     &client,
                     CubeCount::Static(k as u32, 1, 1),
                     CubeDim::new_1d(THREADS),
@@ -323,7 +323,7 @@ mod cube {
             // SAFETY: one unit per logit (position < K·B·N, checked); its
             // row (< K·B) and client (< K) index the row and client tensors.
             unsafe {
-                backward_kernel::launch_unchecked(
+                cross_entropy_backward_kernel::launch_unchecked(
                     &client,
                     cube_count,
                     cube_dim,
