@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B of the batched trainer's GPU variants in one device call: each variant is a set of
-# environment variables (FEDWEAVE_GROUPED_CONV, FEDWEAVE_BN_BROADCAST, FEDWEAVE_GROUPED_DX,
-# FEDWEAVE_CUDA_GRAPHS, ...). For every variant, alternated over --reps rounds:
+# environment variables (FEDWEAVE_GROUPED_CONV, FEDWEAVE_BATCHED_BN, FEDWEAVE_BATCHED_LOSS,
+# FEDWEAVE_GROUPED_DX, FEDWEAVE_CUDA_GRAPHS, ...). For every variant, alternated over --reps rounds:
 #   - `fedweave bench` batched client-steps/s of `cnn-bn` (K = 10, batch 10: PFLlib's step)
 #     and `cnn` (K = 100, batch 16: issue 25's "100 small models");
 #   - PFLlib's FedAvg setting (10 clients, Dirichlet 0.1, `cnn-bn`, 2 local epochs of
@@ -17,7 +17,7 @@
 #       [--backend cuda] [--seconds 2] [--profile] NAME=ENV[,ENV...] ...
 #
 # e.g. scripts/gpu_variants.sh --bin /tmp/fedweave --data /tmp/fm --out "$OUT" \
-#        direct=FEDWEAVE_GROUPED_CONV=direct,FEDWEAVE_BN_BROADCAST=implicit default= \
+#        composed=FEDWEAVE_BATCHED_BN=product,FEDWEAVE_BATCHED_LOSS=composed default= \
 #        dx=FEDWEAVE_GROUPED_DX=columns
 # (`default=` is the binary's own choice). --backend cpu --seconds 0.2 --rounds 1 is a dry
 # run on a machine without a GPU.
