@@ -204,16 +204,15 @@ selected_assign!(burn::backend::Cube);
 
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube {
+    use super::super::cube::{F32, address, units};
     use super::{InPlace, Sgd, selected, sgd_then_selected};
     use burn::backend::tensor::FloatTensor;
     use burn::tensor::DType;
     use burn_cubecl::CubeBackend;
     use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::tensor::CubeTensor;
-    use cubecl::ir::FloatKind;
     use cubecl::prelude::*;
     use cubecl::std::tensor::layout::linear::{LinearView, LinearViewMut};
-    use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
     /// One thread per element of `dst`: copies `src`'s element when its
     /// row is active.
@@ -323,15 +322,9 @@ mod cube {
             let [batch_mean, batch_var, sizes] =
                 [batch_mean, batch_var, sizes].map(into_contiguous);
             let client = mean.client.clone();
-            let address = [&mean, &var]
-                .iter()
-                .map(|t| t.required_address_type())
-                .max()
-                .unwrap_or_default();
-            let cube_dim = CubeDim::new(&client, n);
-            let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
-            let elem = ElemType::Float(FloatKind::F32);
-            let scalar = |v: f32| InputScalar::new(v, elem);
+            let address = address(&[&mean, &var]);
+            let (cube_count, cube_dim) = units(&mean, n);
+            let scalar = |v: f32| InputScalar::new(v, F32);
             // SAFETY: all five are contiguous; the statistics hold `n`
             // elements and `sizes` `rows`, read at `pos / len`. Each thread
             // reads and writes only its own element of `mean` and `var`.
@@ -350,7 +343,7 @@ mod cube {
                     scalar(per_sample as f32),
                     scalar(momentum),
                     scalar(1.0 - momentum),
-                    elem,
+                    F32,
                 );
             }
             Some((mean, var))
@@ -379,15 +372,9 @@ mod cube {
             let (grad, active) = (into_contiguous(grad), into_contiguous(active));
             let n = rows * len;
             let client = theta.client.clone();
-            let address = [&theta, &buf, &grad]
-                .iter()
-                .map(|t| t.required_address_type())
-                .max()
-                .unwrap_or_default();
-            let cube_dim = CubeDim::new(&client, n);
-            let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
-            let elem = ElemType::Float(FloatKind::F32);
-            let scalar = |v: f32| InputScalar::new(v, elem);
+            let address = address(&[&theta, &buf, &grad]);
+            let (cube_count, cube_dim) = units(&theta, n);
+            let scalar = |v: f32| InputScalar::new(v, F32);
             // SAFETY: all four are contiguous; `theta`, `buf` and `grad`
             // hold `n` elements and `active` `rows`, read at `pos / len`.
             // Each thread reads and writes only its own element of θ and
@@ -406,7 +393,7 @@ mod cube {
                     scalar(hyper.lr),
                     scalar(hyper.momentum),
                     scalar(hyper.weight_decay),
-                    elem,
+                    F32,
                 );
             }
             (theta, buf)
@@ -435,14 +422,8 @@ mod cube {
             }
             let n = rows * len;
             let client = dst.client.clone();
-            let address = [&dst, &src, &active]
-                .iter()
-                .map(|t| t.required_address_type())
-                .max()
-                .unwrap_or_default();
-            let cube_dim = CubeDim::new(&client, n);
-            let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
-            let elem = ElemType::Float(FloatKind::F32);
+            let address = address(&[&dst, &src, &active]);
+            let (cube_count, cube_dim) = units(&dst, n);
             // SAFETY: the views cover `n` elements of live buffers (`active`
             // `rows`, read at `pos / len < rows`) and the kernel returns for
             // positions past `n`. `dst` is written where it lies: each
@@ -458,7 +439,7 @@ mod cube {
                     active.into_linear_view(),
                     dst.clone().into_linear_view(),
                     len,
-                    elem,
+                    F32,
                 );
             }
             dst

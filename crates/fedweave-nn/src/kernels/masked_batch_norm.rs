@@ -340,15 +340,13 @@ mod cube {
     //! One cube per channel: its threads stride over the channel's B·H·W
     //! values and meet in shared memory for each sum.
 
-    use super::super::cube_sum::{THREADS, cube_sum};
+    use super::super::cube::{F32, THREADS, address, cube_sum, empty_f32};
     use super::{Geom, MaskedBatchNorm, backward_composed, forward_composed};
     use burn::backend::tensor::FloatTensor;
     use burn::tensor::{DType, Shape};
     use burn_cubecl::CubeBackend;
     use burn_cubecl::kernel::into_contiguous;
-    use burn_cubecl::ops::numeric::empty_device_dtype;
     use burn_cubecl::tensor::CubeTensor;
-    use cubecl::ir::FloatKind;
     use cubecl::prelude::*;
 
     /// Index of value `i` (of the channel's B·H·W) of channel `ch` in a
@@ -500,10 +498,6 @@ mod cube {
         threads_fit && tensors.iter().all(|t| t.dtype == DType::F32)
     }
 
-    fn empty(like: &CubeTensor, shape: Shape) -> CubeTensor {
-        empty_device_dtype(like.client.clone(), like.device.clone(), shape, DType::F32)
-    }
-
     impl MaskedBatchNorm for CubeBackend {
         fn masked_batch_norm(
             y: CubeTensor,
@@ -519,18 +513,13 @@ mod cube {
             }
             let [y, gamma, beta, valid, sizes] =
                 [y, gamma, beta, valid, sizes].map(into_contiguous);
-            let out = empty(&y, y.meta.shape().clone());
+            let out = empty_f32(&y, y.meta.shape().clone());
             let (mean, var) = (
-                empty(&y, Shape::new([g.channels()])),
-                empty(&y, Shape::new([g.channels()])),
+                empty_f32(&y, Shape::new([g.channels()])),
+                empty_f32(&y, Shape::new([g.channels()])),
             );
             let client = y.client.clone();
-            let address = [&y, &out]
-                .iter()
-                .map(|t| t.required_address_type())
-                .max()
-                .unwrap_or_default();
-            let elem = ElemType::Float(FloatKind::F32);
+            let address = address(&[&y, &out]);
             // SAFETY: one cube per channel of `y` (K·C of them); every index
             // is below B·K·C·H·W (for `y` and `out`), K·C (`gamma`, `beta`,
             // the statistics), B·K (`valid`) or K (`sizes`), all contiguous.
@@ -552,8 +541,8 @@ mod cube {
                     g.per_client,
                     g.plane,
                     g.batch * g.plane,
-                    InputScalar::new(eps, elem),
-                    elem,
+                    InputScalar::new(eps, F32),
+                    F32,
                 );
             }
             (out, mean, var)
@@ -575,18 +564,13 @@ mod cube {
             }
             let [dout, y, mean, var, gamma, valid, sizes] =
                 [dout, y, mean, var, gamma, valid, sizes].map(into_contiguous);
-            let dy = empty(&y, y.meta.shape().clone());
+            let dy = empty_f32(&y, y.meta.shape().clone());
             let (dgamma, dbeta) = (
-                empty(&y, Shape::new([g.channels()])),
-                empty(&y, Shape::new([g.channels()])),
+                empty_f32(&y, Shape::new([g.channels()])),
+                empty_f32(&y, Shape::new([g.channels()])),
             );
             let client = y.client.clone();
-            let address = [&y, &dout, &dy]
-                .iter()
-                .map(|t| t.required_address_type())
-                .max()
-                .unwrap_or_default();
-            let elem = ElemType::Float(FloatKind::F32);
+            let address = address(&[&y, &dout, &dy]);
             // SAFETY: as the forward kernel's; `dout` and `dy` have `y`'s shape.
             unsafe {
                 masked_bn_backward_kernel::launch_unchecked(
@@ -608,8 +592,8 @@ mod cube {
                     g.per_client,
                     g.plane,
                     g.batch * g.plane,
-                    InputScalar::new(eps, elem),
-                    elem,
+                    InputScalar::new(eps, F32),
+                    F32,
                 );
             }
             (dy, dgamma, dbeta)

@@ -31,7 +31,7 @@ mod batch_norm_ops;
 mod channels_last;
 mod conv;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
-mod cube_sum;
+mod cube;
 mod dense;
 mod grouped;
 mod in_place;

@@ -150,16 +150,14 @@ impl<B: ReluMaxPool, C: CheckpointStrategy> ReluMaxPool for Autodiff<B, C> {
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod cube {
+    use super::super::cube::{F32, address, empty_f32, units};
     use super::{ReluMaxPool, backward_composed, forward_composed};
     use burn::backend::tensor::FloatTensor;
     use burn::tensor::{DType, Shape};
     use burn_cubecl::CubeBackend;
     use burn_cubecl::kernel::into_contiguous;
-    use burn_cubecl::ops::numeric::empty_device_dtype;
     use burn_cubecl::tensor::CubeTensor;
-    use cubecl::ir::FloatKind;
     use cubecl::prelude::*;
-    use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
     /// The first position (row-major in the window) of window (`plane`,
     /// `oh`, `ow`)'s maximum, and that maximum.
@@ -239,16 +237,6 @@ mod cube {
         dx[ABSOLUTE_POS] = g;
     }
 
-    /// Launches `kernel`'s one unit per element of `out`.
-    fn units(out: &CubeTensor) -> (CubeCount, CubeDim) {
-        let n = out.meta.shape().num_elements();
-        let cube_dim = CubeDim::new(&out.client, n);
-        (
-            calculate_cube_count_elemwise(&out.client, n, cube_dim),
-            cube_dim,
-        )
-    }
-
     impl ReluMaxPool for CubeBackend {
         fn relu_max_pool(x: CubeTensor, k: usize) -> FloatTensor<Self> {
             let [b, c, h, w] = x.meta.shape().dims::<4>();
@@ -257,10 +245,9 @@ mod cube {
             }
             let x = into_contiguous(x);
             let shape = Shape::new([b, c, h / k, w / k]);
-            let out = empty_device_dtype(x.client.clone(), x.device.clone(), shape, DType::F32);
-            let (count, dim) = units(&out);
-            let address = x.required_address_type();
-            let elem = ElemType::Float(FloatKind::F32);
+            let out = empty_f32(&x, shape);
+            let (count, dim) = units(&out, out.meta.shape().num_elements());
+            let address = address(&[&x]);
             // SAFETY: one unit per output (position checked); its window
             // lies inside its plane of the contiguous input (floor mode).
             unsafe {
@@ -274,7 +261,7 @@ mod cube {
                     h,
                     w,
                     k,
-                    elem,
+                    F32,
                 );
             }
             out
@@ -286,15 +273,9 @@ mod cube {
                 return backward_composed::<Self>(x, dout, k);
             }
             let (x, dout) = (into_contiguous(x), into_contiguous(dout));
-            let dx = empty_device_dtype(
-                x.client.clone(),
-                x.device.clone(),
-                x.meta.shape().clone(),
-                DType::F32,
-            );
-            let (count, dim) = units(&dx);
-            let address = x.required_address_type();
-            let elem = ElemType::Float(FloatKind::F32);
+            let dx = empty_f32(&x, x.meta.shape().clone());
+            let (count, dim) = units(&dx, dx.meta.shape().num_elements());
+            let address = address(&[&x]);
             // SAFETY: one unit per input (position checked); the window and
             // output it reads lie inside the contiguous input and `dout`.
             unsafe {
@@ -309,7 +290,7 @@ mod cube {
                     h,
                     w,
                     k,
-                    elem,
+                    F32,
                 );
             }
             dx

@@ -164,16 +164,14 @@ impl SgdStep for burn::backend::Cube {
 
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube {
+    use super::super::cube::{F32, address, empty_f32, units};
     use super::{Sgd, SgdStep, composed};
     use burn::backend::tensor::FloatTensor;
     use burn::tensor::DType;
     use burn_cubecl::CubeBackend;
-    use burn_cubecl::ops::numeric::empty_device_dtype;
     use burn_cubecl::tensor::CubeTensor;
-    use cubecl::ir::FloatKind;
     use cubecl::prelude::*;
     use cubecl::std::tensor::layout::linear::{LinearView, LinearViewMut};
-    use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
     /// One thread per element: reads θ, the buffer and the gradient once,
     /// writes the new θ and buffer.
@@ -217,24 +215,13 @@ mod cube {
                 return composed::<Self>(theta, buf, grad, hyper);
             }
             let client = theta.client.clone();
-            let out = || {
-                empty_device_dtype(
-                    client.clone(),
-                    theta.device.clone(),
-                    shape.clone(),
-                    DType::F32,
-                )
-            };
-            let (theta_out, buf_out) = (out(), out());
-            let address = [&theta, &buf, &grad, &theta_out, &buf_out]
-                .iter()
-                .map(|t| t.required_address_type())
-                .max()
-                .unwrap_or_default();
-            let cube_dim = CubeDim::new(&client, n);
-            let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
-            let elem = ElemType::Float(FloatKind::F32);
-            let scalar = |v: f32| InputScalar::new(v, elem);
+            let (theta_out, buf_out) = (
+                empty_f32(&theta, shape.clone()),
+                empty_f32(&theta, shape.clone()),
+            );
+            let address = address(&[&theta, &buf, &grad, &theta_out, &buf_out]);
+            let (cube_count, cube_dim) = units(&theta, n);
+            let scalar = |v: f32| InputScalar::new(v, F32);
             // SAFETY: every view covers `n` elements of a live buffer and the
             // kernel returns for positions past `n`.
             unsafe {
@@ -251,7 +238,7 @@ mod cube {
                     scalar(hyper.lr),
                     scalar(hyper.momentum),
                     scalar(hyper.weight_decay),
-                    elem,
+                    F32,
                 );
             }
             (theta_out, buf_out)

@@ -172,17 +172,14 @@ mod cube {
     //! rows (N logits each, read serially) and meeting for the sum.
     //! Backward: one unit per logit.
 
-    use super::super::cube_sum::{THREADS, cube_sum};
+    use super::super::cube::{F32, THREADS, address, cube_sum, empty_f32, units};
     use super::{WeightedCrossEntropy, backward_composed, forward_composed};
     use burn::backend::tensor::FloatTensor;
     use burn::tensor::{DType, Shape};
     use burn_cubecl::CubeBackend;
     use burn_cubecl::kernel::into_contiguous;
-    use burn_cubecl::ops::numeric::empty_device_dtype;
     use burn_cubecl::tensor::CubeTensor;
-    use cubecl::ir::FloatKind;
     use cubecl::prelude::*;
-    use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
     #[cube(launch_unchecked, address_type = "dynamic")]
     fn cross_entropy_forward_kernel<F: Float>(
@@ -247,10 +244,6 @@ mod cube {
         out[ABSOLUTE_POS] = (soft * mass[row] - target[ABSOLUTE_POS]) * dloss[row / rows];
     }
 
-    fn empty(like: &CubeTensor, shape: Shape) -> CubeTensor {
-        empty_device_dtype(like.client.clone(), like.device.clone(), shape, DType::F32)
-    }
-
     fn f32s(tensors: &[&CubeTensor]) -> bool {
         tensors.iter().all(|t| t.dtype == DType::F32)
     }
@@ -265,14 +258,13 @@ mod cube {
                 return forward_composed::<Self>(logits, target);
             }
             let [logits, target] = [logits, target].map(into_contiguous);
-            let loss = empty(&logits, Shape::new([k]));
+            let loss = empty_f32(&logits, Shape::new([k]));
             let (lse, mass) = (
-                empty(&logits, Shape::new([k, b, 1])),
-                empty(&logits, Shape::new([k, b, 1])),
+                empty_f32(&logits, Shape::new([k, b, 1])),
+                empty_f32(&logits, Shape::new([k, b, 1])),
             );
             let client = logits.client.clone();
-            let address = logits.required_address_type();
-            let elem = ElemType::Float(FloatKind::F32);
+            let address = address(&[&logits]);
             // SAFETY: one cube per client; unit b reads row (k, b)'s N
             // logits and targets (b < B) and writes its log-sum-exp and
             // mass; unit 0 writes loss[k]. All contiguous.
@@ -289,7 +281,7 @@ mod cube {
                     mass.clone().into_tensor_arg(),
                     b,
                     n,
-                    elem,
+                    F32,
                 );
             }
             (loss, lse, mass)
@@ -310,16 +302,10 @@ mod cube {
             }
             let [dloss, logits, target, lse, mass] =
                 [dloss, logits, target, lse, mass].map(into_contiguous);
-            let out = empty(&logits, shape);
+            let out = empty_f32(&logits, shape);
             let client = logits.client.clone();
-            let address = [&logits, &out]
-                .iter()
-                .map(|t| t.required_address_type())
-                .max()
-                .unwrap_or_default();
-            let cube_dim = CubeDim::new(&client, len);
-            let cube_count = calculate_cube_count_elemwise(&client, len, cube_dim);
-            let elem = ElemType::Float(FloatKind::F32);
+            let address = address(&[&logits, &out]);
+            let (cube_count, cube_dim) = units(&out, len);
             // SAFETY: one unit per logit (position < K·B·N, checked); its
             // row (< K·B) and client (< K) index the row and client tensors.
             unsafe {
@@ -336,7 +322,7 @@ mod cube {
                     out.clone().into_tensor_arg(),
                     b,
                     n,
-                    elem,
+                    F32,
                 );
             }
             out
