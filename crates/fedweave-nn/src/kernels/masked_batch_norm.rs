@@ -357,6 +357,13 @@ mod cube {
         (b * channels + ch) * plane + i % plane
     }
 
+    /// Client k's valid values per channel: its valid samples' planes, at
+    /// least 1.
+    #[cube]
+    fn valid_values<F: Float>(sizes: &Tensor<F>, k: usize, plane: usize) -> F {
+        F::max(sizes[k] * F::cast_from(plane), F::new(1.0))
+    }
+
     /// Sample b's validity for client k.
     #[cube]
     fn validity<F: Float>(
@@ -387,11 +394,9 @@ mod cube {
         eps: InputScalar,
         #[define(F)] _dtype: ElemType,
     ) {
-        let ch = CUBE_POS;
-        let channels = clients * per_client;
-        let k = ch / per_client;
-        let stride = CUBE_DIM as usize;
-        let count = F::max(sizes[k] * F::cast_from(plane), F::new(1.0));
+        let (ch, stride) = (CUBE_POS, CUBE_DIM as usize);
+        let (channels, k) = (clients * per_client, ch / per_client);
+        let count = valid_values::<F>(sizes, k, plane);
         let mut sums = Shared::new_slice(THREADS as usize);
         let mut squares = Shared::new_slice(THREADS as usize);
 
@@ -447,11 +452,9 @@ mod cube {
         eps: InputScalar,
         #[define(F)] _dtype: ElemType,
     ) {
-        let ch = CUBE_POS;
-        let channels = clients * per_client;
-        let k = ch / per_client;
-        let stride = CUBE_DIM as usize;
-        let count = F::max(sizes[k] * F::cast_from(plane), F::new(1.0));
+        let (ch, stride) = (CUBE_POS, CUBE_DIM as usize);
+        let (channels, k) = (clients * per_client, ch / per_client);
+        let count = valid_values::<F>(sizes, k, plane);
         let mu = mean[ch];
         let mut first = Shared::new_slice(THREADS as usize);
         let mut second = Shared::new_slice(THREADS as usize);
