@@ -633,9 +633,7 @@ impl<'a> BatchedTrainer<'a> {
     /// they stay bit-identical).
     fn update(&mut self, grad: Vec<Tensor<2>>, sizes: &Tensor<1>, lr: f32) {
         let hyper = self.sgd.with_lr(lr);
-        for ((theta, buf), g) in self.params.iter_mut().zip(&mut self.momentum).zip(grad) {
-            sgd_momentum_rows(theta, buf, g, sizes, hyper);
-        }
+        sgd_momentum_rows(&mut self.params, &mut self.momentum, grad, sizes, hyper);
     }
 
     /// Trains every step of `plan` and returns each client's sum of losses

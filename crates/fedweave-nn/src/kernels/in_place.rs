@@ -35,7 +35,7 @@ pub trait InPlace: Backend {
     /// where `active` is not 0: the update followed by
     /// [`assign_rows`](Self::assign_rows) of both. On the cube backends one
     /// kernel writing θ and the buffer where they are (three launches
-    /// before).
+    /// before; [`sgd_momentum_rows`] updates a few tensors a launch).
     fn sgd_momentum_rows(
         theta: FloatTensor<Self>,
         buf: FloatTensor<Self>,
@@ -96,25 +96,32 @@ pub(crate) fn assign<const D: usize>(dst: &mut Tensor<D>, src: Tensor<D>, one: &
     *dst = flat.reshape(dims);
 }
 
-/// `*theta` and `*buf` after [`InPlace::sgd_momentum_rows`]; on the cube
-/// backends both keep their buffers.
+/// `thetas` and `bufs` after [`InPlace::sgd_momentum_rows`] along
+/// `grads`, tensor by tensor; on the cube backends in their buffers, a few
+/// tensors a launch.
 pub(crate) fn sgd_momentum_rows(
-    theta: &mut Tensor<2>,
-    buf: &mut Tensor<2>,
-    grad: Tensor<2>,
+    thetas: &mut [Tensor<2>],
+    bufs: &mut [Tensor<2>],
+    grads: Vec<Tensor<2>>,
     active: &Tensor<1>,
     hyper: Sgd,
 ) {
-    debug_assert_eq!(theta.dims(), grad.dims(), "gradient of another shape");
-    let (t, b) = <Dispatch as InPlace>::sgd_momentum_rows(
-        theta.clone().into_dispatch(),
-        buf.clone().into_dispatch(),
-        grad.into_dispatch(),
-        active.clone().into_dispatch(),
-        hyper,
-    );
-    *theta = Tensor::from_dispatch(t);
-    *buf = Tensor::from_dispatch(b);
+    #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
+    if cube::update_in_groups(thetas, bufs, &grads, active, hyper) {
+        return;
+    }
+    for ((theta, buf), grad) in thetas.iter_mut().zip(bufs.iter_mut()).zip(grads) {
+        debug_assert_eq!(theta.dims(), grad.dims(), "gradient of another shape");
+        let (t, b) = <Dispatch as InPlace>::sgd_momentum_rows(
+            theta.clone().into_dispatch(),
+            buf.clone().into_dispatch(),
+            grad.into_dispatch(),
+            active.clone().into_dispatch(),
+            hyper,
+        );
+        *theta = Tensor::from_dispatch(t);
+        *buf = Tensor::from_dispatch(b);
+    }
 }
 
 /// [`InPlace::fold_running_rows`] on the dispatching backend: `None` when
@@ -207,7 +214,9 @@ mod cube {
     use super::super::cube::{F32, address, units};
     use super::{InPlace, Sgd, selected, sgd_then_selected};
     use burn::backend::tensor::FloatTensor;
+    use burn::backend::{BackendTensor, DispatchTensorKind};
     use burn::tensor::DType;
+    use burn::tensor::Tensor as BurnTensor;
     use burn_cubecl::CubeBackend;
     use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::tensor::CubeTensor;
@@ -232,31 +241,79 @@ mod cube {
         }
     }
 
-    /// One thread per element: the update of `sgd::sgd_momentum_kernel`
+    /// Tensors one launch of [`sgd_momentum_rows_kernel`] updates.
+    const SLOTS: usize = 4;
+
+    /// Element `pos − start` of one stacked tensor (`[rows, len]`), when
+    /// `pos` falls in its range: the update of `sgd::sgd_momentum_kernel`
     /// (the same roundings in the same order), written over θ and the
     /// buffer when the element's row is active.
-    #[cube(launch_unchecked, address_type = "dynamic")]
+    #[cube]
     #[allow(clippy::too_many_arguments)]
-    fn sgd_momentum_rows_kernel<F: Float>(
+    fn update_slot<F: Float>(
+        pos: usize,
+        start: usize,
         grad: &Tensor<F>,
         active: &Tensor<F>,
         theta: &mut Tensor<F>,
         buf: &mut Tensor<F>,
-        row_len: usize,
+        rows: usize,
+        hyper: (F, F, F),
+    ) {
+        let len = theta.len();
+        if pos >= start && pos < start + len {
+            let j = pos - start;
+            if active[j / (len / rows)] != F::new(0.0) {
+                let (lr, momentum, weight_decay) = hyper;
+                let t = theta[j];
+                let g = grad[j] + t * weight_decay;
+                let b = buf[j] * momentum + g;
+                buf[j] = b;
+                theta[j] = t - b * lr;
+            }
+        }
+    }
+
+    /// One thread per element of up to [`SLOTS`] tensors (`slots` of
+    /// them, their elements in order; the other slots are bound to the
+    /// first tensor's buffers and never read).
+    #[cube(launch_unchecked, address_type = "dynamic")]
+    #[allow(clippy::too_many_arguments)]
+    fn sgd_momentum_rows_kernel<F: Float>(
+        g0: &Tensor<F>,
+        g1: &Tensor<F>,
+        g2: &Tensor<F>,
+        g3: &Tensor<F>,
+        active: &Tensor<F>,
+        t0: &mut Tensor<F>,
+        t1: &mut Tensor<F>,
+        t2: &mut Tensor<F>,
+        t3: &mut Tensor<F>,
+        b0: &mut Tensor<F>,
+        b1: &mut Tensor<F>,
+        b2: &mut Tensor<F>,
+        b3: &mut Tensor<F>,
+        rows: usize,
         lr: InputScalar,
         momentum: InputScalar,
         weight_decay: InputScalar,
+        #[comptime] slots: usize,
         #[define(F)] _dtype: ElemType,
     ) {
-        if ABSOLUTE_POS >= theta.len() {
-            terminate!();
+        let hyper = (lr.get::<F>(), momentum.get::<F>(), weight_decay.get::<F>());
+        let pos = ABSOLUTE_POS;
+        update_slot::<F>(pos, 0, g0, active, t0, b0, rows, hyper);
+        let mut start = t0.len();
+        if slots > 1 {
+            update_slot::<F>(pos, start, g1, active, t1, b1, rows, hyper);
+            start += t1.len();
         }
-        if active[ABSOLUTE_POS / row_len] != F::new(0.0) {
-            let t = theta[ABSOLUTE_POS];
-            let g = grad[ABSOLUTE_POS] + t * weight_decay.get::<F>();
-            let b = buf[ABSOLUTE_POS] * momentum.get::<F>() + g;
-            buf[ABSOLUTE_POS] = b;
-            theta[ABSOLUTE_POS] = t - b * lr.get::<F>();
+        if slots > 2 {
+            update_slot::<F>(pos, start, g2, active, t2, b2, rows, hyper);
+            start += t2.len();
+        }
+        if slots > 3 {
+            update_slot::<F>(pos, start, g3, active, t3, b3, rows, hyper);
         }
     }
 
@@ -292,6 +349,120 @@ mod cube {
             mean[i] = mean[i] * keep.get::<F>() + batch_mean[i] * m;
             var[i] = var[i] * keep.get::<F>() + batch_var[i] * m * unbias;
         }
+    }
+
+    /// The cube tensor under a plain `f32` tensor of the dispatching
+    /// backend; `None` for any other.
+    fn cube_float<const D: usize>(t: &BurnTensor<D>) -> Option<CubeTensor> {
+        match t.clone().into_dispatch().kind {
+            DispatchTensorKind::Cube(BackendTensor::Float(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// [`super::sgd_momentum_rows`] on the cube backends, when every tensor
+    /// is one of theirs and fits the kernel: written in place, and `true`.
+    pub(super) fn update_in_groups(
+        thetas: &[BurnTensor<2>],
+        bufs: &[BurnTensor<2>],
+        grads: &[BurnTensor<2>],
+        active: &BurnTensor<1>,
+        hyper: Sgd,
+    ) -> bool {
+        let all = |ts: &[BurnTensor<2>]| ts.iter().map(cube_float).collect::<Option<Vec<_>>>();
+        match (all(thetas), all(bufs), all(grads), cube_float(active)) {
+            (Some(t), Some(b), Some(g), Some(a)) => launch_in_groups(&t, &b, g, a, hyper),
+            _ => false,
+        }
+    }
+
+    /// Launches [`sgd_momentum_rows_kernel`] over `thetas`, `bufs` and
+    /// `grads` (`[rows, len_i]` each, `rows` the length of `active`),
+    /// [`SLOTS`] tensors a launch. `false`, launching nothing, when any
+    /// tensor does not fit (not `f32`, θ or the buffer not contiguous,
+    /// shapes that differ).
+    fn launch_in_groups(
+        thetas: &[CubeTensor],
+        bufs: &[CubeTensor],
+        grads: Vec<CubeTensor>,
+        active: CubeTensor,
+        hyper: Sgd,
+    ) -> bool {
+        let rows = active.meta.shape().num_elements();
+        let fits = |t: &CubeTensor, b: &CubeTensor, g: &CubeTensor| {
+            let shape = t.meta.shape();
+            [t, b, g, &active].iter().all(|x| x.dtype == DType::F32)
+                && shape.num_dims() == 2
+                && shape.dims::<2>()[0] == rows
+                && shape.num_elements() > 0
+                && b.meta.shape() == shape
+                && g.meta.shape() == shape
+                && t.is_contiguous()
+                && b.is_contiguous()
+        };
+        let same_count = thetas.len() == bufs.len() && bufs.len() == grads.len();
+        if !same_count
+            || thetas.is_empty()
+            || rows == 0
+            || !thetas
+                .iter()
+                .zip(bufs)
+                .zip(&grads)
+                .all(|((t, b), g)| fits(t, b, g))
+        {
+            return false;
+        }
+        let active = into_contiguous(active);
+        let grads: Vec<CubeTensor> = grads.into_iter().map(into_contiguous).collect();
+        let scalar = |v: f32| InputScalar::new(v, F32);
+        for ((ts, bs), gs) in thetas
+            .chunks(SLOTS)
+            .zip(bufs.chunks(SLOTS))
+            .zip(grads.chunks(SLOTS))
+        {
+            let n: usize = ts.iter().map(|t| t.meta.shape().num_elements()).sum();
+            let tensors: Vec<&CubeTensor> = ts.iter().chain(bs).chain(gs).collect();
+            let address = address(&tensors);
+            let (cube_count, cube_dim) = units(&ts[0], n);
+            // Slot i's argument: the group's i-th tensor, else its first.
+            let arg = |group: &[CubeTensor], i: usize| {
+                group.get(i).unwrap_or(&group[0]).clone().into_tensor_arg()
+            };
+            // SAFETY: every tensor is contiguous and `[rows, len_i]`; unit p
+            // updates element p − start_i of the one tensor among the first
+            // `ts.len()` slots whose range holds it (units past the group's
+            // total match none; the other slots are never read), reading
+            // `active` at its row (< rows). Each unit reads and writes only
+            // its own element.
+            unsafe {
+                sgd_momentum_rows_kernel::launch_unchecked(
+                    &ts[0].client,
+                    cube_count,
+                    cube_dim,
+                    address,
+                    arg(gs, 0),
+                    arg(gs, 1),
+                    arg(gs, 2),
+                    arg(gs, 3),
+                    active.clone().into_tensor_arg(),
+                    arg(ts, 0),
+                    arg(ts, 1),
+                    arg(ts, 2),
+                    arg(ts, 3),
+                    arg(bs, 0),
+                    arg(bs, 1),
+                    arg(bs, 2),
+                    arg(bs, 3),
+                    rows,
+                    scalar(hyper.lr),
+                    scalar(hyper.momentum),
+                    scalar(hyper.weight_decay),
+                    ts.len(),
+                    F32,
+                );
+            }
+        }
+        true
     }
 
     impl InPlace for CubeBackend {
@@ -356,47 +527,12 @@ mod cube {
             active: CubeTensor,
             hyper: Sgd,
         ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-            let shape = theta.meta.shape().clone();
-            let [rows, len] = shape.dims::<2>();
-            let fits = [&theta, &buf, &grad, &active]
-                .iter()
-                .all(|t| t.dtype == DType::F32)
-                && *buf.meta.shape() == shape
-                && *grad.meta.shape() == shape
-                && active.meta.shape().num_elements() == rows
-                && theta.is_contiguous()
-                && buf.is_contiguous();
-            if !fits || rows * len == 0 {
-                return sgd_then_selected::<Self>(theta, buf, grad, active, hyper);
+            let one = |t: &CubeTensor| vec![t.clone()];
+            if launch_in_groups(&one(&theta), &one(&buf), one(&grad), active.clone(), hyper) {
+                (theta, buf)
+            } else {
+                sgd_then_selected::<Self>(theta, buf, grad, active, hyper)
             }
-            let (grad, active) = (into_contiguous(grad), into_contiguous(active));
-            let n = rows * len;
-            let client = theta.client.clone();
-            let address = address(&[&theta, &buf, &grad]);
-            let (cube_count, cube_dim) = units(&theta, n);
-            let scalar = |v: f32| InputScalar::new(v, F32);
-            // SAFETY: all four are contiguous; `theta`, `buf` and `grad`
-            // hold `n` elements and `active` `rows`, read at `pos / len`.
-            // Each thread reads and writes only its own element of θ and
-            // the buffer.
-            unsafe {
-                sgd_momentum_rows_kernel::launch_unchecked(
-                    &client,
-                    cube_count,
-                    cube_dim,
-                    address,
-                    grad.into_tensor_arg(),
-                    active.into_tensor_arg(),
-                    theta.clone().into_tensor_arg(),
-                    buf.clone().into_tensor_arg(),
-                    len,
-                    scalar(hyper.lr),
-                    scalar(hyper.momentum),
-                    scalar(hyper.weight_decay),
-                    F32,
-                );
-            }
-            (theta, buf)
         }
 
         fn assign_rows(dst: CubeTensor, src: CubeTensor, active: CubeTensor) -> FloatTensor<Self> {
