@@ -593,8 +593,10 @@ impl<'a> BatchedTrainer<'a> {
                 .neg()
                 .reshape([k]),
         };
-        let loss = per_client.clone().sum();
-        let grads = loss.backward();
+        // Σ_k L_k's gradient, seeded at each client's loss (a seed of ones
+        // over `[K]`: the total's sum and its backward step are launches a
+        // GPU step can do without).
+        let grads = per_client.backward();
         let grad: Vec<Tensor<2>> = leaves
             .iter()
             .zip(&self.params)
