@@ -46,7 +46,7 @@ use crate::NnError;
 use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
 use crate::kernels::{
-    REPLAYABLE, assign, conv2d, env_choice, masked_batch_norm, sgd_momentum_rows,
+    REPLAYABLE, assign, conv2d, env_choice, masked_batch_norm, plan_row, sgd_momentum_rows,
     weighted_cross_entropy,
 };
 use crate::model::{BN_EPS, ModelSpec, channel_sums};
@@ -776,7 +776,6 @@ impl<'a> BatchedTrainer<'a> {
         let (k, b) = (self.k, plan.b);
         let at = state.counter.clone().int();
         let ints = plan.ints.clone().select(0, at.clone()).reshape([2 * k * b]);
-        let floats = plan.floats.clone().select(0, at).reshape([2 * k * b + k]);
         let table = self
             .resident
             .as_ref()
@@ -786,7 +785,23 @@ impl<'a> BatchedTrainer<'a> {
         let x = table
             .select(0, ints.clone().narrow(0, 0, k * b))
             .reshape(self.input_dims(b));
-        let (target, step) = self.supervision(b, ints.narrow(0, k * b, k * b), floats);
+        let classes = self.spec.num_classes();
+        let (target, step) =
+            match plan_row(&state.counter, &plan.ints, &plan.floats, [k, b, classes]) {
+                // Off the CPU: one kernel.
+                Some((target, valid, sizes)) => (
+                    target.reshape([k, b, classes]).autodiff(),
+                    Step {
+                        b,
+                        valid: valid.autodiff(),
+                        sizes: sizes.autodiff(),
+                    },
+                ),
+                None => {
+                    let floats = plan.floats.clone().select(0, at).reshape([2 * k * b + k]);
+                    self.supervision(b, ints.narrow(0, k * b, k * b), floats)
+                }
+            };
         let per_client = self.train_step(x, target, &step, lr);
         let sums = state.loss_sum.clone() + per_client.reshape([1, k]);
         assign(&mut state.loss_sum, sums, &state.one);

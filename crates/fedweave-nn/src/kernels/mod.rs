@@ -36,6 +36,7 @@ mod dense;
 mod grouped;
 mod in_place;
 mod masked_batch_norm;
+mod plan_row;
 mod pool;
 mod relu_pool;
 mod sgd;
@@ -301,6 +302,7 @@ pub(crate) fn on_cpu<const D: usize>(x: &Tensor<D>) -> bool {
 
 pub(crate) use in_place::{REPLAYABLE, assign, assign_rows, fold_running_rows, sgd_momentum_rows};
 pub(crate) use masked_batch_norm::masked_batch_norm;
+pub(crate) use plan_row::plan_row;
 pub(crate) use sgd::{Sgd, sgd_momentum};
 pub(crate) use weighted_cross_entropy::weighted_cross_entropy;
 

@@ -1,0 +1,166 @@
+//! A batched step's supervision read from its round's plan in one kernel
+//! off the CPU.
+//!
+//! The batched trainer uploads a round's labels and sample weights once
+//! (`BatchedTrainer::plan`: per step a row of integers, rows then labels,
+//! and a row of floats, weights then validity then batch sizes) and each
+//! step reads its row at a counter kept on the device. As burn's operations
+//! that was a selection of the float row, three slices, a zero fill and a
+//! scatter of the weights at the labels: six launches a step. Here it is
+//! one; the CPU keeps the operations (its batched results are pinned).
+
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Backend, Dispatch, Flex, backend_extension};
+use burn::tensor::{Int, Tensor};
+
+/// The step's supervision from the plan.
+#[backend_extension(Flex, Cube: cfg(any(feature = "cuda", feature = "wgpu")))]
+pub trait PlanRow: Backend {
+    /// Step `counter[0]`'s targets (`[K·B, classes]`: row k·B + b is the
+    /// one-hot row of client k's sample b weighted by its weight, zero for
+    /// padding), validity (`[B, K]`) and batch sizes (`[K]`), from the plan's
+    /// `ints` (`[steps, 2·K·B]`) and `floats` (`[steps, 2·K·B + K]`).
+    /// `None` where the backend has no kernel for it: the caller composes
+    /// it.
+    fn plan_row(
+        _counter: FloatTensor<Self>,
+        _ints: IntTensor<Self>,
+        _floats: FloatTensor<Self>,
+        _clients: usize,
+        _batch: usize,
+        _classes: usize,
+    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>)> {
+        None
+    }
+}
+
+impl PlanRow for Flex {}
+
+/// [`PlanRow::plan_row`] on the dispatching backend's tensors.
+pub(crate) fn plan_row(
+    counter: &Tensor<1>,
+    ints: &Tensor<2, Int>,
+    floats: &Tensor<2>,
+    [clients, batch, classes]: [usize; 3],
+) -> Option<(Tensor<2>, Tensor<2>, Tensor<1>)> {
+    let (target, valid, sizes) = <Dispatch as PlanRow>::plan_row(
+        counter.clone().into_dispatch(),
+        ints.clone().into_dispatch(),
+        floats.clone().into_dispatch(),
+        clients,
+        batch,
+        classes,
+    )?;
+    Some((
+        Tensor::from_dispatch(target),
+        Tensor::from_dispatch(valid),
+        Tensor::from_dispatch(sizes),
+    ))
+}
+
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod cube {
+    use super::super::cube::{F32, address, empty_f32, units};
+    use super::PlanRow;
+    use burn::backend::tensor::FloatTensor;
+    use burn::tensor::{DType, Shape};
+    use burn_cubecl::CubeBackend;
+    use burn_cubecl::kernel::into_contiguous;
+    use burn_cubecl::tensor::CubeTensor;
+    use cubecl::ir::IntKind;
+    use cubecl::prelude::*;
+
+    /// One unit per target element; the first K·B units also write the
+    /// validity, the first K the batch sizes.
+    #[cube(launch_unchecked, address_type = "dynamic")]
+    #[allow(clippy::too_many_arguments)]
+    fn plan_row_kernel<F: Float, I: Int>(
+        counter: &Tensor<F>,
+        ints: &Tensor<I>,
+        floats: &Tensor<F>,
+        target: &mut Tensor<F>,
+        valid: &mut Tensor<F>,
+        sizes: &mut Tensor<F>,
+        rows: usize,
+        clients: usize,
+        classes: usize,
+        #[define(F, I)] _dtypes: [ElemType; 2],
+    ) {
+        if ABSOLUTE_POS >= target.len() {
+            terminate!();
+        }
+        let step = u32::cast_from(counter[0]) as usize;
+        let ints_at = step * 2 * rows;
+        let floats_at = step * (2 * rows + clients);
+        let (row, class) = (ABSOLUTE_POS / classes, ABSOLUTE_POS % classes);
+        let label = u32::cast_from(ints[ints_at + rows + row]) as usize;
+        let mut t = F::new(0.0);
+        if label == class {
+            t = floats[floats_at + row];
+        }
+        target[ABSOLUTE_POS] = t;
+        if ABSOLUTE_POS < rows {
+            valid[ABSOLUTE_POS] = floats[floats_at + rows + ABSOLUTE_POS];
+        }
+        if ABSOLUTE_POS < clients {
+            sizes[ABSOLUTE_POS] = floats[floats_at + 2 * rows + ABSOLUTE_POS];
+        }
+    }
+
+    impl PlanRow for CubeBackend {
+        fn plan_row(
+            counter: CubeTensor,
+            ints: CubeTensor,
+            floats: CubeTensor,
+            clients: usize,
+            batch: usize,
+            classes: usize,
+        ) -> Option<(FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>)> {
+            let rows = clients * batch;
+            let int = match ints.dtype {
+                DType::I64 => ElemType::Int(IntKind::I64),
+                DType::I32 => ElemType::Int(IntKind::I32),
+                _ => return None,
+            };
+            let fits = counter.dtype == DType::F32
+                && floats.dtype == DType::F32
+                && ints.meta.shape().dims::<2>()[1] == 2 * rows
+                && floats.meta.shape().dims::<2>()[1] == 2 * rows + clients
+                && classes > 0
+                && rows > 0;
+            if !fits {
+                return None;
+            }
+            let [counter, ints, floats] = [counter, ints, floats].map(into_contiguous);
+            let target = empty_f32(&floats, Shape::new([rows, classes]));
+            let valid = empty_f32(&floats, Shape::new([batch, clients]));
+            let sizes = empty_f32(&floats, Shape::new([clients]));
+            let (count, dim) = units(&target, rows * classes);
+            let address = address(&[&ints, &floats, &target]);
+            // SAFETY: one unit per target element (checked); the counter
+            // names a step of the plan (the trainer takes no more steps
+            // than it has rows), so every read lies in that step's rows of
+            // the contiguous tables; K ≤ K·B ≤ K·B·classes units write
+            // `sizes` and `valid`.
+            unsafe {
+                plan_row_kernel::launch_unchecked(
+                    &floats.client.clone(),
+                    count,
+                    dim,
+                    address,
+                    counter.into_tensor_arg(),
+                    ints.into_tensor_arg(),
+                    floats.into_tensor_arg(),
+                    target.clone().into_tensor_arg(),
+                    valid.clone().into_tensor_arg(),
+                    sizes.clone().into_tensor_arg(),
+                    rows,
+                    clients,
+                    classes,
+                    [F32, int],
+                );
+            }
+            Some((target, valid, sizes))
+        }
+    }
+}
