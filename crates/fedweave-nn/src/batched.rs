@@ -46,7 +46,7 @@ use crate::NnError;
 use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
 use crate::kernels::{
-    REPLAYABLE, assign, conv2d, env_choice, masked_batch_norm, plan_row, sgd_momentum_rows,
+    REPLAYABLE, add_assign, conv2d, env_choice, masked_batch_norm, plan_row, sgd_momentum_rows,
     weighted_cross_entropy,
 };
 use crate::model::{BN_EPS, ModelSpec, channel_sums};
@@ -803,10 +803,8 @@ impl<'a> BatchedTrainer<'a> {
                 }
             };
         let per_client = self.train_step(x, target, &step, lr);
-        let sums = state.loss_sum.clone() + per_client.reshape([1, k]);
-        assign(&mut state.loss_sum, sums, &state.one);
-        let next = state.counter.clone().add_scalar(1.0);
-        assign(&mut state.counter, next, &state.one);
+        add_assign(&mut state.loss_sum, per_client.reshape([1, k]));
+        add_assign(&mut state.counter, state.one.clone());
     }
 
     /// Copies client `c`'s parameters and running statistics out.

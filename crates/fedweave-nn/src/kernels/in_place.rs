@@ -30,6 +30,10 @@ pub trait InPlace: Backend {
         active: FloatTensor<Self>,
     ) -> FloatTensor<Self>;
 
+    /// `dst + src` (the same shape); on the cube backends `dst` itself,
+    /// written in place by one kernel.
+    fn add_assign(dst: FloatTensor<Self>, src: FloatTensor<Self>) -> FloatTensor<Self>;
+
     /// One momentum-SGD step ([`SgdStep::sgd_momentum`]) of the stacked
     /// `theta` and `buf` (`[rows, len]`) along `grad`, kept only in the rows
     /// where `active` is not 0: the update followed by
@@ -87,13 +91,12 @@ pub(crate) fn assign_rows(dst: &mut Tensor<2>, src: Tensor<2>, active: &Tensor<1
     *dst = Tensor::from_dispatch(out);
 }
 
-/// `*dst ← src` for a tensor of any rank (one row, always active).
-pub(crate) fn assign<const D: usize>(dst: &mut Tensor<D>, src: Tensor<D>, one: &Tensor<1>) {
-    let dims = dst.dims();
-    let n = dims.iter().product::<usize>();
-    let mut flat = dst.clone().reshape([1, n]);
-    assign_rows(&mut flat, src.reshape([1, n]), one);
-    *dst = flat.reshape(dims);
+/// `*dst ← *dst + src` (the same shape), in `dst`'s buffer on the cube
+/// backends: a step's running sums and its counter.
+pub(crate) fn add_assign<const D: usize>(dst: &mut Tensor<D>, src: Tensor<D>) {
+    debug_assert_eq!(dst.dims(), src.dims(), "addition of another shape");
+    let sum = <Dispatch as InPlace>::add_assign(dst.clone().into_dispatch(), src.into_dispatch());
+    *dst = Tensor::from_dispatch(sum);
 }
 
 /// `thetas` and `bufs` after [`InPlace::sgd_momentum_rows`] along
@@ -190,6 +193,10 @@ macro_rules! selected_assign {
                 selected::<Self>(dst, src, active)
             }
 
+            fn add_assign(dst: FloatTensor<Self>, src: FloatTensor<Self>) -> FloatTensor<Self> {
+                <Self as burn::backend::ops::FloatTensorOps<Self>>::float_add(dst, src)
+            }
+
             fn sgd_momentum_rows(
                 theta: FloatTensor<Self>,
                 buf: FloatTensor<Self>,
@@ -239,6 +246,19 @@ mod cube {
         if active.read(ABSOLUTE_POS / row_len) != F::new(0.0) {
             dst.write(ABSOLUTE_POS, src.read(ABSOLUTE_POS));
         }
+    }
+
+    /// One thread per element: `dst += src`.
+    #[cube(launch_unchecked, address_type = "dynamic")]
+    fn add_assign_kernel<F: Float>(
+        src: &Tensor<F>,
+        dst: &mut Tensor<F>,
+        #[define(F)] _dtype: ElemType,
+    ) {
+        if ABSOLUTE_POS >= dst.len() {
+            terminate!();
+        }
+        dst[ABSOLUTE_POS] += src[ABSOLUTE_POS];
     }
 
     /// Tensors one launch of [`sgd_momentum_rows_kernel`] updates.
@@ -466,6 +486,43 @@ mod cube {
     }
 
     impl InPlace for CubeBackend {
+        fn add_assign(dst: CubeTensor, src: CubeTensor) -> FloatTensor<Self> {
+            let n = dst.meta.shape().num_elements();
+            let fits = dst.dtype == DType::F32
+                && src.dtype == DType::F32
+                && src.meta.shape().num_elements() == n
+                && dst.is_contiguous()
+                && n > 0;
+            if !fits {
+                tracing::warn!(
+                    "add_assign adds into a new tensor instead of in place (dst {:?} {:?}, \
+                     src {:?} {:?})",
+                    dst.dtype,
+                    dst.meta.shape(),
+                    src.dtype,
+                    src.meta.shape()
+                );
+                return <Self as burn::backend::ops::FloatTensorOps<Self>>::float_add(dst, src);
+            }
+            let src = into_contiguous(src);
+            let (cube_count, cube_dim) = units(&dst, n);
+            let address = address(&[&dst, &src]);
+            // SAFETY: both contiguous with `n` elements; each thread reads
+            // and writes its own element.
+            unsafe {
+                add_assign_kernel::launch_unchecked(
+                    &dst.client.clone(),
+                    cube_count,
+                    cube_dim,
+                    address,
+                    src.into_tensor_arg(),
+                    dst.clone().into_tensor_arg(),
+                    F32,
+                );
+            }
+            dst
+        }
+
         fn fold_running_rows(
             mean: CubeTensor,
             var: CubeTensor,
@@ -589,7 +646,7 @@ mod tests {
     use burn::tensor::{Device, TensorData};
 
     /// On the CPU the assignment is `mask_where` on the resting rows, bit
-    /// for bit, and leaves active rows equal to `src`.
+    /// for bit, and leaves active rows equal to `src`; `add_assign` adds.
     #[test]
     fn rows_of_active_flags_take_the_new_values() {
         let device = Device::flex();
@@ -610,10 +667,8 @@ mod tests {
             let want = if i / 4 == 1 { old[i] } else { new[i] };
             assert_eq!(g.to_bits(), want.to_bits(), "element {i}");
         }
-        let one = Tensor::<1>::ones([1], &device);
-        let mut t = Tensor::<3>::zeros([2, 2, 2], &device);
-        let src = Tensor::<3>::ones([2, 2, 2], &device);
-        assign(&mut t, src, &one);
-        assert_eq!(t.into_data().try_to_vec::<f32>().unwrap(), vec![1.0; 8]);
+        let mut t = Tensor::<3>::ones([2, 2, 2], &device).mul_scalar(0.5);
+        add_assign(&mut t, Tensor::<3>::ones([2, 2, 2], &device));
+        assert_eq!(t.into_data().try_to_vec::<f32>().unwrap(), vec![1.5; 8]);
     }
 }

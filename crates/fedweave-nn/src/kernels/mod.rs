@@ -300,7 +300,9 @@ pub(crate) fn on_cpu<const D: usize>(x: &Tensor<D>) -> bool {
     x.device().inner() == Device::flex()
 }
 
-pub(crate) use in_place::{REPLAYABLE, assign, assign_rows, fold_running_rows, sgd_momentum_rows};
+pub(crate) use in_place::{
+    REPLAYABLE, add_assign, assign_rows, fold_running_rows, sgd_momentum_rows,
+};
 pub(crate) use masked_batch_norm::masked_batch_norm;
 pub(crate) use plan_row::plan_row;
 pub(crate) use sgd::{Sgd, sgd_momentum};
