@@ -42,7 +42,7 @@ pub trait BatchNormOps: Backend {
 
 /// Per-channel sums of `t` (`[b, c, h, w]`) as `[c]`: along each sample's
 /// h·w values, then over the batch.
-fn channel_sums<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
+pub(super) fn channel_sums<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
     let [b, c, h, w] = t.shape().dims::<4>();
     let t = B::float_reshape(t, Shape::new([b, c, h * w]));
     let t = B::float_sum_dim(B::float_sum_dim(t, 2), 0);
@@ -50,7 +50,7 @@ fn channel_sums<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
 }
 
 /// A `[c]` tensor as `[1, c, 1, 1]`, to broadcast over `[b, c, h, w]`.
-fn per_channel<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
+pub(super) fn per_channel<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
     let c = t.shape().num_elements();
     B::float_reshape(t, Shape::new([1, c, 1, 1]))
 }
@@ -174,27 +174,11 @@ impl<B: BatchNormOps, C: CheckpointStrategy> BatchNormOps for Autodiff<B, C> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::close;
+    use super::super::tests::{close, seeded};
     use super::super::{BatchNormOp, batch_norm_train};
     use super::BatchNormOps;
     use burn::backend::Dispatch;
-    use burn::tensor::{Device, Tensor, TensorData};
-
-    /// Fixed values spread like N(0.5, 2) (a hash, not a random draw: with
-    /// fresh random values the check failed about once in ten runs, where a
-    /// draw made a channel's variance small against its mean).
-    fn seeded<const D: usize>(shape: [usize; D], seed: u64, device: &Device) -> Tensor<D> {
-        let len = shape.iter().product::<usize>() as u64;
-        let v: Vec<f32> = (0..len)
-            .map(|i| {
-                let h = (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                    ^ seed.wrapping_mul(0xD6E8_FEB8_6659_FD93);
-                let u = (h >> 40) as f32 / (1u64 << 24) as f32;
-                0.5 + 2.0 * (u * 2.0 - 1.0) * 1.7
-            })
-            .collect();
-        Tensor::from_data(TensorData::new(v, shape), device)
-    }
+    use burn::tensor::{Device, Tensor};
 
     /// burn's composition of the same formula through autodiff (the path
     /// the GPU backends took before): the reference.

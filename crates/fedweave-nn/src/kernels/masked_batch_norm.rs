@@ -26,6 +26,7 @@
 //!   the chain rule through the composition exactly (`S₃` is zero up to
 //!   rounding, and kept so the two agree to rounding).
 
+use super::batch_norm_ops::{channel_sums, per_channel};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -121,19 +122,6 @@ impl Geom {
     }
 }
 
-/// Per-channel sums of `t` (`[B, K·C, H, W]`) as `[K·C]`: each sample's
-/// plane, then the batch.
-fn channel_sums<B: Backend>(t: FloatTensor<B>, g: Geom) -> FloatTensor<B> {
-    let t = B::float_reshape(t, Shape::new([g.batch, g.channels(), g.plane]));
-    let t = B::float_sum_dim(B::float_sum_dim(t, 2), 0);
-    B::float_reshape(t, Shape::new([g.channels()]))
-}
-
-/// A `[K·C]` tensor as `[1, K·C, 1, 1]`.
-fn per_channel<B: Backend>(t: FloatTensor<B>, g: Geom) -> FloatTensor<B> {
-    B::float_reshape(t, Shape::new([1, g.channels(), 1, 1]))
-}
-
 /// `[B, K·C, 1, 1]`: each sample's validity for each channel of its client.
 fn channel_mask<B: Backend>(valid: FloatTensor<B>, g: Geom) -> FloatTensor<B> {
     let v = B::float_reshape(valid, Shape::new([g.batch, g.clients, 1]));
@@ -165,17 +153,14 @@ fn forward_composed<B: Backend>(
     let mask = channel_mask::<B>(valid, g);
     let counts = channel_counts::<B>(sizes, g);
     let masked = B::float_mul(y.clone(), mask.clone());
-    let mean = B::float_div(channel_sums::<B>(masked, g), counts.clone());
-    let centred = B::float_sub(y, per_channel::<B>(mean.clone(), g));
+    let mean = B::float_div(channel_sums::<B>(masked), counts.clone());
+    let centred = B::float_sub(y, per_channel::<B>(mean.clone()));
     let kept = B::float_mul(centred.clone(), mask);
-    let var = B::float_div(
-        channel_sums::<B>(B::float_mul(kept.clone(), kept), g),
-        counts,
-    );
+    let var = B::float_div(channel_sums::<B>(B::float_mul(kept.clone(), kept)), counts);
     let root = B::float_sqrt(B::float_add_scalar(var.clone(), eps.into()));
-    let out = B::float_div(centred, per_channel::<B>(root, g));
-    let out = B::float_mul(out, per_channel::<B>(gamma, g));
-    let out = B::float_add(out, per_channel::<B>(beta, g));
+    let out = B::float_div(centred, per_channel::<B>(root));
+    let out = B::float_mul(out, per_channel::<B>(gamma));
+    let out = B::float_add(out, per_channel::<B>(beta));
     (out, mean, var)
 }
 
@@ -194,11 +179,11 @@ fn backward_composed<B: Backend>(
     let g = Geom::of::<B>(&y, &valid);
     let mask = channel_mask::<B>(valid, g);
     let counts = channel_counts::<B>(sizes, g);
-    let centred = B::float_sub(y, per_channel::<B>(mean, g));
-    let s1 = channel_sums::<B>(dout.clone(), g);
-    let s2 = channel_sums::<B>(B::float_mul(dout.clone(), centred.clone()), g);
+    let centred = B::float_sub(y, per_channel::<B>(mean));
+    let s1 = channel_sums::<B>(dout.clone());
+    let s2 = channel_sums::<B>(B::float_mul(dout.clone(), centred.clone()));
     let kept = B::float_mul(centred.clone(), mask.clone());
-    let s3 = channel_sums::<B>(kept.clone(), g);
+    let s3 = channel_sums::<B>(kept.clone());
     let root = B::float_sqrt(B::float_add_scalar(var, eps.into()));
     let dgamma = B::float_div(s2.clone(), root.clone());
     // dσ² = −γ·S₂ / (2r³); its share of dy per kept value: 2·dσ²/M.
@@ -216,9 +201,9 @@ fn backward_composed<B: Backend>(
         ),
         counts,
     );
-    let dy = B::float_mul(dout, per_channel::<B>(scale, g));
-    let dy = B::float_add(dy, B::float_mul(kept, per_channel::<B>(slope, g)));
-    let dy = B::float_sub(dy, B::float_mul(mask, per_channel::<B>(shift, g)));
+    let dy = B::float_mul(dout, per_channel::<B>(scale));
+    let dy = B::float_add(dy, B::float_mul(kept, per_channel::<B>(slope)));
+    let dy = B::float_sub(dy, B::float_mul(mask, per_channel::<B>(shift)));
     (dy, dgamma, s1)
 }
 
@@ -606,23 +591,9 @@ mod cube {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::close;
+    use super::super::tests::{close, seeded};
     use super::masked_batch_norm;
     use burn::tensor::{Device, Tensor, TensorData};
-
-    /// Values spread like N(0.5, 2), from a hash (fixed across runs).
-    fn seeded<const D: usize>(shape: [usize; D], seed: u64, device: &Device) -> Tensor<D> {
-        let len = shape.iter().product::<usize>() as u64;
-        let v: Vec<f32> = (0..len)
-            .map(|i| {
-                let h = (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                    ^ seed.wrapping_mul(0xD6E8_FEB8_6659_FD93);
-                let u = (h >> 40) as f32 / (1u64 << 24) as f32;
-                0.5 + 3.4 * (u * 2.0 - 1.0)
-            })
-            .collect();
-        Tensor::from_data(TensorData::new(v, shape), device)
-    }
 
     /// The formula through burn's autodiff: the reference.
     fn composed(
