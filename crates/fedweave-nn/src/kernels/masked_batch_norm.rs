@@ -320,7 +320,36 @@ impl<B: MaskedBatchNorm, C: CheckpointStrategy> MaskedBatchNorm for Autodiff<B, 
     }
 }
 
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
+// With burn's `fusion` (`cuda-tuned`) the cube backend fuses the
+// composition's element-wise operations itself.
+#[cfg(feature = "cuda-tuned")]
+impl MaskedBatchNorm for burn::backend::Cube {
+    fn masked_batch_norm(
+        y: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        valid: FloatTensor<Self>,
+        sizes: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        forward_composed::<Self>(y, gamma, beta, valid, sizes, eps)
+    }
+
+    fn masked_batch_norm_backward(
+        dout: FloatTensor<Self>,
+        y: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        var: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        valid: FloatTensor<Self>,
+        sizes: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        backward_composed::<Self>(dout, y, mean, var, gamma, valid, sizes, eps)
+    }
+}
+
+#[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube {
     //! One cube per channel: its threads stride over the channel's B·H·W
     //! values and meet in shared memory for each sum.

@@ -30,7 +30,7 @@ mod batch_norm;
 mod batch_norm_ops;
 mod channels_last;
 mod conv;
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
+#[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube;
 mod dense;
 mod grouped;

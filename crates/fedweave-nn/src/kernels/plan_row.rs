@@ -58,7 +58,11 @@ pub(crate) fn plan_row(
     ))
 }
 
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
+// With burn's `fusion` (`cuda-tuned`) the plan's row is composed.
+#[cfg(feature = "cuda-tuned")]
+impl PlanRow for burn::backend::Cube {}
+
+#[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube {
     use super::super::cube::{F32, address, empty_f32, units};
     use super::PlanRow;

@@ -148,7 +148,24 @@ impl<B: ReluMaxPool, C: CheckpointStrategy> ReluMaxPool for Autodiff<B, C> {
     }
 }
 
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
+// With burn's `fusion` (`cuda-tuned`) the cube backend fuses the
+// composition's element-wise operations itself.
+#[cfg(feature = "cuda-tuned")]
+impl ReluMaxPool for burn::backend::Cube {
+    fn relu_max_pool(x: FloatTensor<Self>, k: usize) -> FloatTensor<Self> {
+        forward_composed::<Self>(x, k)
+    }
+
+    fn relu_max_pool_backward(
+        x: FloatTensor<Self>,
+        dout: FloatTensor<Self>,
+        k: usize,
+    ) -> FloatTensor<Self> {
+        backward_composed::<Self>(x, dout, k)
+    }
+}
+
+#[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube {
     use super::super::cube::{F32, address, empty_f32, units};
     use super::{ReluMaxPool, backward_composed, forward_composed};

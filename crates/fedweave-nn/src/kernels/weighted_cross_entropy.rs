@@ -166,7 +166,29 @@ impl<B: WeightedCrossEntropy, C: CheckpointStrategy> WeightedCrossEntropy for Au
     }
 }
 
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
+// With burn's `fusion` (`cuda-tuned`) the cube backend fuses the
+// composition's element-wise operations itself.
+#[cfg(feature = "cuda-tuned")]
+impl WeightedCrossEntropy for burn::backend::Cube {
+    fn weighted_cross_entropy(
+        logits: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        forward_composed::<Self>(logits, target)
+    }
+
+    fn weighted_cross_entropy_backward(
+        dloss: FloatTensor<Self>,
+        logits: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        mass: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        backward_composed::<Self>(dloss, logits, target, lse, mass)
+    }
+}
+
+#[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube {
     //! Forward: one cube per client, its units striding over the client's
     //! rows (N logits each, read serially) and meeting for the sum.
