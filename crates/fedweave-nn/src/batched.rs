@@ -46,15 +46,15 @@ use crate::NnError;
 use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
 use crate::kernels::{
-    REPLAYABLE, add_assign, conv2d, env_choice, masked_batch_norm, plan_row, sgd_momentum_rows,
-    weighted_cross_entropy,
+    REPLAYABLE, add_assign, bias_relu, conv2d, env_choice, masked_batch_norm, on_cpu, plan_inputs,
+    plan_row, sgd_momentum_rows, weighted_cross_entropy,
 };
 use crate::model::{BN_EPS, ModelSpec, channel_sums};
 use crate::resident::{BatchStats, LossLog, RunningStats};
 use crate::train::{TrainConfig, TrainStats};
 use crate::trainer::{BatchSampler, SgdConfig};
 use burn::backend::{Backend, Dispatch, ExecutionError};
-use burn::tensor::activation::log_softmax;
+use burn::tensor::activation::{log_softmax, relu};
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
 use rand::Rng;
@@ -181,6 +181,19 @@ impl Stack<'_> {
     /// `[K, B, in]` through linear layer (`i`, `i + 1`).
     pub(crate) fn linear(&self, x: Tensor<3>, i: usize) -> Tensor<3> {
         x.matmul(self.lin_w(i)) + self.lin_b(i + 1)
+    }
+
+    /// `[K, B, in]` through linear layer (`i`, `i + 1`) and ReLU: off the
+    /// CPU the bias and ReLU are one kernel each way ([`bias_relu`]); the
+    /// CPU keeps burn's operations (its batched results are pinned).
+    pub(crate) fn linear_relu(&self, x: Tensor<3>, i: usize) -> Tensor<3> {
+        if on_cpu(&x) {
+            return relu(self.linear(x, i));
+        }
+        let bias = self.leaves[i + 1]
+            .clone()
+            .reshape([self.k, self.shapes[i + 1][0]]);
+        bias_relu(x.matmul(self.lin_w(i)), bias)
     }
 
     /// `[B, K·C, H, W]` through conv layer (`i`, `i + 1`) as one grouped
@@ -774,16 +787,19 @@ impl<'a> BatchedTrainer<'a> {
     /// upload, no read), so it can be recorded.
     fn plan_step(&mut self, plan: &RoundPlan, state: &mut Replay, lr: f32) {
         let (k, b) = (self.k, plan.b);
-        let at = state.counter.clone().int();
-        let ints = plan.ints.clone().select(0, at.clone()).reshape([2 * k * b]);
-        let table = self
+        // The step's row of the plan's integers, where a kernel does not
+        // read it in place.
+        let ints = || {
+            let at = state.counter.clone().int();
+            plan.ints.clone().select(0, at).reshape([2 * k * b])
+        };
+        let table = &self
             .resident
             .as_ref()
             .expect("a plan reads the resident samples")
-            .table
-            .clone();
-        let x = table
-            .select(0, ints.clone().narrow(0, 0, k * b))
+            .table;
+        let x = plan_inputs(&state.counter, &plan.ints, table, k * b)
+            .unwrap_or_else(|| table.clone().select(0, ints().narrow(0, 0, k * b)))
             .reshape(self.input_dims(b));
         let classes = self.spec.num_classes();
         let (target, step) =
@@ -798,8 +814,9 @@ impl<'a> BatchedTrainer<'a> {
                     },
                 ),
                 None => {
+                    let at = state.counter.clone().int();
                     let floats = plan.floats.clone().select(0, at).reshape([2 * k * b + k]);
-                    self.supervision(b, ints.narrow(0, k * b, k * b), floats)
+                    self.supervision(b, ints().narrow(0, k * b, k * b), floats)
                 }
             };
         let per_client = self.train_step(x, target, &step, lr);

@@ -116,8 +116,8 @@ impl Batched for Cnn {
         let p = &cx.stack;
         let y = relu_max_pool2d(p.conv(x, 0), pool());
         let y = relu_max_pool2d(p.conv(y, 2), pool());
-        let y = relu(p.linear(cx.flatten(y), 4));
-        let y = relu(p.linear(y, 6));
+        let y = p.linear_relu(cx.flatten(y), 4);
+        let y = p.linear_relu(y, 6);
         p.linear(y, 8)
     }
 }

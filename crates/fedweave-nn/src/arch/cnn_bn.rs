@@ -142,7 +142,7 @@ impl Batched for ConvBnFc {
                 relu_max_pool2d(cx.batch_norm(z, at + 2), pool())
             };
         }
-        let y = relu(cx.stack.linear(cx.flatten(y), 8));
+        let y = cx.stack.linear_relu(cx.flatten(y), 8);
         cx.stack.linear(y, 10)
     }
 }

@@ -81,8 +81,8 @@ impl Batched for Mlp {
 
     fn forward(&self, cx: &mut BatchedCx, x: Tensor<3>) -> Tensor<3> {
         let p = &cx.stack;
-        let h = relu(p.linear(x, 0));
-        let h = relu(p.linear(h, 2));
+        let h = p.linear_relu(x, 0);
+        let h = p.linear_relu(h, 2);
         p.linear(h, 4)
     }
 }

@@ -35,6 +35,14 @@ pub(crate) fn cube_sum<F: Float>(v: F, shared: &mut Shared<[F]>) -> F {
     shared[0]
 }
 
+/// Index of value `i` (of the channel's B·H·W) of channel `ch` in a
+/// contiguous `[B, C, H, W]` tensor of `channels` channels.
+#[cube]
+pub(crate) fn channel_value(i: usize, ch: usize, channels: usize, plane: usize) -> usize {
+    let b = i / plane;
+    (b * channels + ch) * plane + i % plane
+}
+
 /// The address type wide enough for every one of a launch's `tensors`.
 pub(crate) fn address(tensors: &[&CubeTensor]) -> AddressType {
     tensors

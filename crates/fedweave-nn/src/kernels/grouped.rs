@@ -34,7 +34,9 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::{Autodiff, Backend, Dispatch, Flex, TensorMetadata, backend_extension};
+use burn::backend::{
+    Autodiff, AutodiffBackend, Backend, Dispatch, Flex, TensorMetadata, backend_extension,
+};
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Shape, Slice, Tensor, TensorData};
 
@@ -62,6 +64,10 @@ pub trait GroupedConv: Backend {
         padding: usize,
         groups: usize,
     ) -> FloatTensor<Self>;
+
+    /// The bias gradient at output gradient `dy` (`[n, c, h, w]`): each
+    /// channel's sum over the samples and the plane, `[c]`.
+    fn conv_bias_grad(dy: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
 fn options(stride: usize, padding: usize, groups: usize) -> ConvOptions<2> {
@@ -137,9 +143,20 @@ fn column_len(x: [usize; 4], weight: [usize; 4], stride: usize, padding: usize) 
     n * gc * kh * kw * oh * ow
 }
 
-/// [`GroupedConv`] for a backend without autodiff: burn's own forward.
+/// The bias gradient as burn's operations: per channel, over each sample's
+/// plane and then the batch (the same two contiguous sums as
+/// `model::channel_sums`, no transpose).
+fn bias_grad_composed<B: Backend>(dy: FloatTensor<B>) -> FloatTensor<B> {
+    let [n, c, h, w] = dy.shape().dims::<4>();
+    let t = B::float_reshape(dy, Shape::new([n, c, h * w]));
+    let t = B::float_sum_dim(B::float_sum_dim(t, 2), 0);
+    B::float_reshape(t, Shape::new([c]))
+}
+
+/// [`GroupedConv`] for a backend without autodiff: burn's own forward, and
+/// the bias gradient by `$bias_grad`.
 macro_rules! forward_only {
-    ($backend:ty) => {
+    ($backend:ty, $bias_grad:path) => {
         impl GroupedConv for $backend {
             fn conv2d_grouped(
                 x: FloatTensor<Self>,
@@ -161,13 +178,87 @@ macro_rules! forward_only {
             ) -> FloatTensor<Self> {
                 forward::<Self>(x, weight, None, stride, padding, groups)
             }
+
+            fn conv_bias_grad(dy: FloatTensor<Self>) -> FloatTensor<Self> {
+                $bias_grad(dy)
+            }
         }
     };
 }
 
-forward_only!(Flex);
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
-forward_only!(Cube);
+forward_only!(Flex, bias_grad_composed::<Flex>);
+#[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
+forward_only!(Cube, cube::bias_grad);
+// With burn's `fusion` (`cuda-tuned`) the sums are burn's.
+#[cfg(feature = "cuda-tuned")]
+forward_only!(Cube, bias_grad_composed::<Cube>);
+
+#[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
+mod cube {
+    //! The bias gradient in one kernel: one cube per channel, its units
+    //! striding over the channel's n·h·w values and meeting for the sum
+    //! (burn's two reductions were two launches per layer).
+
+    use super::super::cube::{F32, THREADS, address, channel_value, cube_sum, empty_f32};
+    use super::bias_grad_composed;
+    use burn::tensor::{DType, Shape};
+    use burn_cubecl::CubeBackend;
+    use burn_cubecl::kernel::into_contiguous;
+    use burn_cubecl::tensor::CubeTensor;
+    use cubecl::prelude::*;
+
+    #[cube(launch_unchecked, address_type = "dynamic")]
+    fn bias_grad_kernel<F: Float>(
+        dy: &Tensor<F>,
+        out: &mut Tensor<F>,
+        channels: usize,
+        plane: usize,
+        len: usize,
+        #[define(F)] _dtype: ElemType,
+    ) {
+        let ch = CUBE_POS;
+        let mut sums = Shared::new_slice(THREADS as usize);
+        let mut acc = F::new(0.0);
+        let mut i = UNIT_POS as usize;
+        while i < len {
+            acc += dy[channel_value(i, ch, channels, plane)];
+            i += CUBE_DIM as usize;
+        }
+        let total = cube_sum::<F>(acc, &mut sums);
+        if UNIT_POS == 0 {
+            out[ch] = total;
+        }
+    }
+
+    /// [`super::GroupedConv::conv_bias_grad`] in one launch.
+    pub(super) fn bias_grad(dy: CubeTensor) -> CubeTensor {
+        let [n, c, h, w] = dy.meta.shape().dims::<4>();
+        let threads_fit = dy.client.properties().hardware.max_cube_dim.0 >= THREADS;
+        if dy.dtype != DType::F32 || !threads_fit || c == 0 {
+            return bias_grad_composed::<CubeBackend>(dy);
+        }
+        let dy = into_contiguous(dy);
+        let out = empty_f32(&dy, Shape::new([c]));
+        let address = address(&[&dy]);
+        // SAFETY: one cube per channel (c of them); unit reads stay below
+        // n·c·h·w of the contiguous `dy`, and unit 0 writes out[ch < c].
+        unsafe {
+            bias_grad_kernel::launch_unchecked(
+                &dy.client.clone(),
+                CubeCount::Static(c as u32, 1, 1),
+                CubeDim::new_1d(THREADS),
+                address,
+                dy.into_tensor_arg(),
+                out.clone().into_tensor_arg(),
+                c,
+                h * w,
+                n * h * w,
+                F32,
+            );
+        }
+        out
+    }
+}
 
 /// dW of a grouped convolution of `x` (`[n, g·c, h, w]`) with output
 /// gradient `dy` (`[n, g·o, oh, ow]`), for a weight of `[g·o, c, kh, kw]`:
@@ -478,7 +569,7 @@ struct GroupedBackward<const N: usize>;
 /// The input, the weight, stride, padding and groups.
 type GroupedState<B> = (FloatTensor<B>, FloatTensor<B>, usize, usize, usize);
 
-impl<B: Backend> Backward<B, 3> for GroupedBackward<3> {
+impl<B: GroupedConv> Backward<B, 3> for GroupedBackward<3> {
     type State = GroupedState<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -488,7 +579,7 @@ impl<B: Backend> Backward<B, 3> for GroupedBackward<3> {
     }
 }
 
-impl<B: Backend> Backward<B, 2> for GroupedBackward<2> {
+impl<B: GroupedConv> Backward<B, 2> for GroupedBackward<2> {
     type State = GroupedState<B>;
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -500,7 +591,7 @@ impl<B: Backend> Backward<B, 2> for GroupedBackward<2> {
 
 /// Registers the gradients of the parents that need one (`ids`: input,
 /// weight, bias).
-fn register<B: Backend>(
+fn register<B: GroupedConv>(
     grads: &mut Gradients,
     dy: FloatTensor<B>,
     (x, weight, stride, padding, groups): GroupedState<B>,
@@ -508,12 +599,7 @@ fn register<B: Backend>(
 ) {
     let shape = weight.shape().dims::<4>();
     if let Some(id) = id_b {
-        // Per channel, over each sample's plane and then the batch: the
-        // same two contiguous sums as `model::channel_sums`, no transpose.
-        let [n, go, oh, ow] = dy.shape().dims::<4>();
-        let t = B::float_reshape(dy.clone(), Shape::new([n, go, oh * ow]));
-        let t = B::float_sum_dim(B::float_sum_dim(t, 2), 0);
-        grads.register::<B>(id, B::float_reshape(t, Shape::new([go])));
+        grads.register::<B>(id, B::conv_bias_grad(dy.clone()));
     }
     if let Some(id) = id_x {
         let [_, _, h, w] = x.shape().dims::<4>();
@@ -593,6 +679,11 @@ impl<B: GroupedConv, C: CheckpointStrategy> GroupedConv for Autodiff<B, C> {
         groups: usize,
     ) -> FloatTensor<Self> {
         tracked::<B, C, 2>(GroupedBackward, [x, weight], (stride, padding, groups))
+    }
+
+    fn conv_bias_grad(dy: FloatTensor<Self>) -> FloatTensor<Self> {
+        // Not differentiated: the inner backend's sums, detached.
+        Self::from_inner(B::conv_bias_grad(dy.into_primitive()))
     }
 }
 

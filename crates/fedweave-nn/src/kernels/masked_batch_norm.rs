@@ -354,7 +354,7 @@ mod cube {
     //! One cube per channel: its threads stride over the channel's B·H·W
     //! values and meet in shared memory for each sum.
 
-    use super::super::cube::{F32, THREADS, address, cube_sum, empty_f32};
+    use super::super::cube::{F32, THREADS, address, channel_value, cube_sum, empty_f32};
     use super::{Geom, MaskedBatchNorm, backward_composed, forward_composed};
     use burn::backend::tensor::FloatTensor;
     use burn::tensor::{DType, Shape};
@@ -362,14 +362,6 @@ mod cube {
     use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::prelude::*;
-
-    /// Index of value `i` (of the channel's B·H·W) of channel `ch` in a
-    /// contiguous `[B, K·C, H, W]` tensor.
-    #[cube]
-    fn at(i: usize, ch: usize, channels: usize, plane: usize) -> usize {
-        let b = i / plane;
-        (b * channels + ch) * plane + i % plane
-    }
 
     /// Client k's valid values per channel: its valid samples' planes, at
     /// least 1.
@@ -417,7 +409,7 @@ mod cube {
         let mut acc = F::new(0.0);
         let mut i = UNIT_POS as usize;
         while i < len {
-            acc += y[at(i, ch, channels, plane)] * validity::<F>(valid, i, plane, clients, k);
+            acc += y[channel_value(i, ch, channels, plane)] * validity::<F>(valid, i, plane, clients, k);
             i += stride;
         }
         let mean = cube_sum::<F>(acc, &mut sums) / count;
@@ -426,7 +418,7 @@ mod cube {
         let mut i = UNIT_POS as usize;
         while i < len {
             let kept =
-                (y[at(i, ch, channels, plane)] - mean) * validity::<F>(valid, i, plane, clients, k);
+                (y[channel_value(i, ch, channels, plane)] - mean) * validity::<F>(valid, i, plane, clients, k);
             acc += kept * kept;
             i += stride;
         }
@@ -436,7 +428,7 @@ mod cube {
         let (scale, shift) = (gamma[ch], beta[ch]);
         let mut i = UNIT_POS as usize;
         while i < len {
-            let j = at(i, ch, channels, plane);
+            let j = channel_value(i, ch, channels, plane);
             out[j] = (y[j] - mean) / root * scale + shift;
             i += stride;
         }
@@ -477,7 +469,7 @@ mod cube {
         let (mut a1, mut a2, mut a3) = (F::new(0.0), F::new(0.0), F::new(0.0));
         let mut i = UNIT_POS as usize;
         while i < len {
-            let j = at(i, ch, channels, plane);
+            let j = channel_value(i, ch, channels, plane);
             let (d, c) = (dout[j], y[j] - mu);
             a1 += d;
             a2 += d * c;
@@ -496,7 +488,7 @@ mod cube {
         let shift = (scale * s1 + slope * s3) / count;
         let mut i = UNIT_POS as usize;
         while i < len {
-            let j = at(i, ch, channels, plane);
+            let j = channel_value(i, ch, channels, plane);
             let m = validity::<F>(valid, i, plane, clients, k);
             dy[j] = dout[j] * scale + (y[j] - mu) * m * slope - m * shift;
             i += stride;

@@ -28,6 +28,7 @@
 
 mod batch_norm;
 mod batch_norm_ops;
+mod bias_relu;
 mod channels_last;
 mod conv;
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
@@ -300,11 +301,12 @@ pub(crate) fn on_cpu<const D: usize>(x: &Tensor<D>) -> bool {
     x.device().inner() == Device::flex()
 }
 
+pub(crate) use bias_relu::bias_relu;
 pub(crate) use in_place::{
     REPLAYABLE, add_assign, assign_rows, fold_running_rows, sgd_momentum_rows,
 };
 pub(crate) use masked_batch_norm::masked_batch_norm;
-pub(crate) use plan_row::plan_row;
+pub(crate) use plan_row::{plan_inputs, plan_row};
 pub(crate) use sgd::{Sgd, sgd_momentum};
 pub(crate) use weighted_cross_entropy::weighted_cross_entropy;
 

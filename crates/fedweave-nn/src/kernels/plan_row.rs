@@ -1,13 +1,16 @@
-//! A batched step's supervision read from its round's plan in one kernel
-//! off the CPU.
+//! A batched step's inputs and supervision read from its round's plan, one
+//! kernel each off the CPU.
 //!
-//! The batched trainer uploads a round's labels and sample weights once
-//! (`BatchedTrainer::plan`: per step a row of integers, rows then labels,
-//! and a row of floats, weights then validity then batch sizes) and each
-//! step reads its row at a counter kept on the device. As burn's operations
-//! that was a selection of the float row, three slices, a zero fill and a
-//! scatter of the weights at the labels: six launches a step. Here it is
-//! one; the CPU keeps the operations (its batched results are pinned).
+//! The batched trainer uploads a round's sample rows, labels and sample
+//! weights once (`BatchedTrainer::plan`: per step a row of integers, rows
+//! then labels, and a row of floats, weights then validity then batch
+//! sizes) and each step reads its row at a counter kept on the device. As
+//! burn's operations the supervision was a selection of the float row,
+//! three slices, a zero fill and a scatter of the weights at the labels (six
+//! launches a step), and the inputs a cast of the counter, a selection of
+//! the integer row, a slice and a selection of the samples (four). Here they
+//! are one each; the CPU keeps the operations (its batched results are
+//! pinned).
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
@@ -30,6 +33,18 @@ pub trait PlanRow: Backend {
         _batch: usize,
         _classes: usize,
     ) -> Option<(FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>)> {
+        None
+    }
+
+    /// Step `counter[0]`'s inputs (`[K·B, width]`): row r is row
+    /// `ints[step, r]` of the resident samples' `table` (`[rows, width]`).
+    /// `None` where the backend has no kernel for it.
+    fn plan_inputs(
+        _counter: FloatTensor<Self>,
+        _ints: IntTensor<Self>,
+        _table: FloatTensor<Self>,
+        _rows: usize,
+    ) -> Option<FloatTensor<Self>> {
         None
     }
 }
@@ -56,6 +71,23 @@ pub(crate) fn plan_row(
         Tensor::from_dispatch(valid),
         Tensor::from_dispatch(sizes),
     ))
+}
+
+/// [`PlanRow::plan_inputs`] on the dispatching backend's tensors: the
+/// step's `rows` inputs.
+pub(crate) fn plan_inputs(
+    counter: &Tensor<1>,
+    ints: &Tensor<2, Int>,
+    table: &Tensor<2>,
+    rows: usize,
+) -> Option<Tensor<2>> {
+    <Dispatch as PlanRow>::plan_inputs(
+        counter.clone().into_dispatch(),
+        ints.clone().into_dispatch(),
+        table.clone().into_dispatch(),
+        rows,
+    )
+    .map(Tensor::from_dispatch)
 }
 
 // With burn's `fusion` (`cuda-tuned`) the plan's row is composed.
@@ -111,6 +143,35 @@ mod cube {
         }
     }
 
+    /// One unit per input value.
+    #[cube(launch_unchecked, address_type = "dynamic")]
+    fn plan_inputs_kernel<F: Float, I: Int>(
+        counter: &Tensor<F>,
+        ints: &Tensor<I>,
+        table: &Tensor<F>,
+        x: &mut Tensor<F>,
+        rows: usize,
+        width: usize,
+        #[define(F, I)] _dtypes: [ElemType; 2],
+    ) {
+        if ABSOLUTE_POS >= x.len() {
+            terminate!();
+        }
+        let step = u32::cast_from(counter[0]) as usize;
+        let (r, e) = (ABSOLUTE_POS / width, ABSOLUTE_POS % width);
+        let sample = u32::cast_from(ints[step * 2 * rows + r]) as usize;
+        x[ABSOLUTE_POS] = table[sample * width + e];
+    }
+
+    /// The plan's integer type, when the kernels take it.
+    fn int_type(ints: &CubeTensor) -> Option<ElemType> {
+        match ints.dtype {
+            DType::I64 => Some(ElemType::Int(IntKind::I64)),
+            DType::I32 => Some(ElemType::Int(IntKind::I32)),
+            _ => None,
+        }
+    }
+
     impl PlanRow for CubeBackend {
         fn plan_row(
             counter: CubeTensor,
@@ -121,11 +182,7 @@ mod cube {
             classes: usize,
         ) -> Option<(FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>)> {
             let rows = clients * batch;
-            let int = match ints.dtype {
-                DType::I64 => ElemType::Int(IntKind::I64),
-                DType::I32 => ElemType::Int(IntKind::I32),
-                _ => return None,
-            };
+            let int = int_type(&ints)?;
             let fits = counter.dtype == DType::F32
                 && floats.dtype == DType::F32
                 && ints.meta.shape().dims::<2>()[1] == 2 * rows
@@ -165,6 +222,47 @@ mod cube {
                 );
             }
             Some((target, valid, sizes))
+        }
+
+        fn plan_inputs(
+            counter: CubeTensor,
+            ints: CubeTensor,
+            table: CubeTensor,
+            rows: usize,
+        ) -> Option<FloatTensor<Self>> {
+            let int = int_type(&ints)?;
+            let width = table.meta.shape().dims::<2>()[1];
+            let fits = counter.dtype == DType::F32
+                && table.dtype == DType::F32
+                && ints.meta.shape().dims::<2>()[1] == 2 * rows
+                && rows * width > 0;
+            if !fits {
+                return None;
+            }
+            let [counter, ints, table] = [counter, ints, table].map(into_contiguous);
+            let x = empty_f32(&table, Shape::new([rows, width]));
+            let (count, dim) = units(&x, rows * width);
+            let address = address(&[&ints, &table, &x]);
+            // SAFETY: one unit per input value (checked); the counter names
+            // a step of the plan, whose first `rows` integers are rows of
+            // the resident table (`BatchedTrainer::arrays`, the zero row
+            // for padding), all contiguous.
+            unsafe {
+                plan_inputs_kernel::launch_unchecked(
+                    &table.client.clone(),
+                    count,
+                    dim,
+                    address,
+                    counter.into_tensor_arg(),
+                    ints.into_tensor_arg(),
+                    table.into_tensor_arg(),
+                    x.clone().into_tensor_arg(),
+                    rows,
+                    width,
+                    [F32, int],
+                );
+            }
+            Some(x)
         }
     }
 }
