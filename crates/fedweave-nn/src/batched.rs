@@ -47,7 +47,7 @@ use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
 use crate::kernels::{
     REPLAYABLE, add_assign, bias_relu, conv2d, env_choice, masked_batch_norm, on_cpu, plan_inputs,
-    plan_row, sgd_momentum_rows, weighted_cross_entropy,
+    plan_row, sgd_momentum_rows, swap_leading, weighted_cross_entropy,
 };
 use crate::model::{BN_EPS, ModelSpec, channel_sums};
 use crate::resident::{BatchStats, LossLog, RunningStats};
@@ -869,7 +869,7 @@ impl BatchedCx<'_> {
     /// one-client flatten order).
     pub(crate) fn flatten(&self, y: Tensor<4>) -> Tensor<3> {
         let [b, ko, h, w] = y.dims();
-        y.reshape([b, self.k, ko / self.k * h * w]).swap_dims(0, 1)
+        swap_leading(y.reshape([b, self.k, ko / self.k * h * w]))
     }
 
     /// Batch norm with scale `i` and shift `i + 1` (see [`batch_norm`]).

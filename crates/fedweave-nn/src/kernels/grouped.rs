@@ -103,12 +103,37 @@ fn forward<B: Backend>(
     padding: usize,
     groups: usize,
 ) -> FloatTensor<B> {
+    forward_keeping::<B>(x, weight, bias, (stride, padding, groups)).0
+}
+
+/// [`forward`], with the column matrices when it gathered them and they
+/// hold at most [`KEPT_COLUMNS`] values: the weight gradient reads them
+/// instead of gathering them again (a launch per layer saved on a GPU step
+/// that is bound by its launches).
+fn forward_keeping<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    (stride, padding, groups): (usize, usize, usize),
+) -> (FloatTensor<B>, Option<FloatTensor<B>>) {
     let columns = column_len(x.shape().dims(), weight.shape().dims(), stride, padding);
     match lowering::<B>(groups, columns) {
-        Lowering::Direct => B::conv2d(x, weight, bias, options(stride, padding, groups)),
-        Lowering::Columns => forward_by_columns::<B>(x, weight, bias, stride, padding, groups),
+        Lowering::Direct => (
+            B::conv2d(x, weight, bias, options(stride, padding, groups)),
+            None,
+        ),
+        Lowering::Columns => {
+            let (out, cols) = forward_by_columns::<B>(x, weight, bias, stride, padding, groups);
+            (out, (columns <= KEPT_COLUMNS).then_some(cols))
+        }
     }
 }
+
+/// The largest column matrix (values) the forward pass keeps for the
+/// weight gradient: 2²⁴ `f32`, 64 MiB a layer. Small models, whose GPU
+/// steps are bound by their launches, keep theirs; larger ones gather them
+/// again rather than hold every layer's at once between the passes.
+const KEPT_COLUMNS: usize = 1 << 24;
 
 /// The lowering of a convolution of `groups` groups on backend `B` whose
 /// column matrix would hold `columns` values: a single group keeps burn's
@@ -464,7 +489,7 @@ fn columns<B: Backend>(
 
 /// The forward pass through [`columns`]: out[n, g, o, l] = Σ_k W[g, o, k] ·
 /// cols[n, g, k, l], one matmul batched over samples and groups (the
-/// weight broadcast over the samples), plus the bias.
+/// weight broadcast over the samples), plus the bias. Also the columns.
 fn forward_by_columns<B: Backend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
@@ -472,16 +497,18 @@ fn forward_by_columns<B: Backend>(
     stride: usize,
     padding: usize,
     groups: usize,
-) -> FloatTensor<B> {
+) -> (FloatTensor<B>, FloatTensor<B>) {
     let n = x.shape().dims::<4>()[0];
     let [go, c, kh, kw] = weight.shape().dims::<4>();
     let (cols, (oh, ow)) = columns::<B>(x, groups, [kh, kw], stride, padding);
     let weight = B::float_reshape(weight, Shape::new([1, groups, go / groups, c * kh * kw]));
-    let out = B::float_reshape(B::float_matmul(weight, cols), Shape::new([n, go, oh, ow]));
-    match bias {
+    let out = B::float_matmul(weight, cols.clone());
+    let out = B::float_reshape(out, Shape::new([n, go, oh, ow]));
+    let out = match bias {
         Some(b) => B::float_add(out, B::float_reshape(b, Shape::new([1, go, 1, 1]))),
         None => out,
-    }
+    };
+    (out, cols)
 }
 
 /// dW through [`columns`]: dW[g, o, k] = Σ_n Σ_l dy[n, g, o, l] · cols[n,
@@ -496,8 +523,19 @@ fn weight_grad_by_columns<B: Backend>(
     padding: usize,
     groups: usize,
 ) -> FloatTensor<B> {
-    let [n, _, oh, ow] = dy.shape().dims::<4>();
     let (cols, _) = columns::<B>(x, groups, [kh, kw], stride, padding);
+    weight_grad_from_columns::<B>(cols, dy, [go, c, kh, kw], groups)
+}
+
+/// [`weight_grad_by_columns`] from the input's column matrices `cols`
+/// (`[n, g, c·kh·kw, oh·ow]`).
+fn weight_grad_from_columns<B: Backend>(
+    cols: FloatTensor<B>,
+    dy: FloatTensor<B>,
+    [go, c, kh, kw]: [usize; 4],
+    groups: usize,
+) -> FloatTensor<B> {
+    let [n, _, oh, ow] = dy.shape().dims::<4>();
     let cols = B::float_swap_dims(cols, 2, 3);
     let dy = B::float_reshape(dy, Shape::new([n, groups, go / groups, oh * ow]));
     let per_sample = B::float_matmul(dy, cols);
@@ -528,7 +566,7 @@ fn input_grad_by_columns<B: Backend>(
     let turned = B::float_permute(turned, &[0, 2, 1, 3, 4]);
     let turned = B::float_flip(turned, &[3, 4]);
     let turned = B::float_reshape(turned, Shape::new([groups * c, o, k, k]));
-    let dx = forward_by_columns::<B>(dy, turned, None, 1, k - 1 - padding, groups);
+    let (dx, _) = forward_by_columns::<B>(dy, turned, None, 1, k - 1 - padding, groups);
     debug_assert_eq!(dx.shape().dims::<4>()[2..], [h, w]);
     dx
 }
@@ -566,8 +604,16 @@ fn input_grad_takes_columns<B: Backend>(
 #[derive(Debug)]
 struct GroupedBackward<const N: usize>;
 
-/// The input, the weight, stride, padding and groups.
-type GroupedState<B> = (FloatTensor<B>, FloatTensor<B>, usize, usize, usize);
+/// What the backward step reads: the forward's input and weight, its
+/// geometry, and the column matrices it kept ([`forward_keeping`]).
+#[derive(Clone, Debug)]
+struct GroupedState<B: Backend> {
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    /// Stride, padding, groups.
+    geometry: (usize, usize, usize),
+    columns: Option<FloatTensor<B>>,
+}
 
 impl<B: GroupedConv> Backward<B, 3> for GroupedBackward<3> {
     type State = GroupedState<B>;
@@ -594,9 +640,15 @@ impl<B: GroupedConv> Backward<B, 2> for GroupedBackward<2> {
 fn register<B: GroupedConv>(
     grads: &mut Gradients,
     dy: FloatTensor<B>,
-    (x, weight, stride, padding, groups): GroupedState<B>,
+    state: GroupedState<B>,
     [id_x, id_w, id_b]: [Option<NodeId>; 3],
 ) {
+    let GroupedState {
+        x,
+        weight,
+        geometry: (stride, padding, groups),
+        columns: kept,
+    } = state;
     let shape = weight.shape().dims::<4>();
     if let Some(id) = id_b {
         grads.register::<B>(id, B::conv_bias_grad(dy.clone()));
@@ -618,7 +670,9 @@ fn register<B: GroupedConv>(
     }
     if let Some(id) = id_w {
         let columns = column_len(x.shape().dims(), shape, stride, padding);
-        let dw = if groups == 1 || lowering::<B>(groups, columns) == Lowering::Columns {
+        let dw = if let Some(cols) = kept {
+            weight_grad_from_columns::<B>(cols, dy, shape, groups)
+        } else if groups == 1 || lowering::<B>(groups, columns) == Lowering::Columns {
             weight_grad_by_columns::<B>(x, dy, shape, stride, padding, groups)
         } else {
             weight_grad::<B>(x, dy, shape, stride, padding, groups)
@@ -649,8 +703,15 @@ where
     let bias = prims.next();
     match prep {
         OpsKind::Tracked(prep) => {
-            let out = forward::<B>(x.clone(), weight.clone(), bias, stride, padding, groups);
-            prep.finish((x, weight, stride, padding, groups), out)
+            let geometry = (stride, padding, groups);
+            let (out, columns) = forward_keeping::<B>(x.clone(), weight.clone(), bias, geometry);
+            let state = GroupedState {
+                x,
+                weight,
+                geometry,
+                columns,
+            };
+            prep.finish(state, out)
         }
         OpsKind::UnTracked(prep) => {
             prep.finish(forward::<B>(x, weight, bias, stride, padding, groups))
@@ -794,31 +855,50 @@ mod tests {
                 options(stride, pad, g),
             );
             let dy = Tensor::<4>::random(burns.dims(), normal, &device);
+            let mut kept = None;
             for _ in 0..2 {
-                let ours = Tensor::<4>::from_dispatch(forward_by_columns::<Dispatch>(
+                let (ours, cols) = forward_by_columns::<Dispatch>(
                     x.clone().into_dispatch(),
                     wt.clone().into_dispatch(),
                     Some(b.clone().into_dispatch()),
                     stride,
                     pad,
                     g,
-                ));
-                close(ours, burns.clone(), 1e-5, &format!("{case}: y"));
+                );
+                close(
+                    Tensor::<4>::from_dispatch(ours),
+                    burns.clone(),
+                    1e-5,
+                    &format!("{case}: y"),
+                );
+                kept = Some(cols);
             }
-            let gradient = |by_columns: bool| {
-                let (x, dy) = (x.clone().into_dispatch(), dy.clone().into_dispatch());
-                Tensor::<4>::from_dispatch(if by_columns {
-                    weight_grad_by_columns::<Dispatch>(x, dy, wt.dims(), stride, pad, g)
-                } else {
-                    weight_grad::<Dispatch>(x, dy, wt.dims(), stride, pad, g)
-                })
-            };
-            close(
-                gradient(true),
-                gradient(false),
-                1e-4,
-                &format!("{case}: dw"),
+            let direct = Tensor::<4>::from_dispatch(weight_grad::<Dispatch>(
+                x.clone().into_dispatch(),
+                dy.clone().into_dispatch(),
+                wt.dims(),
+                stride,
+                pad,
+                g,
+            ));
+            let by_columns = weight_grad_by_columns::<Dispatch>(
+                x.clone().into_dispatch(),
+                dy.clone().into_dispatch(),
+                wt.dims(),
+                stride,
+                pad,
+                g,
             );
+            let dw = format!("{case}: dw");
+            close(Tensor::from_dispatch(by_columns), direct.clone(), 1e-4, &dw);
+            // From the columns the forward pass kept.
+            let from_kept = weight_grad_from_columns::<Dispatch>(
+                kept.expect("two forward passes"),
+                dy.clone().into_dispatch(),
+                wt.dims(),
+                g,
+            );
+            close(Tensor::from_dispatch(from_kept), direct, 1e-4, &dw);
             if stride == 1 {
                 let burns = Tensor::<4>::from_dispatch(Dispatch::conv2d_x_backward(
                     x.clone().into_dispatch(),

@@ -409,7 +409,8 @@ mod cube {
         let mut acc = F::new(0.0);
         let mut i = UNIT_POS as usize;
         while i < len {
-            acc += y[channel_value(i, ch, channels, plane)] * validity::<F>(valid, i, plane, clients, k);
+            acc += y[channel_value(i, ch, channels, plane)]
+                * validity::<F>(valid, i, plane, clients, k);
             i += stride;
         }
         let mean = cube_sum::<F>(acc, &mut sums) / count;
@@ -417,8 +418,8 @@ mod cube {
         let mut acc = F::new(0.0);
         let mut i = UNIT_POS as usize;
         while i < len {
-            let kept =
-                (y[channel_value(i, ch, channels, plane)] - mean) * validity::<F>(valid, i, plane, clients, k);
+            let kept = (y[channel_value(i, ch, channels, plane)] - mean)
+                * validity::<F>(valid, i, plane, clients, k);
             acc += kept * kept;
             i += stride;
         }

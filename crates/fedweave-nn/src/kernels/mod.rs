@@ -41,6 +41,7 @@ mod plan_row;
 mod pool;
 mod relu_pool;
 mod sgd;
+mod swap_leading;
 mod vectors;
 mod weighted_cross_entropy;
 mod winograd;
@@ -308,6 +309,7 @@ pub(crate) use in_place::{
 pub(crate) use masked_batch_norm::masked_batch_norm;
 pub(crate) use plan_row::{plan_inputs, plan_row};
 pub(crate) use sgd::{Sgd, sgd_momentum};
+pub(crate) use swap_leading::swap_leading;
 pub(crate) use weighted_cross_entropy::weighted_cross_entropy;
 
 /// The option named by environment variable `name` among `options` (a
