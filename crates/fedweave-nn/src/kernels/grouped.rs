@@ -6,8 +6,9 @@
 //! batch 16) on an H200 (docs/results.md, "GPU, session 44"). On the CPU
 //! they keep one grouped convolution for the weight gradient (the columns
 //! are 0.6–0.9× burn-flex's there). `FEDWEAVE_GROUPED_CONV=direct|columns`
-//! overrides the choice ([`Lowering`]). The gather index of a window is
-//! uploaded once per thread and kept.
+//! overrides the choice ([`Lowering`]). On the cube backends one kernel
+//! writes the columns; burn's operations (the CPU, `cuda-tuned`) gather
+//! them through an index per window, uploaded once per thread and kept.
 //!
 //! burn differentiates a grouped convolution's weight group by group: per
 //! group a slice of the input, a slice of the output gradient, one
@@ -68,6 +69,19 @@ pub trait GroupedConv: Backend {
     /// The bias gradient at output gradient `dy` (`[n, c, h, w]`): each
     /// channel's sum over the samples and the plane, `[c]`.
     fn conv_bias_grad(dy: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// The column matrices of `x` (`[n, g·c, h, w]`) under a `kh`×`kw`
+    /// window of `stride` and zero `padding`, group by group: `[n, g,
+    /// c·kh·kw, oh·ow]`, row (c, i, j) holding the input value under tap
+    /// (i, j) of channel c at each output position (zero in the padding).
+    fn conv_columns(
+        x: FloatTensor<Self>,
+        groups: usize,
+        kh: usize,
+        kw: usize,
+        stride: usize,
+        padding: usize,
+    ) -> FloatTensor<Self>;
 }
 
 fn options(stride: usize, padding: usize, groups: usize) -> ConvOptions<2> {
@@ -95,7 +109,7 @@ pub(crate) fn conv2d(
 
 /// The forward pass on any backend: burn's convolution, or for more than
 /// one group the backend's [`Lowering`].
-fn forward<B: Backend>(
+fn forward<B: GroupedConv>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
@@ -110,7 +124,7 @@ fn forward<B: Backend>(
 /// hold at most [`KEPT_COLUMNS`] values: the weight gradient reads them
 /// instead of gathering them again (a launch per layer saved on a GPU step
 /// that is bound by its launches).
-fn forward_keeping<B: Backend>(
+fn forward_keeping<B: GroupedConv>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
@@ -178,10 +192,10 @@ fn bias_grad_composed<B: Backend>(dy: FloatTensor<B>) -> FloatTensor<B> {
     B::float_reshape(t, Shape::new([c]))
 }
 
-/// [`GroupedConv`] for a backend without autodiff: burn's own forward, and
-/// the bias gradient by `$bias_grad`.
+/// [`GroupedConv`] for a backend without autodiff: burn's own forward, the
+/// bias gradient by `$bias_grad` and the columns by `$columns`.
 macro_rules! forward_only {
-    ($backend:ty, $bias_grad:path) => {
+    ($backend:ty, $bias_grad:path, $columns:path) => {
         impl GroupedConv for $backend {
             fn conv2d_grouped(
                 x: FloatTensor<Self>,
@@ -207,25 +221,39 @@ macro_rules! forward_only {
             fn conv_bias_grad(dy: FloatTensor<Self>) -> FloatTensor<Self> {
                 $bias_grad(dy)
             }
+
+            fn conv_columns(
+                x: FloatTensor<Self>,
+                groups: usize,
+                kh: usize,
+                kw: usize,
+                stride: usize,
+                padding: usize,
+            ) -> FloatTensor<Self> {
+                $columns(x, groups, [kh, kw], stride, padding)
+            }
         }
     };
 }
 
-forward_only!(Flex, bias_grad_composed::<Flex>);
+forward_only!(Flex, bias_grad_composed::<Flex>, gathered_columns::<Flex>);
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
-forward_only!(Cube, cube::bias_grad);
-// With burn's `fusion` (`cuda-tuned`) the sums are burn's.
+forward_only!(Cube, cube::bias_grad, cube::columns);
+// With burn's `fusion` (`cuda-tuned`) the sums and the gather are burn's.
 #[cfg(feature = "cuda-tuned")]
-forward_only!(Cube, bias_grad_composed::<Cube>);
+forward_only!(Cube, bias_grad_composed::<Cube>, gathered_columns::<Cube>);
 
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube {
     //! The bias gradient in one kernel: one cube per channel, its units
     //! striding over the channel's n·h·w values and meeting for the sum
-    //! (burn's two reductions were two launches per layer).
+    //! (burn's two reductions were two launches per layer). The columns in
+    //! one kernel: the gather was a select after a zero fill and two slice
+    //! assignments for padded planes, and its index an upload kept per
+    //! thread (docs/results.md, "GPU, session 44").
 
-    use super::super::cube::{F32, THREADS, address, channel_value, cube_sum, empty_f32};
-    use super::bias_grad_composed;
+    use super::super::cube::{F32, THREADS, address, channel_value, cube_sum, empty_f32, units};
+    use super::{Window, bias_grad_composed, gathered_columns};
     use burn::tensor::{DType, Shape};
     use burn_cubecl::CubeBackend;
     use burn_cubecl::kernel::into_contiguous;
@@ -253,6 +281,86 @@ mod cube {
         if UNIT_POS == 0 {
             out[ch] = total;
         }
+    }
+
+    /// One unit per column value (`[n, g·c·kh·kw, oh·ow]` in order): the
+    /// input value under its tap, or zero in the padding.
+    #[cube(launch_unchecked, address_type = "dynamic")]
+    #[allow(clippy::too_many_arguments)]
+    fn columns_kernel<F: Float>(
+        x: &Tensor<F>,
+        cols: &mut Tensor<F>,
+        channels: usize,
+        h: usize,
+        w: usize,
+        kh: usize,
+        kw: usize,
+        ow: usize,
+        positions: usize,
+        stride: usize,
+        padding: usize,
+        #[define(F)] _dtype: ElemType,
+    ) {
+        if ABSOLUTE_POS >= cols.len() {
+            terminate!();
+        }
+        let taps = kh * kw;
+        let l = ABSOLUTE_POS % positions;
+        let row = (ABSOLUTE_POS / positions) % (channels * taps);
+        let sample = ABSOLUTE_POS / (positions * channels * taps);
+        let (ch, tap) = (row / taps, row % taps);
+        // Padded coordinates (no negative values): y + padding, x + padding.
+        let y = (l / ow) * stride + tap / kw;
+        let xx = (l % ow) * stride + tap % kw;
+        let mut v = F::new(0.0);
+        if y >= padding && xx >= padding && y - padding < h && xx - padding < w {
+            v = x[((sample * channels + ch) * h + y - padding) * w + xx - padding];
+        }
+        cols[ABSOLUTE_POS] = v;
+    }
+
+    /// [`super::GroupedConv::conv_columns`] in one launch (no gather index,
+    /// no zero-padded copy of the planes).
+    pub(super) fn columns(
+        x: CubeTensor,
+        groups: usize,
+        [kh, kw]: [usize; 2],
+        stride: usize,
+        padding: usize,
+    ) -> CubeTensor {
+        let [n, gc, h, w] = x.meta.shape().dims::<4>();
+        let (oh, ow) = Window::over([n, gc, h, w], [kh, kw], stride, padding).out();
+        let len = n * gc * kh * kw * oh * ow;
+        if x.dtype != DType::F32 || len == 0 {
+            return gathered_columns::<CubeBackend>(x, groups, [kh, kw], stride, padding);
+        }
+        let x = into_contiguous(x);
+        let cols = empty_f32(&x, Shape::new([n, groups, gc / groups * kh * kw, oh * ow]));
+        let (count, dim) = units(&cols, len);
+        let address = address(&[&x, &cols]);
+        // SAFETY: one unit per column value (checked); a tap inside the
+        // plane reads (sample, channel, y, x) of the contiguous input.
+        unsafe {
+            columns_kernel::launch_unchecked(
+                &x.client.clone(),
+                count,
+                dim,
+                address,
+                x.into_tensor_arg(),
+                cols.clone().into_tensor_arg(),
+                gc,
+                h,
+                w,
+                kh,
+                kw,
+                ow,
+                oh * ow,
+                stride,
+                padding,
+                F32,
+            );
+        }
+        cols
     }
 
     /// [`super::GroupedConv::conv_bias_grad`] in one launch.
@@ -456,19 +564,29 @@ fn gather_index<B: Backend>(window: Window, device: &B::Device) -> (IntTensor<B>
     })
 }
 
-/// The column matrices of `x` (`[n, g·c, h, w]`) under a `kh`×`kw` window,
-/// group by group: `[n, g, c·kh·kw, oh·ow]`, row (c, i, j) holding the
-/// input value under tap (i, j) of channel c at each output position
-/// (zero in the padding). One `select` along each sample's plane, with a
-/// zero appended to the plane when a tap reaches the padding. Also the
+/// The column matrices of `x` ([`GroupedConv::conv_columns`]) and the
 /// output's rows and columns.
-fn columns<B: Backend>(
+fn columns<B: GroupedConv>(
     x: FloatTensor<B>,
     groups: usize,
     [kh, kw]: [usize; 2],
     stride: usize,
     padding: usize,
 ) -> (FloatTensor<B>, (usize, usize)) {
+    let out = Window::over(x.shape().dims(), [kh, kw], stride, padding).out();
+    (B::conv_columns(x, groups, kh, kw, stride, padding), out)
+}
+
+/// [`GroupedConv::conv_columns`] as burn's operations: one `select` along
+/// each sample's plane, with a zero appended to the plane when a tap
+/// reaches the padding.
+fn gathered_columns<B: Backend>(
+    x: FloatTensor<B>,
+    groups: usize,
+    [kh, kw]: [usize; 2],
+    stride: usize,
+    padding: usize,
+) -> FloatTensor<B> {
     let [n, gc, h, w] = x.shape().dims::<4>();
     let window = Window::over([n, gc, h, w], [kh, kw], stride, padding);
     let (oh, ow) = window.out();
@@ -483,14 +601,16 @@ fn columns<B: Backend>(
         plane
     };
     let cols = B::float_select(plane, 2, index);
-    let shape = Shape::new([n, groups, gc / groups * kh * kw, oh * ow]);
-    (B::float_reshape(cols, shape), (oh, ow))
+    B::float_reshape(
+        cols,
+        Shape::new([n, groups, gc / groups * kh * kw, oh * ow]),
+    )
 }
 
 /// The forward pass through [`columns`]: out[n, g, o, l] = Σ_k W[g, o, k] ·
 /// cols[n, g, k, l], one matmul batched over samples and groups (the
 /// weight broadcast over the samples), plus the bias. Also the columns.
-fn forward_by_columns<B: Backend>(
+fn forward_by_columns<B: GroupedConv>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
@@ -515,7 +635,7 @@ fn forward_by_columns<B: Backend>(
 /// g, k, l], one matmul batched over samples and groups, summed over the
 /// samples at the end (the samples are the batch of the matmul so that a
 /// GPU spreads the long sum over many blocks).
-fn weight_grad_by_columns<B: Backend>(
+fn weight_grad_by_columns<B: GroupedConv>(
     x: FloatTensor<B>,
     dy: FloatTensor<B>,
     [go, c, kh, kw]: [usize; 4],
@@ -553,7 +673,7 @@ fn weight_grad_from_columns<B: Backend>(
 /// back to 12×12), traded on a GPU for one batched matmul instead of
 /// burn-cubecl's direct transposed convolution (session 24: 244 µs a step
 /// for `cnn-bn`'s second layer at K = 10, batch 10, on an H100).
-fn input_grad_by_columns<B: Backend>(
+fn input_grad_by_columns<B: GroupedConv>(
     dy: FloatTensor<B>,
     weight: FloatTensor<B>,
     [h, w]: [usize; 2],
@@ -683,7 +803,7 @@ fn register<B: GroupedConv>(
 
 /// Runs the convolution of `inputs` (input, weight and, with `N` = 3, bias)
 /// under autodiff.
-fn tracked<B: Backend, C: CheckpointStrategy, const N: usize>(
+fn tracked<B: GroupedConv, C: CheckpointStrategy, const N: usize>(
     op: GroupedBackward<N>,
     inputs: [FloatTensor<Autodiff<B, C>>; N],
     (stride, padding, groups): (usize, usize, usize),
@@ -745,6 +865,19 @@ impl<B: GroupedConv, C: CheckpointStrategy> GroupedConv for Autodiff<B, C> {
     fn conv_bias_grad(dy: FloatTensor<Self>) -> FloatTensor<Self> {
         // Not differentiated: the inner backend's sums, detached.
         Self::from_inner(B::conv_bias_grad(dy.into_primitive()))
+    }
+
+    fn conv_columns(
+        x: FloatTensor<Self>,
+        groups: usize,
+        kh: usize,
+        kw: usize,
+        stride: usize,
+        padding: usize,
+    ) -> FloatTensor<Self> {
+        // Not differentiated: the inner backend's columns, detached.
+        let x = x.into_primitive();
+        Self::from_inner(B::conv_columns(x, groups, kh, kw, stride, padding))
     }
 }
 
