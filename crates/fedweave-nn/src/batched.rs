@@ -46,8 +46,8 @@ use crate::NnError;
 use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
 use crate::kernels::{
-    REPLAYABLE, add_assign, bias_relu, conv2d, env_choice, masked_batch_norm, on_cpu, plan_inputs,
-    plan_row, sgd_momentum_rows, swap_leading, weighted_cross_entropy,
+    Around, REPLAYABLE, add_assign, bias_relu, conv2d, env_choice, masked_batch_norm, on_cpu,
+    plan_inputs, plan_row, sgd_momentum_rows, swap_leading, weighted_cross_entropy,
 };
 use crate::model::{BN_EPS, ModelSpec, channel_sums};
 use crate::resident::{BatchStats, LossLog, RunningStats};
@@ -874,6 +874,30 @@ impl BatchedCx<'_> {
 
     /// Batch norm with scale `i` and shift `i + 1` (see [`batch_norm`]).
     pub(crate) fn batch_norm(&mut self, y: Tensor<4>, i: usize) -> Tensor<4> {
+        self.batch_norm_around(y, i, Around::default())
+    }
+
+    /// [`batch_norm`](Self::batch_norm), then ReLU when `relu`: one
+    /// operation off the CPU.
+    pub(crate) fn batch_norm_relu(&mut self, y: Tensor<4>, i: usize, relu: bool) -> Tensor<4> {
+        self.batch_norm_around(y, i, Around { bias: None, relu })
+    }
+
+    /// Conv layer (`at`, `at + 1`: weight and bias) as in
+    /// [`Stack::conv`], then batch norm with scale `i` and shift `i + 1`:
+    /// off the CPU the bias is added inside the batch norm's kernels (one
+    /// launch each way fewer).
+    pub(crate) fn conv_batch_norm(&mut self, x: Tensor<4>, at: usize, i: usize) -> Tensor<4> {
+        if self.norm != BatchedNorm::Kernel {
+            let y = self.stack.conv(x, at);
+            return self.batch_norm(y, i);
+        }
+        let y = self.stack.grouped_conv(x, at, None, 1, 0, 1);
+        let bias = Some(self.stack.conv_bias(at + 1));
+        self.batch_norm_around(y, i, Around { bias, relu: false })
+    }
+
+    fn batch_norm_around(&mut self, y: Tensor<4>, i: usize, around: Around) -> Tensor<4> {
         let Self {
             stack,
             k,
@@ -881,12 +905,14 @@ impl BatchedCx<'_> {
             record,
             norm,
         } = self;
-        batch_norm(y, stack, i, step, *k, record, *norm)
+        batch_norm(y, stack, i, step, *k, record, *norm, around)
     }
 }
 
-/// Batch norm with scale `i` and shift `i + 1` on `[B, K·C, H, W]`, with
-/// statistics over each client's valid samples; records them.
+/// Batch norm with scale `i` and shift `i + 1` on `[B, K·C, H, W]` plus
+/// `around`'s bias, then its ReLU, with statistics over each client's valid
+/// samples; records them.
+#[allow(clippy::too_many_arguments)]
 fn batch_norm(
     y: Tensor<4>,
     p: &Stack,
@@ -895,20 +921,28 @@ fn batch_norm(
     k: usize,
     record: &mut Vec<BatchStats>,
     norm: BatchedNorm,
+    around: Around,
 ) -> Tensor<4> {
     let [_, kc, h, w] = y.dims();
     if norm == BatchedNorm::Kernel {
         let (out, mean, var) = masked_batch_norm(
             y,
-            p.leaves[i].clone().reshape([kc]),
-            p.leaves[i + 1].clone().reshape([kc]),
+            [
+                p.leaves[i].clone().reshape([kc]),
+                p.leaves[i + 1].clone().reshape([kc]),
+            ],
             step.valid.clone().inner(),
             step.sizes.clone().inner(),
             BN_EPS,
+            around,
         );
         record.push(BatchStats::of(&mean, &var, h * w));
         return out;
     }
+    let y = match around.bias {
+        Some(b) => y + b.reshape([1, kc, 1, 1]),
+        None => y,
+    };
     let mask = step.channel_mask(k, kc / k);
     let counts = step.channel_counts(k, kc / k, h * w);
     let mean = channel_sums(y.clone() * mask.clone()).div(counts.clone());
@@ -921,7 +955,9 @@ fn batch_norm(
     let centred = y - spread(mean.clone());
     let var = channel_sums((centred.clone() * mask).square()).div(counts);
     record.push(BatchStats::of(&mean, &var, h * w));
-    centred / spread((var + BN_EPS).sqrt()) * spread(p.channel(i)) + spread(p.channel(i + 1))
+    let out =
+        centred / spread((var + BN_EPS).sqrt()) * spread(p.channel(i)) + spread(p.channel(i + 1));
+    if around.relu { relu(out) } else { out }
 }
 
 /// How the batched trainer's batch norm is lowered.

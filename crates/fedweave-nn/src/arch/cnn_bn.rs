@@ -134,12 +134,11 @@ impl Batched for ConvBnFc {
     fn forward(&self, cx: &mut BatchedCx, x: Tensor<3>) -> Tensor<3> {
         let mut y = cx.image(x, self.image);
         for at in [0, 4] {
-            let z = cx.stack.conv(y, at);
             y = if self.bn_after_pool {
-                let z = relu_max_pool2d(z, pool());
+                let z = relu_max_pool2d(cx.stack.conv(y, at), pool());
                 cx.batch_norm(z, at + 2)
             } else {
-                relu_max_pool2d(cx.batch_norm(z, at + 2), pool())
+                relu_max_pool2d(cx.conv_batch_norm(y, at, at + 2), pool())
             };
         }
         let y = cx.stack.linear_relu(cx.flatten(y), 8);

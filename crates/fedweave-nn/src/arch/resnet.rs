@@ -260,9 +260,9 @@ impl Batched for ResNet {
         let mut conv_bn =
             |cx: &mut BatchedCx, x: Tensor<4>, stride: usize, pad: usize, then_relu: bool| {
                 let y = cx.stack.grouped_conv(x, at, None, stride, pad, 1);
-                let y = cx.batch_norm(y, at + 1);
+                let y = cx.batch_norm_relu(y, at + 1, then_relu);
                 at += 3;
-                if then_relu { relu(y) } else { y }
+                y
             };
         for (_, stage) in &self.plan.stages {
             x = match *stage {

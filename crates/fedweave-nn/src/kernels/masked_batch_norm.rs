@@ -14,9 +14,11 @@
 //! tests against one client at a time); [`MaskedBatchNorm`]'s `Flex` form is
 //! the same formula as burn's operations, the reference for the kernels.
 //!
-//! With `m` a sample's validity (0 or 1), `M` the channel's valid values
-//! (at least 1, so a resting client's unused statistics stay finite) and
-//! sums over every sample and position of the channel:
+//! The convolution's bias before it and a ReLU after it can be part of the
+//! operation (two launches saved each way for each). With `y` the input
+//! plus the bias, `m` a sample's validity (0 or 1), `M` the channel's valid
+//! values (at least 1, so a resting client's unused statistics stay finite)
+//! and sums over every sample and position of the channel:
 //!
 //! - forward: `μ = Σ y·m / M`, `c = y − μ`, `σ² = Σ (c·m)² / M`,
 //!   `r = √(σ² + ε)`, `out = c / r · γ + β`;
@@ -24,7 +26,9 @@
 //!   `dβ = S₁`, `dγ = S₂ / r`, `dσ² = −γ·S₂ / (2r³)`,
 //!   `dy = dout·γ/r + c·m·(2·dσ²/M) − m·(γ·S₁/r + 2·dσ²·S₃/M) / M`:
 //!   the chain rule through the composition exactly (`S₃` is zero up to
-//!   rounding, and kept so the two agree to rounding).
+//!   rounding, and kept so the two agree to rounding); the bias's gradient
+//!   is `Σ dy`; with the ReLU, `dout` is first zeroed where `out ≤ 0` (burn's
+//!   ReLU and its gradient).
 
 use super::batch_norm_ops::{channel_sums, per_channel};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -34,61 +38,103 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{
     Autodiff, AutodiffBackend, Backend, Dispatch, Flex, TensorMetadata, backend_extension,
+    get_or_init_device_settings,
 };
 use burn::tensor::{Shape, Tensor};
 
 /// Masked batch norm over stacked clients.
 #[backend_extension(Flex, Cube: cfg(any(feature = "cuda", feature = "wgpu")), Autodiff)]
 pub trait MaskedBatchNorm: Backend {
-    /// Batch norm of `y` (`[B, K·C, H, W]`) with scale `gamma` and shift
-    /// `beta` (`[K·C]`), each client's channel normalised by the statistics
-    /// of its valid samples: `valid` (`[B, K]`) is 1 for sample b of client
-    /// k, `sizes` (`[K]`) each client's valid samples. The output and the
+    /// Batch norm of `y` (`[B, K·C, H, W]`) plus `bias` (`[K·C]`, when
+    /// `has_bias`; any tensor otherwise, never read) with scale `gamma` and shift `beta` (`[K·C]`), each client's
+    /// channel normalised by the statistics of its valid samples: `valid`
+    /// (`[B, K]`) is 1 for sample b of client k, `sizes` (`[K]`) each
+    /// client's valid samples; then ReLU when `relu`. The output and the
     /// batch's mean and biased variance (`[K·C]`, outside the autodiff
     /// graph).
+    #[allow(clippy::too_many_arguments)]
     fn masked_batch_norm(
         y: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         valid: FloatTensor<Self>,
         sizes: FloatTensor<Self>,
         eps: f32,
+        relu: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
     /// The backward step of [`masked_batch_norm`](Self::masked_batch_norm)
-    /// at `dout`, from its input and statistics: `(dy, dγ, dβ)`.
+    /// at `dout`, from its inputs and statistics: `(dy, dbias, dγ, dβ)`
+    /// (`dbias`, the sum of `dy` per channel, whether or not there is a
+    /// bias).
     #[allow(clippy::too_many_arguments)]
     fn masked_batch_norm_backward(
         dout: FloatTensor<Self>,
         y: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         mean: FloatTensor<Self>,
         var: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
         valid: FloatTensor<Self>,
         sizes: FloatTensor<Self>,
         eps: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+        relu: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    );
+}
+
+/// `(dy, dbias, dγ, dβ)` of [`MaskedBatchNorm::masked_batch_norm_backward`].
+pub type Gradients4<B> = (
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+);
+
+/// What surrounds a masked batch norm in one operation: the convolution's
+/// bias before it, a ReLU after it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Around {
+    /// `[K·C]`, added to the input.
+    pub(crate) bias: Option<Tensor<1>>,
+    /// ReLU on the output.
+    pub(crate) relu: bool,
 }
 
 /// [`MaskedBatchNorm::masked_batch_norm`] on tensors of the dispatching
-/// backend (`y` under autodiff; `valid` and `sizes` plain): the output and
-/// the batch's mean and variance, each `[1, K·C, 1, 1]`.
+/// backend (`y`, the bias and the affine parameters under autodiff; `valid`
+/// and `sizes` plain): the output and the batch's mean and variance, each
+/// `[1, K·C, 1, 1]`.
 pub(crate) fn masked_batch_norm(
     y: Tensor<4>,
-    gamma: Tensor<1>,
-    beta: Tensor<1>,
+    [gamma, beta]: [Tensor<1>; 2],
     valid: Tensor<2>,
     sizes: Tensor<1>,
     eps: f32,
+    around: Around,
 ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
     let kc = y.dims()[1];
+    let has_bias = around.bias.is_some();
+    // Without a bias γ stands in for it (never read).
+    let bias = around.bias.unwrap_or_else(|| gamma.clone());
     let (out, mean, var) = <Dispatch as MaskedBatchNorm>::masked_batch_norm(
         y.into_dispatch(),
+        bias.into_dispatch(),
+        has_bias,
         gamma.into_dispatch(),
         beta.into_dispatch(),
         valid.into_dispatch(),
         sizes.into_dispatch(),
         eps,
+        around.relu,
     );
     let stat = |t| Tensor::<1>::from_dispatch(t).reshape([1, kc, 1, 1]);
     (Tensor::from_dispatch(out), stat(mean), stat(var))
@@ -140,16 +186,35 @@ fn channel_counts<B: Backend>(sizes: FloatTensor<B>, g: Geom) -> FloatTensor<B> 
     )
 }
 
+/// `y` plus the bias, if any.
+fn biased<B: Backend>(y: FloatTensor<B>, bias: Option<FloatTensor<B>>) -> FloatTensor<B> {
+    match bias {
+        Some(b) => B::float_add(y, per_channel::<B>(b)),
+        None => y,
+    }
+}
+
+/// burn's ReLU mask (`x ≤ 0`) applied to `t`: zero where `x` is.
+fn relu_masked<B: Backend>(t: FloatTensor<B>, x: FloatTensor<B>) -> FloatTensor<B> {
+    let bool_dtype = get_or_init_device_settings::<B>(&x.device()).bool_dtype;
+    let off = B::float_lower_equal_elem(x, 0f32.into(), bool_dtype);
+    B::float_mask_fill(t, off, 0f32.into())
+}
+
 /// The forward formula as burn's operations: `(out, mean, var)`.
+#[allow(clippy::too_many_arguments)]
 fn forward_composed<B: Backend>(
     y: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
     gamma: FloatTensor<B>,
     beta: FloatTensor<B>,
     valid: FloatTensor<B>,
     sizes: FloatTensor<B>,
     eps: f32,
+    relu: bool,
 ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
     let g = Geom::of::<B>(&y, &valid);
+    let y = biased::<B>(y, bias);
     let mask = channel_mask::<B>(valid, g);
     let counts = channel_counts::<B>(sizes, g);
     let masked = B::float_mul(y.clone(), mask.clone());
@@ -161,25 +226,42 @@ fn forward_composed<B: Backend>(
     let out = B::float_div(centred, per_channel::<B>(root));
     let out = B::float_mul(out, per_channel::<B>(gamma));
     let out = B::float_add(out, per_channel::<B>(beta));
+    let out = if relu {
+        relu_masked::<B>(out.clone(), out)
+    } else {
+        out
+    };
     (out, mean, var)
 }
 
-/// The backward formula as burn's operations: `(dy, dγ, dβ)`.
+/// The backward formula as burn's operations: `(dy, dbias, dγ, dβ)`.
 #[allow(clippy::too_many_arguments)]
 fn backward_composed<B: Backend>(
     dout: FloatTensor<B>,
     y: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
     mean: FloatTensor<B>,
     var: FloatTensor<B>,
     gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
     valid: FloatTensor<B>,
     sizes: FloatTensor<B>,
     eps: f32,
-) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    relu: bool,
+) -> Gradients4<B> {
     let g = Geom::of::<B>(&y, &valid);
     let mask = channel_mask::<B>(valid, g);
     let counts = channel_counts::<B>(sizes, g);
-    let centred = B::float_sub(y, per_channel::<B>(mean));
+    let centred = B::float_sub(biased::<B>(y, bias), per_channel::<B>(mean));
+    let dout = if relu {
+        // The forward's output again, for its ReLU mask.
+        let root = B::float_sqrt(B::float_add_scalar(var.clone(), eps.into()));
+        let out = B::float_div(centred.clone(), per_channel::<B>(root));
+        let out = B::float_mul(out, per_channel::<B>(gamma.clone()));
+        relu_masked::<B>(dout, B::float_add(out, per_channel::<B>(beta)))
+    } else {
+        dout
+    };
     let s1 = channel_sums::<B>(dout.clone());
     let s2 = channel_sums::<B>(B::float_mul(dout.clone(), centred.clone()));
     let kept = B::float_mul(centred.clone(), mask.clone());
@@ -204,53 +286,90 @@ fn backward_composed<B: Backend>(
     let dy = B::float_mul(dout, per_channel::<B>(scale));
     let dy = B::float_add(dy, B::float_mul(kept, per_channel::<B>(slope)));
     let dy = B::float_sub(dy, B::float_mul(mask, per_channel::<B>(shift)));
-    (dy, dgamma, s1)
+    let dbias = channel_sums::<B>(dy.clone());
+    (dy, dbias, dgamma, s1)
 }
 
 impl MaskedBatchNorm for Flex {
     fn masked_batch_norm(
         y: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         valid: FloatTensor<Self>,
         sizes: FloatTensor<Self>,
         eps: f32,
+        relu: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        forward_composed::<Self>(y, gamma, beta, valid, sizes, eps)
+        let bias = has_bias.then_some(bias);
+        forward_composed::<Self>(y, bias, gamma, beta, valid, sizes, eps, relu)
     }
 
     fn masked_batch_norm_backward(
         dout: FloatTensor<Self>,
         y: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         mean: FloatTensor<Self>,
         var: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
         valid: FloatTensor<Self>,
         sizes: FloatTensor<Self>,
         eps: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        backward_composed::<Self>(dout, y, mean, var, gamma, valid, sizes, eps)
+        relu: bool,
+    ) -> Gradients4<Self> {
+        let bias = has_bias.then_some(bias);
+        backward_composed::<Self>(
+            dout, y, bias, mean, var, gamma, beta, valid, sizes, eps, relu,
+        )
     }
 }
 
-/// The backward step's state: y, the statistics, γ and the validity.
+/// The backward step, with (`N` = 4) or without (`N` = 3) a bias; its
+/// state: [`State`].
 #[derive(Debug)]
-struct MaskedBatchNormBackward {
+struct MaskedBatchNormBackward<const N: usize> {
     eps: f32,
+    relu: bool,
 }
 
-type State<B> = [FloatTensor<B>; 6];
+/// y, the bias, the statistics, γ, β and the validity.
+#[derive(Clone, Debug)]
+struct State<B: Backend> {
+    y: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    mean: FloatTensor<B>,
+    var: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    valid: FloatTensor<B>,
+    sizes: FloatTensor<B>,
+}
 
-impl<B: MaskedBatchNorm> Backward<B, 3> for MaskedBatchNormBackward {
-    type State = State<B>;
-
-    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_y, node_gamma, node_beta] = ops.parents;
+impl<const N: usize> MaskedBatchNormBackward<N> {
+    /// Registers the gradients of the parents that need one: y, γ, β and
+    /// the bias (`parents`, in that order).
+    fn register<B: MaskedBatchNorm>(self, ops: Ops<State<B>, N>, grads: &mut Gradients) {
         let dout = grads.consume::<B>(&ops.node);
-        let [y, mean, var, gamma, valid, sizes] = ops.state;
-        let (dy, dgamma, dbeta) =
-            B::masked_batch_norm_backward(dout, y, mean, var, gamma, valid, sizes, self.eps);
-        for (node, grad) in [(node_y, dy), (node_gamma, dgamma), (node_beta, dbeta)] {
+        let State {
+            y,
+            bias,
+            mean,
+            var,
+            gamma,
+            beta,
+            valid,
+            sizes,
+        } = ops.state;
+        let has_bias = bias.is_some();
+        let bias = bias.unwrap_or_else(|| gamma.clone());
+        let (dy, dbias, dgamma, dbeta) = B::masked_batch_norm_backward(
+            dout, y, bias, has_bias, mean, var, gamma, beta, valid, sizes, self.eps, self.relu,
+        );
+        let grads_in_order = [dy, dgamma, dbeta, dbias];
+        for (node, grad) in ops.parents.into_iter().zip(grads_in_order) {
             if let Some(node) = node {
                 grads.register::<B>(node.id, grad);
             }
@@ -258,62 +377,138 @@ impl<B: MaskedBatchNorm> Backward<B, 3> for MaskedBatchNormBackward {
     }
 }
 
+impl<B: MaskedBatchNorm> Backward<B, 3> for MaskedBatchNormBackward<3> {
+    type State = State<B>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        self.register::<B>(ops, grads);
+    }
+}
+
+impl<B: MaskedBatchNorm> Backward<B, 4> for MaskedBatchNormBackward<4> {
+    type State = State<B>;
+
+    fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
+        self.register::<B>(ops, grads);
+    }
+}
+
+/// The forward pass under autodiff of `inputs` (y, γ, β and, with `N` =
+/// 4, the bias).
+fn tracked<B: MaskedBatchNorm, C: CheckpointStrategy, const N: usize>(
+    op: MaskedBatchNormBackward<N>,
+    inputs: [FloatTensor<Autodiff<B, C>>; N],
+    valid: FloatTensor<Autodiff<B, C>>,
+    sizes: FloatTensor<Autodiff<B, C>>,
+) -> [FloatTensor<Autodiff<B, C>>; 3]
+where
+    MaskedBatchNormBackward<N>: Backward<B, N, State = State<B>>,
+{
+    let (eps, relu) = (op.eps, op.relu);
+    let prep = op
+        .prepare::<C>(inputs.each_ref().map(|t| t.node()))
+        .compute_bound()
+        .stateful();
+    let mut prims = inputs.into_iter().map(|t| t.into_primitive());
+    let mut next = || prims.next().expect("y, γ and β");
+    let (y, gamma, beta) = (next(), next(), next());
+    let bias = prims.next();
+    let (valid, sizes) = (valid.into_primitive(), sizes.into_primitive());
+    let (out, mean, var) = B::masked_batch_norm(
+        y.clone(),
+        bias.clone().unwrap_or_else(|| gamma.clone()),
+        bias.is_some(),
+        gamma.clone(),
+        beta.clone(),
+        valid.clone(),
+        sizes.clone(),
+        eps,
+        relu,
+    );
+    let out = match prep {
+        OpsKind::Tracked(prep) => {
+            let state = State {
+                y,
+                bias,
+                mean: mean.clone(),
+                var: var.clone(),
+                gamma,
+                beta,
+                valid,
+                sizes,
+            };
+            prep.finish(state, out)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    };
+    [
+        out,
+        Autodiff::<B, C>::from_inner(mean),
+        Autodiff::<B, C>::from_inner(var),
+    ]
+}
+
 impl<B: MaskedBatchNorm, C: CheckpointStrategy> MaskedBatchNorm for Autodiff<B, C> {
     fn masked_batch_norm(
         y: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         valid: FloatTensor<Self>,
         sizes: FloatTensor<Self>,
         eps: f32,
+        relu: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let inputs = [y, gamma, beta];
-        let prep = MaskedBatchNormBackward { eps }
-            .prepare::<C>(inputs.each_ref().map(|t| t.node()))
-            .compute_bound()
-            .stateful();
-        let [y, gamma, beta] = inputs.map(|t| t.into_primitive());
-        let (valid, sizes) = (valid.into_primitive(), sizes.into_primitive());
-        let (out, mean, var) = B::masked_batch_norm(
-            y.clone(),
-            gamma.clone(),
-            beta,
-            valid.clone(),
-            sizes.clone(),
-            eps,
-        );
-        let out = match prep {
-            OpsKind::Tracked(prep) => {
-                prep.finish([y, mean.clone(), var.clone(), gamma, valid, sizes], out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(out),
+        let [out, mean, var] = match has_bias.then_some(bias) {
+            Some(bias) => tracked::<B, C, 4>(
+                MaskedBatchNormBackward { eps, relu },
+                [y, gamma, beta, bias],
+                valid,
+                sizes,
+            ),
+            None => tracked::<B, C, 3>(
+                MaskedBatchNormBackward { eps, relu },
+                [y, gamma, beta],
+                valid,
+                sizes,
+            ),
         };
-        (out, Self::from_inner(mean), Self::from_inner(var))
+        (out, mean, var)
     }
 
     fn masked_batch_norm_backward(
         dout: FloatTensor<Self>,
         y: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         mean: FloatTensor<Self>,
         var: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
         valid: FloatTensor<Self>,
         sizes: FloatTensor<Self>,
         eps: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        relu: bool,
+    ) -> Gradients4<Self> {
         // Not differentiated again: the inner backend's step, detached.
-        let (dy, dgamma, dbeta) = B::masked_batch_norm_backward(
+        let (dy, dbias, dgamma, dbeta) = B::masked_batch_norm_backward(
             dout.into_primitive(),
             y.into_primitive(),
+            bias.into_primitive(),
+            has_bias,
             mean.into_primitive(),
             var.into_primitive(),
             gamma.into_primitive(),
+            beta.into_primitive(),
             valid.into_primitive(),
             sizes.into_primitive(),
             eps,
+            relu,
         );
         (
             Self::from_inner(dy),
+            Self::from_inner(dbias),
             Self::from_inner(dgamma),
             Self::from_inner(dbeta),
         )
@@ -326,26 +521,37 @@ impl<B: MaskedBatchNorm, C: CheckpointStrategy> MaskedBatchNorm for Autodiff<B, 
 impl MaskedBatchNorm for burn::backend::Cube {
     fn masked_batch_norm(
         y: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         gamma: FloatTensor<Self>,
         beta: FloatTensor<Self>,
         valid: FloatTensor<Self>,
         sizes: FloatTensor<Self>,
         eps: f32,
+        relu: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        forward_composed::<Self>(y, gamma, beta, valid, sizes, eps)
+        let bias = has_bias.then_some(bias);
+        forward_composed::<Self>(y, bias, gamma, beta, valid, sizes, eps, relu)
     }
 
     fn masked_batch_norm_backward(
         dout: FloatTensor<Self>,
         y: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         mean: FloatTensor<Self>,
         var: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
         valid: FloatTensor<Self>,
         sizes: FloatTensor<Self>,
         eps: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        backward_composed::<Self>(dout, y, mean, var, gamma, valid, sizes, eps)
+        relu: bool,
+    ) -> Gradients4<Self> {
+        let bias = has_bias.then_some(bias);
+        backward_composed::<Self>(
+            dout, y, bias, mean, var, gamma, beta, valid, sizes, eps, relu,
+        )
     }
 }
 
@@ -355,7 +561,7 @@ mod cube {
     //! values and meet in shared memory for each sum.
 
     use super::super::cube::{F32, THREADS, address, channel_value, cube_sum, empty_f32};
-    use super::{Geom, MaskedBatchNorm, backward_composed, forward_composed};
+    use super::{Geom, Gradients4, MaskedBatchNorm, backward_composed, forward_composed};
     use burn::backend::tensor::FloatTensor;
     use burn::tensor::{DType, Shape};
     use burn_cubecl::CubeBackend;
@@ -382,10 +588,34 @@ mod cube {
         valid[(i / plane) * clients + k]
     }
 
+    /// Channel `ch`'s bias: `bias[ch]` when `has_bias` is 1, else 0.
+    #[cube]
+    fn bias_of<F: Float>(bias: &Tensor<F>, ch: usize, has_bias: u32) -> F {
+        let mut b = F::new(0.0);
+        if has_bias == 1 {
+            b = bias[ch];
+        }
+        b
+    }
+
+    /// The output of value `v` (input plus bias) of a channel: normalised,
+    /// scaled, shifted and, when `relu` is 1, through ReLU (burn's: `≤ 0`
+    /// gives 0).
+    #[cube]
+    fn normalised<F: Float>(v: F, mean: F, root: F, scale: F, shift: F, relu: u32) -> F {
+        let out = (v - mean) / root * scale + shift;
+        let mut r = out;
+        if relu == 1 && out <= F::new(0.0) {
+            r = F::new(0.0);
+        }
+        r
+    }
+
     #[cube(launch_unchecked, address_type = "dynamic")]
     #[allow(clippy::too_many_arguments)]
     fn masked_bn_forward_kernel<F: Float>(
         y: &Tensor<F>,
+        bias: &Tensor<F>,
         gamma: &Tensor<F>,
         beta: &Tensor<F>,
         valid: &Tensor<F>,
@@ -398,19 +628,22 @@ mod cube {
         plane: usize,
         len: usize,
         eps: InputScalar,
+        has_bias: u32,
+        relu: u32,
         #[define(F)] _dtype: ElemType,
     ) {
         let (ch, stride) = (CUBE_POS, CUBE_DIM as usize);
         let (channels, k) = (clients * per_client, ch / per_client);
         let count = valid_values::<F>(sizes, k, plane);
+        let b = bias_of::<F>(bias, ch, has_bias);
         let mut sums = Shared::new_slice(THREADS as usize);
         let mut squares = Shared::new_slice(THREADS as usize);
 
         let mut acc = F::new(0.0);
         let mut i = UNIT_POS as usize;
         while i < len {
-            acc += y[channel_value(i, ch, channels, plane)]
-                * validity::<F>(valid, i, plane, clients, k);
+            let v = y[channel_value(i, ch, channels, plane)] + b;
+            acc += v * validity::<F>(valid, i, plane, clients, k);
             i += stride;
         }
         let mean = cube_sum::<F>(acc, &mut sums) / count;
@@ -418,8 +651,8 @@ mod cube {
         let mut acc = F::new(0.0);
         let mut i = UNIT_POS as usize;
         while i < len {
-            let kept = (y[channel_value(i, ch, channels, plane)] - mean)
-                * validity::<F>(valid, i, plane, clients, k);
+            let v = y[channel_value(i, ch, channels, plane)] + b;
+            let kept = (v - mean) * validity::<F>(valid, i, plane, clients, k);
             acc += kept * kept;
             i += stride;
         }
@@ -430,7 +663,7 @@ mod cube {
         let mut i = UNIT_POS as usize;
         while i < len {
             let j = channel_value(i, ch, channels, plane);
-            out[j] = (y[j] - mean) / root * scale + shift;
+            out[j] = normalised::<F>(y[j] + b, mean, root, scale, shift, relu);
             i += stride;
         }
         if UNIT_POS == 0 {
@@ -444,12 +677,15 @@ mod cube {
     fn masked_bn_backward_kernel<F: Float>(
         dout: &Tensor<F>,
         y: &Tensor<F>,
+        bias: &Tensor<F>,
         mean: &Tensor<F>,
         var: &Tensor<F>,
         gamma: &Tensor<F>,
+        beta: &Tensor<F>,
         valid: &Tensor<F>,
         sizes: &Tensor<F>,
         dy: &mut Tensor<F>,
+        dbias: &mut Tensor<F>,
         dgamma: &mut Tensor<F>,
         dbeta: &mut Tensor<F>,
         clients: usize,
@@ -457,21 +693,31 @@ mod cube {
         plane: usize,
         len: usize,
         eps: InputScalar,
+        has_bias: u32,
+        relu: u32,
         #[define(F)] _dtype: ElemType,
     ) {
         let (ch, stride) = (CUBE_POS, CUBE_DIM as usize);
         let (channels, k) = (clients * per_client, ch / per_client);
         let count = valid_values::<F>(sizes, k, plane);
+        let b = bias_of::<F>(bias, ch, has_bias);
         let mu = mean[ch];
+        let (g, shift_out) = (gamma[ch], beta[ch]);
+        let root = F::sqrt(var[ch] + eps.get::<F>());
         let mut first = Shared::new_slice(THREADS as usize);
         let mut second = Shared::new_slice(THREADS as usize);
         let mut third = Shared::new_slice(THREADS as usize);
+        let mut fourth = Shared::new_slice(THREADS as usize);
 
         let (mut a1, mut a2, mut a3) = (F::new(0.0), F::new(0.0), F::new(0.0));
         let mut i = UNIT_POS as usize;
         while i < len {
             let j = channel_value(i, ch, channels, plane);
-            let (d, c) = (dout[j], y[j] - mu);
+            let c = y[j] + b - mu;
+            let mut d = dout[j];
+            if relu == 1 && normalised::<F>(y[j] + b, mu, root, g, shift_out, 0) <= F::new(0.0) {
+                d = F::new(0.0);
+            }
             a1 += d;
             a2 += d * c;
             a3 += c * validity::<F>(valid, i, plane, clients, k);
@@ -481,22 +727,29 @@ mod cube {
         let s2 = cube_sum::<F>(a2, &mut second);
         let s3 = cube_sum::<F>(a3, &mut third);
 
-        let g = gamma[ch];
-        let root = F::sqrt(var[ch] + eps.get::<F>());
         let dvar = -(g * s2) / (root * root * root * F::new(2.0));
         let slope = dvar * F::new(2.0) / count;
         let scale = g / root;
         let shift = (scale * s1 + slope * s3) / count;
+        let mut a4 = F::new(0.0);
         let mut i = UNIT_POS as usize;
         while i < len {
             let j = channel_value(i, ch, channels, plane);
             let m = validity::<F>(valid, i, plane, clients, k);
-            dy[j] = dout[j] * scale + (y[j] - mu) * m * slope - m * shift;
+            let mut d = dout[j];
+            if relu == 1 && normalised::<F>(y[j] + b, mu, root, g, shift_out, 0) <= F::new(0.0) {
+                d = F::new(0.0);
+            }
+            let grad = d * scale + (y[j] + b - mu) * m * slope - m * shift;
+            dy[j] = grad;
+            a4 += grad;
             i += stride;
         }
+        let s4 = cube_sum::<F>(a4, &mut fourth);
         if UNIT_POS == 0 {
             dgamma[ch] = s2 / root;
             dbeta[ch] = s1;
+            dbias[ch] = s4;
         }
     }
 
@@ -511,18 +764,22 @@ mod cube {
     impl MaskedBatchNorm for CubeBackend {
         fn masked_batch_norm(
             y: CubeTensor,
+            bias: CubeTensor,
+            has_bias: bool,
             gamma: CubeTensor,
             beta: CubeTensor,
             valid: CubeTensor,
             sizes: CubeTensor,
             eps: f32,
+            relu: bool,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
             let g = Geom::of::<Self>(&y, &valid);
-            if !fits(&[&y, &gamma, &beta, &valid, &sizes], g) {
-                return forward_composed::<Self>(y, gamma, beta, valid, sizes, eps);
+            if !fits(&[&y, &bias, &gamma, &beta, &valid, &sizes], g) {
+                let bias = has_bias.then_some(bias);
+                return forward_composed::<Self>(y, bias, gamma, beta, valid, sizes, eps, relu);
             }
-            let [y, gamma, beta, valid, sizes] =
-                [y, gamma, beta, valid, sizes].map(into_contiguous);
+            let [y, bias, gamma, beta, valid, sizes] =
+                [y, bias, gamma, beta, valid, sizes].map(into_contiguous);
             let out = empty_f32(&y, y.meta.shape().clone());
             let (mean, var) = (
                 empty_f32(&y, Shape::new([g.channels()])),
@@ -531,8 +788,9 @@ mod cube {
             let client = y.client.clone();
             let address = address(&[&y, &out]);
             // SAFETY: one cube per channel of `y` (K·C of them); every index
-            // is below B·K·C·H·W (for `y` and `out`), K·C (`gamma`, `beta`,
-            // the statistics), B·K (`valid`) or K (`sizes`), all contiguous.
+            // is below B·K·C·H·W (for `y` and `out`), K·C (the bias, `gamma`,
+            // `beta`, the statistics), B·K (`valid`) or K (`sizes`), all
+            // contiguous; the bias is read only when there is one.
             unsafe {
                 masked_bn_forward_kernel::launch_unchecked(
                     &client,
@@ -540,6 +798,7 @@ mod cube {
                     CubeDim::new_1d(THREADS),
                     address,
                     y.into_tensor_arg(),
+                    bias.into_tensor_arg(),
                     gamma.into_tensor_arg(),
                     beta.into_tensor_arg(),
                     valid.into_tensor_arg(),
@@ -552,6 +811,8 @@ mod cube {
                     g.plane,
                     g.batch * g.plane,
                     InputScalar::new(eps, F32),
+                    u32::from(has_bias),
+                    u32::from(relu),
                     F32,
                 );
             }
@@ -561,24 +822,29 @@ mod cube {
         fn masked_batch_norm_backward(
             dout: CubeTensor,
             y: CubeTensor,
+            bias: CubeTensor,
+            has_bias: bool,
             mean: CubeTensor,
             var: CubeTensor,
             gamma: CubeTensor,
+            beta: CubeTensor,
             valid: CubeTensor,
             sizes: CubeTensor,
             eps: f32,
-        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+            relu: bool,
+        ) -> Gradients4<Self> {
             let g = Geom::of::<Self>(&y, &valid);
-            if !fits(&[&dout, &y, &mean, &var, &gamma, &valid, &sizes], g) {
-                return backward_composed::<Self>(dout, y, mean, var, gamma, valid, sizes, eps);
+            let tensors = [&dout, &y, &bias, &mean, &var, &gamma, &beta, &valid, &sizes];
+            if !fits(&tensors, g) {
+                let bias = has_bias.then_some(bias);
+                return backward_composed::<Self>(
+                    dout, y, bias, mean, var, gamma, beta, valid, sizes, eps, relu,
+                );
             }
-            let [dout, y, mean, var, gamma, valid, sizes] =
-                [dout, y, mean, var, gamma, valid, sizes].map(into_contiguous);
+            let [dout, y, bias, mean, var, gamma, beta, valid, sizes] =
+                [dout, y, bias, mean, var, gamma, beta, valid, sizes].map(into_contiguous);
             let dy = empty_f32(&y, y.meta.shape().clone());
-            let (dgamma, dbeta) = (
-                empty_f32(&y, Shape::new([g.channels()])),
-                empty_f32(&y, Shape::new([g.channels()])),
-            );
+            let [dbias, dgamma, dbeta] = [0; 3].map(|_| empty_f32(&y, Shape::new([g.channels()])));
             let client = y.client.clone();
             let address = address(&[&y, &dout, &dy]);
             // SAFETY: as the forward kernel's; `dout` and `dy` have `y`'s shape.
@@ -590,12 +856,15 @@ mod cube {
                     address,
                     dout.into_tensor_arg(),
                     y.into_tensor_arg(),
+                    bias.into_tensor_arg(),
                     mean.into_tensor_arg(),
                     var.into_tensor_arg(),
                     gamma.into_tensor_arg(),
+                    beta.into_tensor_arg(),
                     valid.into_tensor_arg(),
                     sizes.into_tensor_arg(),
                     dy.clone().into_tensor_arg(),
+                    dbias.clone().into_tensor_arg(),
                     dgamma.clone().into_tensor_arg(),
                     dbeta.clone().into_tensor_arg(),
                     g.clients,
@@ -603,10 +872,12 @@ mod cube {
                     g.plane,
                     g.batch * g.plane,
                     InputScalar::new(eps, F32),
+                    u32::from(has_bias),
+                    u32::from(relu),
                     F32,
                 );
             }
-            (dy, dgamma, dbeta)
+            (dy, dbias, dgamma, dbeta)
         }
     }
 }
@@ -614,18 +885,23 @@ mod cube {
 #[cfg(test)]
 mod tests {
     use super::super::tests::{close, seeded};
-    use super::masked_batch_norm;
+    use super::{Around, masked_batch_norm};
+    use burn::tensor::activation::relu;
     use burn::tensor::{Device, Tensor, TensorData};
 
     /// The formula through burn's autodiff: the reference.
     fn composed(
         y: Tensor<4>,
-        gamma: Tensor<1>,
-        beta: Tensor<1>,
+        [gamma, beta]: [Tensor<1>; 2],
         valid: &[f32],
         clients: usize,
+        around: Around,
     ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         let [b, kc, h, w] = y.dims();
+        let y = match around.bias {
+            Some(bias) => y + bias.reshape([1, kc, 1, 1]),
+            None => y,
+        };
         let c = kc / clients;
         let device = y.device();
         let mask: Vec<f32> = (0..b)
@@ -645,11 +921,13 @@ mod tests {
         let var = sums((centred.clone() * mask).square()) / counts;
         let out = centred / (var.clone() + 1e-5).sqrt() * gamma.reshape([1, kc, 1, 1])
             + beta.reshape([1, kc, 1, 1]);
+        let out = if around.relu { relu(out) } else { out };
         (out, mean, var)
     }
 
-    /// Output, statistics and the three gradients equal the formula through
-    /// autodiff: with padded samples, a resting client (no valid sample:
+    /// Output, statistics and the gradients (y, γ, β and the bias) equal the
+    /// formula through autodiff, alone, with a bias before it, a ReLU after
+    /// it, or both: with padded samples, a resting client (no valid sample:
     /// its statistics stay finite, its gradients zero where the loss does
     /// not look) and a client whose only valid sample makes a 1×1 plane's
     /// variance zero.
@@ -669,11 +947,20 @@ mod tests {
             (3, 2, 5, 1, 1, vec![1., 1., 0., 1., 0., 1.]),
             (2, 2, 3, 1, 1, vec![1., 1., 0., 1.]),
         ];
-        for (b, k, c, h, w, valid) in cases {
+        let forms = [(false, false), (true, false), (false, true), (true, true)];
+        for ((b, k, c, h, w, valid), (with_bias, with_relu)) in cases
+            .into_iter()
+            .flat_map(|case| forms.map(|form| (case.clone(), form)))
+        {
             let kc = k * c;
             let y = seeded([b, kc, h, w], 1, &device).require_grad();
             let gamma = seeded([kc], 2, &device).require_grad();
             let beta = seeded([kc], 3, &device).require_grad();
+            let bias = seeded([kc], 5, &device).require_grad();
+            let around = Around {
+                bias: with_bias.then(|| bias.clone()),
+                relu: with_relu,
+            };
             // Zero where the sample is padding, as the trainer's loss weights.
             let weights: Vec<f32> = seeded::<4>([b, kc, h, w], 4, &device)
                 .into_data()
@@ -692,17 +979,18 @@ mod tests {
             };
             let valid_t = plain(valid.clone(), b * k).reshape([b, k]);
             let run = |ours: bool| {
+                let affine = [gamma.clone(), beta.clone()];
                 let (out, mean, var) = if ours {
                     masked_batch_norm(
                         y.clone(),
-                        gamma.clone(),
-                        beta.clone(),
+                        affine,
                         valid_t.clone(),
                         plain(sizes.clone(), k),
                         1e-5,
+                        around.clone(),
                     )
                 } else {
-                    composed(y.clone(), gamma.clone(), beta.clone(), &valid, k)
+                    composed(y.clone(), affine, &valid, k, around.clone())
                 };
                 let grads = (out.clone() * weights.clone()).sum().backward();
                 (
@@ -712,11 +1000,22 @@ mod tests {
                     y.grad(&grads).expect("dy"),
                     gamma.grad(&grads).expect("dγ"),
                     beta.grad(&grads).expect("dβ"),
+                    bias.grad(&grads),
                 )
             };
-            let (o1, m1, v1, dy1, dg1, db1) = run(true);
-            let (o2, m2, v2, dy2, dg2, db2) = run(false);
-            let case = format!("[{b}, {k}×{c}, {h}, {w}]");
+            let (o1, m1, v1, dy1, dg1, db1, dbias1) = run(true);
+            let (o2, m2, v2, dy2, dg2, db2, dbias2) = run(false);
+            let case = format!("[{b}, {k}×{c}, {h}, {w}], bias {with_bias}, ReLU {with_relu}");
+            match (dbias1, dbias2) {
+                (Some(a), Some(b)) => close(a, b, 1e-4, &format!("{case}: dbias")),
+                (None, None) => assert!(!with_bias, "{case}: no bias gradient"),
+                _ => panic!("{case}: a bias gradient on one side only"),
+            }
+            if with_relu {
+                let out = o1.clone().into_data().try_to_vec::<f32>().expect("f32");
+                let zeros = out.iter().filter(|v| **v == 0.0).count();
+                assert!(zeros > 0, "{case}: the ReLU cuts something");
+            }
             close(o1, o2, 1e-5, &format!("{case}: out"));
             close(m1, m2, 1e-6, &format!("{case}: mean"));
             close(v1, v2, 1e-6, &format!("{case}: var"));
