@@ -590,15 +590,18 @@ impl<'a> BatchedTrainer<'a> {
             step,
             record: &mut record,
             norm: self.norm,
+            loss: self.loss,
+            head_bias: None,
         };
         let logits = spec
             .net()
             .batched()
             .expect("checked by BatchedTrainer::new")
             .forward(&mut cx, x.autodiff());
+        let head_bias = cx.head_bias.take();
         // Σ_k Σ_b −w_kb·log p(y_kb): per client its mean cross-entropy.
         let per_client = match self.loss {
-            BatchedLoss::Kernel => weighted_cross_entropy(logits, target),
+            BatchedLoss::Kernel => weighted_cross_entropy(logits, head_bias, target),
             BatchedLoss::Composed => log_softmax(logits, 2)
                 .mul(target)
                 .sum_dim(2)
@@ -856,6 +859,10 @@ pub(crate) struct BatchedCx<'a> {
     /// Batch-norm statistics over `K·C` channels, in order.
     record: &'a mut Vec<BatchStats>,
     norm: BatchedNorm,
+    loss: BatchedLoss,
+    /// The output layer's bias (`[K, N]`), left for the loss's kernels
+    /// ([`output_layer`](Self::output_layer)).
+    head_bias: Option<Tensor<2>>,
 }
 
 impl BatchedCx<'_> {
@@ -870,6 +877,19 @@ impl BatchedCx<'_> {
     pub(crate) fn flatten(&self, y: Tensor<4>) -> Tensor<3> {
         let [b, ko, h, w] = y.dims();
         swap_leading(y.reshape([b, self.k, ko / self.k * h * w]))
+    }
+
+    /// The logits from `[K, B, in]` through the output layer (`i`, `i + 1`):
+    /// with the loss's kernels (off the CPU) the product alone, its bias
+    /// left for the loss to add (one launch each way fewer); else
+    /// [`Stack::linear`].
+    pub(crate) fn output_layer(&mut self, x: Tensor<3>, i: usize) -> Tensor<3> {
+        if self.loss != BatchedLoss::Kernel {
+            return self.stack.linear(x, i);
+        }
+        let classes = self.stack.shapes[i + 1][0];
+        self.head_bias = Some(self.stack.leaves[i + 1].clone().reshape([self.k, classes]));
+        x.matmul(self.stack.lin_w(i))
     }
 
     /// Batch norm with scale `i` and shift `i + 1` (see [`batch_norm`]).
@@ -904,6 +924,7 @@ impl BatchedCx<'_> {
             step,
             record,
             norm,
+            ..
         } = self;
         batch_norm(y, stack, i, step, *k, record, *norm, around)
     }

@@ -118,6 +118,6 @@ impl Batched for Cnn {
         let y = relu_max_pool2d(p.conv(y, 2), pool());
         let y = p.linear_relu(cx.flatten(y), 4);
         let y = p.linear_relu(y, 6);
-        p.linear(y, 8)
+        cx.output_layer(y, 8)
     }
 }

@@ -142,6 +142,6 @@ impl Batched for ConvBnFc {
             };
         }
         let y = cx.stack.linear_relu(cx.flatten(y), 8);
-        cx.stack.linear(y, 10)
+        cx.output_layer(y, 10)
     }
 }

@@ -83,6 +83,6 @@ impl Batched for Mlp {
         let p = &cx.stack;
         let h = p.linear_relu(x, 0);
         let h = p.linear_relu(h, 2);
-        p.linear(h, 4)
+        cx.output_layer(h, 4)
     }
 }

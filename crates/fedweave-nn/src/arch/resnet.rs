@@ -22,7 +22,7 @@ use super::{
 use crate::NnError;
 use crate::batched::BatchedCx;
 use crate::kernels::linear;
-use crate::kernels::{conv2d, max_pool2d};
+use crate::kernels::{conv2d, max_pool2d, swap_leading};
 use crate::model::{Norm, ParamTensor, to_image};
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
@@ -287,10 +287,10 @@ impl Batched for ResNet {
         let [b, kc, _, _] = x.dims();
         let pooled = self.plan.pool.apply(x);
         // [B, K·C] to [K, B, C].
-        let features = pooled.reshape([b, k, kc / k]).swap_dims(0, 1);
+        let features = swap_leading(pooled.reshape([b, k, kc / k]));
         let last = cx.stack.leaves.len() - 1;
         if self.head_bias {
-            cx.stack.linear(features, last - 1)
+            cx.output_layer(features, last - 1)
         } else {
             features.matmul(cx.stack.lin_w(last)) * RESNET9_SCALE
         }

@@ -7,10 +7,13 @@
 //! `∂L_k/∂x = (softmax(x)·Σ_n t − t)`. As burn's operations (log-softmax,
 //! product, two sums, negation) and their autodiff steps that was about 25
 //! launches a step; on the cube backends it is one kernel each way (one
-//! cube per client forward, one thread per logit backward). The CPU keeps
-//! burn's composition (its batched results are pinned against one client
-//! at a time); the `Flex` form here is the same formula as burn's
-//! operations, the reference for the kernels.
+//! cube per client forward, one thread per client and class backward,
+//! down the client's rows). The output layer's bias can be part of it
+//! (`x` = product + bias; its gradient the sum of the logits' over the
+//! rows): one launch each way fewer. The CPU keeps burn's composition (its
+//! batched results are pinned against one client at a time); the `Flex`
+//! form here is the same formula as burn's operations, the reference for
+//! the kernels.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -25,41 +28,71 @@ use burn::tensor::{Shape, Tensor};
 /// Weighted cross-entropy per client.
 #[backend_extension(Flex, Cube: cfg(any(feature = "cuda", feature = "wgpu")), Autodiff)]
 pub trait WeightedCrossEntropy: Backend {
-    /// Each client's `−Σ_b Σ_n t·log softmax(x)` (`[K]`) for logits `x` and
-    /// targets `t` (`[K, B, N]`), with each row's log-sum-exp and target
-    /// mass `Σ_n t` (`[K, B, 1]`) for the backward step.
+    /// Each client's `−Σ_b Σ_n t·log softmax(x)` (`[K]`) for logits `x` =
+    /// `logits` plus `bias` (`[K, N]`, client k's added to each of its rows,
+    /// when `has_bias`; any tensor otherwise, never read) and targets `t`
+    /// (`[K, B, N]`), with each row's log-sum-exp and target mass `Σ_n t`
+    /// (`[K, B, 1]`) for the backward step.
     fn weighted_cross_entropy(
         logits: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         target: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
-    /// The gradient with respect to the logits at `dloss` (`[K]`):
-    /// `(exp(x − lse)·mass − t)·dloss_k`.
+    /// The gradients with respect to the logits and the bias at `dloss`
+    /// (`[K]`): `d = (exp(x − lse)·mass − t)·dloss_k` and `Σ_b d` (`[K, N]`,
+    /// whether or not there is a bias).
+    #[allow(clippy::too_many_arguments)]
     fn weighted_cross_entropy_backward(
         dloss: FloatTensor<Self>,
         logits: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         target: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         mass: FloatTensor<Self>,
-    ) -> FloatTensor<Self>;
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
 /// [`WeightedCrossEntropy::weighted_cross_entropy`] of the dispatching
-/// backend's `logits` (under autodiff) against `target`: each client's
-/// loss, `[K]`.
-pub(crate) fn weighted_cross_entropy(logits: Tensor<3>, target: Tensor<3>) -> Tensor<1> {
+/// backend's `logits` plus `bias` (`[K, N]`; both under autodiff) against
+/// `target`: each client's loss, `[K]`.
+pub(crate) fn weighted_cross_entropy(
+    logits: Tensor<3>,
+    bias: Option<Tensor<2>>,
+    target: Tensor<3>,
+) -> Tensor<1> {
+    let has_bias = bias.is_some();
+    // Without a bias the targets stand in for it (never read).
+    let bias = bias.map_or_else(|| target.clone().into_dispatch(), Tensor::into_dispatch);
     let (loss, _, _) = <Dispatch as WeightedCrossEntropy>::weighted_cross_entropy(
         logits.into_dispatch(),
+        bias,
+        has_bias,
         target.into_dispatch(),
     );
     Tensor::from_dispatch(loss)
 }
 
+/// `logits` plus the bias, if any.
+fn biased<B: Backend>(logits: FloatTensor<B>, bias: Option<FloatTensor<B>>) -> FloatTensor<B> {
+    match bias {
+        Some(bias) => {
+            let [k, n] = bias.shape().dims::<2>();
+            B::float_add(logits, B::float_reshape(bias, Shape::new([k, 1, n])))
+        }
+        None => logits,
+    }
+}
+
 /// The forward formula as burn's operations: `(loss, lse, mass)`.
 fn forward_composed<B: Backend>(
     logits: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
     target: FloatTensor<B>,
 ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let logits = biased::<B>(logits, bias);
     let [k, b, _] = logits.shape().dims::<3>();
     let top = B::float_max_dim(logits.clone(), 2);
     let shifted = B::float_sub(logits, top.clone());
@@ -75,94 +108,181 @@ fn forward_composed<B: Backend>(
     (B::float_reshape(loss, Shape::new([k])), lse, mass)
 }
 
-/// The backward formula as burn's operations.
+/// The backward formula as burn's operations: `(dlogits, dbias)`.
 fn backward_composed<B: Backend>(
     dloss: FloatTensor<B>,
     logits: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
     target: FloatTensor<B>,
     lse: FloatTensor<B>,
     mass: FloatTensor<B>,
-) -> FloatTensor<B> {
-    let k = dloss.shape().num_elements();
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let logits = biased::<B>(logits, bias);
+    let [k, _, n] = logits.shape().dims::<3>();
     let soft = B::float_exp(B::float_sub(logits, lse));
     let d = B::float_sub(B::float_mul(soft, mass), target);
-    B::float_mul(d, B::float_reshape(dloss, Shape::new([k, 1, 1])))
+    let d = B::float_mul(d, B::float_reshape(dloss, Shape::new([k, 1, 1])));
+    let dbias = B::float_reshape(B::float_sum_dim(d.clone(), 1), Shape::new([k, n]));
+    (d, dbias)
 }
 
 impl WeightedCrossEntropy for Flex {
     fn weighted_cross_entropy(
         logits: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         target: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        forward_composed::<Self>(logits, target)
+        forward_composed::<Self>(logits, has_bias.then_some(bias), target)
     }
 
     fn weighted_cross_entropy_backward(
         dloss: FloatTensor<Self>,
         logits: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         target: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         mass: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        backward_composed::<Self>(dloss, logits, target, lse, mass)
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let bias = has_bias.then_some(bias);
+        backward_composed::<Self>(dloss, logits, bias, target, lse, mass)
     }
 }
 
-/// The backward step; its state: the logits, targets, log-sum-exps and
-/// target masses.
+/// The backward step, with (`N` = 2) or without (`N` = 1) a bias.
 #[derive(Debug)]
-struct CrossEntropyBackward;
+struct CrossEntropyBackward<const N: usize>;
 
-impl<B: WeightedCrossEntropy> Backward<B, 1> for CrossEntropyBackward {
-    type State = [FloatTensor<B>; 4];
+/// The logits, the bias, the targets, log-sum-exps and target masses.
+#[derive(Clone, Debug)]
+struct State<B: Backend> {
+    logits: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    target: FloatTensor<B>,
+    lse: FloatTensor<B>,
+    mass: FloatTensor<B>,
+}
 
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node] = ops.parents;
+impl<const N: usize> CrossEntropyBackward<N> {
+    /// Registers the gradients of the parents that need one: the logits
+    /// and the bias (`parents`, in that order).
+    fn register<B: WeightedCrossEntropy>(self, ops: Ops<State<B>, N>, grads: &mut Gradients) {
         let dloss = grads.consume::<B>(&ops.node);
-        let [logits, target, lse, mass] = ops.state;
-        if let Some(node) = node {
-            let d = B::weighted_cross_entropy_backward(dloss, logits, target, lse, mass);
-            grads.register::<B>(node.id, d);
+        let State {
+            logits,
+            bias,
+            target,
+            lse,
+            mass,
+        } = ops.state;
+        let has_bias = bias.is_some();
+        let bias = bias.unwrap_or_else(|| target.clone());
+        let (dlogits, dbias) =
+            B::weighted_cross_entropy_backward(dloss, logits, bias, has_bias, target, lse, mass);
+        for (node, grad) in ops.parents.into_iter().zip([dlogits, dbias]) {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
         }
     }
+}
+
+impl<B: WeightedCrossEntropy> Backward<B, 1> for CrossEntropyBackward<1> {
+    type State = State<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        self.register::<B>(ops, grads);
+    }
+}
+
+impl<B: WeightedCrossEntropy> Backward<B, 2> for CrossEntropyBackward<2> {
+    type State = State<B>;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        self.register::<B>(ops, grads);
+    }
+}
+
+/// The loss under autodiff of `inputs` (the logits and, with `N` = 2, the
+/// bias) against `target`, which is data (no gradient flows to it).
+fn tracked<B: WeightedCrossEntropy, C: CheckpointStrategy, const N: usize>(
+    op: CrossEntropyBackward<N>,
+    inputs: [FloatTensor<Autodiff<B, C>>; N],
+    target: FloatTensor<Autodiff<B, C>>,
+) -> [FloatTensor<Autodiff<B, C>>; 3]
+where
+    CrossEntropyBackward<N>: Backward<B, N, State = State<B>>,
+{
+    let prep = op
+        .prepare::<C>(inputs.each_ref().map(|t| t.node()))
+        .compute_bound()
+        .stateful();
+    let mut prims = inputs.into_iter().map(|t| t.into_primitive());
+    let logits = prims.next().expect("the logits");
+    let bias = prims.next();
+    let target = target.into_primitive();
+    let (loss, lse, mass) = B::weighted_cross_entropy(
+        logits.clone(),
+        bias.clone().unwrap_or_else(|| target.clone()),
+        bias.is_some(),
+        target.clone(),
+    );
+    let loss = match prep {
+        OpsKind::Tracked(prep) => {
+            let state = State {
+                logits,
+                bias,
+                target,
+                lse: lse.clone(),
+                mass: mass.clone(),
+            };
+            prep.finish(state, loss)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(loss),
+    };
+    [
+        loss,
+        Autodiff::<B, C>::from_inner(lse),
+        Autodiff::<B, C>::from_inner(mass),
+    ]
 }
 
 impl<B: WeightedCrossEntropy, C: CheckpointStrategy> WeightedCrossEntropy for Autodiff<B, C> {
     fn weighted_cross_entropy(
         logits: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         target: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        // The targets are data (no gradient flows to them).
-        let prep = CrossEntropyBackward
-            .prepare::<C>([logits.node()])
-            .compute_bound()
-            .stateful();
-        let (logits, target) = (logits.into_primitive(), target.into_primitive());
-        let (loss, lse, mass) = B::weighted_cross_entropy(logits.clone(), target.clone());
-        let loss = match prep {
-            OpsKind::Tracked(prep) => {
-                prep.finish([logits, target, lse.clone(), mass.clone()], loss)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(loss),
+        let [loss, lse, mass] = if has_bias {
+            tracked::<B, C, 2>(CrossEntropyBackward, [logits, bias], target)
+        } else {
+            tracked::<B, C, 1>(CrossEntropyBackward, [logits], target)
         };
-        (loss, Self::from_inner(lse), Self::from_inner(mass))
+        (loss, lse, mass)
     }
 
     fn weighted_cross_entropy_backward(
         dloss: FloatTensor<Self>,
         logits: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         target: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         mass: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         // Not differentiated again: the inner backend's step, detached.
-        Self::from_inner(B::weighted_cross_entropy_backward(
+        let (dlogits, dbias) = B::weighted_cross_entropy_backward(
             dloss.into_primitive(),
             logits.into_primitive(),
+            bias.into_primitive(),
+            has_bias,
             target.into_primitive(),
             lse.into_primitive(),
             mass.into_primitive(),
-        ))
+        );
+        (Self::from_inner(dlogits), Self::from_inner(dbias))
     }
 }
 
@@ -172,19 +292,24 @@ impl<B: WeightedCrossEntropy, C: CheckpointStrategy> WeightedCrossEntropy for Au
 impl WeightedCrossEntropy for burn::backend::Cube {
     fn weighted_cross_entropy(
         logits: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         target: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        forward_composed::<Self>(logits, target)
+        forward_composed::<Self>(logits, has_bias.then_some(bias), target)
     }
 
     fn weighted_cross_entropy_backward(
         dloss: FloatTensor<Self>,
         logits: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
         target: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         mass: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        backward_composed::<Self>(dloss, logits, target, lse, mass)
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let bias = has_bias.then_some(bias);
+        backward_composed::<Self>(dloss, logits, bias, target, lse, mass)
     }
 }
 
@@ -192,7 +317,7 @@ impl WeightedCrossEntropy for burn::backend::Cube {
 mod cube {
     //! Forward: one cube per client, its units striding over the client's
     //! rows (N logits each, read serially) and meeting for the sum.
-    //! Backward: one unit per logit.
+    //! Backward: one unit per client and class, down the client's rows.
 
     use super::super::cube::{F32, THREADS, address, cube_sum, empty_f32, units};
     use super::{WeightedCrossEntropy, backward_composed, forward_composed};
@@ -203,15 +328,37 @@ mod cube {
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::prelude::*;
 
+    /// Logit `n` of the row starting at `row` (of client `k`) plus its bias
+    /// when `has_bias` is 1.
+    #[cube]
+    fn logit<F: Float>(
+        logits: &Tensor<F>,
+        bias: &Tensor<F>,
+        row: usize,
+        k: usize,
+        n: usize,
+        classes: usize,
+        has_bias: u32,
+    ) -> F {
+        let mut x = logits[row + n];
+        if has_bias == 1 {
+            x += bias[k * classes + n];
+        }
+        x
+    }
+
     #[cube(launch_unchecked, address_type = "dynamic")]
+    #[allow(clippy::too_many_arguments)]
     fn cross_entropy_forward_kernel<F: Float>(
         logits: &Tensor<F>,
+        bias: &Tensor<F>,
         target: &Tensor<F>,
         loss: &mut Tensor<F>,
         lse: &mut Tensor<F>,
         mass: &mut Tensor<F>,
         rows: usize,
         classes: usize,
+        has_bias: u32,
         #[define(F)] _dtype: ElemType,
     ) {
         let k = CUBE_POS;
@@ -220,19 +367,20 @@ mod cube {
         let mut b = UNIT_POS as usize;
         while b < rows {
             let row = (k * rows + b) * classes;
-            let mut top = logits[row];
+            let mut top = logit::<F>(logits, bias, row, k, 0, classes, has_bias);
             for n in 1..classes {
-                top = F::max(top, logits[row + n]);
+                top = F::max(top, logit::<F>(logits, bias, row, k, n, classes, has_bias));
             }
             let mut total = F::new(0.0);
             for n in 0..classes {
-                total += F::exp(logits[row + n] - top);
+                total += F::exp(logit::<F>(logits, bias, row, k, n, classes, has_bias) - top);
             }
             let log_sum = F::ln(total);
             let (mut weighted, mut weight) = (F::new(0.0), F::new(0.0));
             for n in 0..classes {
                 let t = target[row + n];
-                weighted += (logits[row + n] - top - log_sum) * t;
+                let x = logit::<F>(logits, bias, row, k, n, classes, has_bias);
+                weighted += (x - top - log_sum) * t;
                 weight += t;
             }
             acc -= weighted;
@@ -247,23 +395,37 @@ mod cube {
     }
 
     #[cube(launch_unchecked, address_type = "dynamic")]
+    #[allow(clippy::too_many_arguments)]
     fn cross_entropy_backward_kernel<F: Float>(
         dloss: &Tensor<F>,
         logits: &Tensor<F>,
+        bias: &Tensor<F>,
         target: &Tensor<F>,
         lse: &Tensor<F>,
         mass: &Tensor<F>,
         out: &mut Tensor<F>,
+        dbias: &mut Tensor<F>,
         rows: usize,
         classes: usize,
+        has_bias: u32,
         #[define(F)] _dtype: ElemType,
     ) {
-        if ABSOLUTE_POS >= out.len() {
+        if ABSOLUTE_POS >= dbias.len() {
             terminate!();
         }
-        let row = ABSOLUTE_POS / classes;
-        let soft = F::exp(logits[ABSOLUTE_POS] - lse[row]);
-        out[ABSOLUTE_POS] = (soft * mass[row] - target[ABSOLUTE_POS]) * dloss[row / rows];
+        let (k, n) = (ABSOLUTE_POS / classes, ABSOLUTE_POS % classes);
+        let scale = dloss[k];
+        let mut sum = F::new(0.0);
+        for b in 0..rows {
+            let row = k * rows + b;
+            let x = logit::<F>(logits, bias, row * classes, k, n, classes, has_bias);
+            let soft = F::exp(x - lse[row]);
+            let at = row * classes + n;
+            let d = (soft * mass[row] - target[at]) * scale;
+            out[at] = d;
+            sum += d;
+        }
+        dbias[ABSOLUTE_POS] = sum;
     }
 
     fn f32s(tensors: &[&CubeTensor]) -> bool {
@@ -273,13 +435,15 @@ mod cube {
     impl WeightedCrossEntropy for CubeBackend {
         fn weighted_cross_entropy(
             logits: CubeTensor,
+            bias: CubeTensor,
+            has_bias: bool,
             target: CubeTensor,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
             let [k, b, n] = logits.meta.shape().dims::<3>();
-            if !f32s(&[&logits, &target]) || k * b * n == 0 {
-                return forward_composed::<Self>(logits, target);
+            if !f32s(&[&logits, &bias, &target]) || k * b * n == 0 {
+                return forward_composed::<Self>(logits, has_bias.then_some(bias), target);
             }
-            let [logits, target] = [logits, target].map(into_contiguous);
+            let [logits, bias, target] = [logits, bias, target].map(into_contiguous);
             let loss = empty_f32(&logits, Shape::new([k]));
             let (lse, mass) = (
                 empty_f32(&logits, Shape::new([k, b, 1])),
@@ -288,8 +452,9 @@ mod cube {
             let client = logits.client.clone();
             let address = address(&[&logits]);
             // SAFETY: one cube per client; unit b reads row (k, b)'s N
-            // logits and targets (b < B) and writes its log-sum-exp and
-            // mass; unit 0 writes loss[k]. All contiguous.
+            // logits and targets (b < B) and client k's N biases (when
+            // there is a bias), and writes its log-sum-exp and mass; unit 0
+            // writes loss[k]. All contiguous.
             unsafe {
                 cross_entropy_forward_kernel::launch_unchecked(
                     &client,
@@ -297,12 +462,14 @@ mod cube {
                     CubeDim::new_1d(THREADS),
                     address,
                     logits.into_tensor_arg(),
+                    bias.into_tensor_arg(),
                     target.into_tensor_arg(),
                     loss.clone().into_tensor_arg(),
                     lse.clone().into_tensor_arg(),
                     mass.clone().into_tensor_arg(),
                     b,
                     n,
+                    u32::from(has_bias),
                     F32,
                 );
             }
@@ -312,24 +479,29 @@ mod cube {
         fn weighted_cross_entropy_backward(
             dloss: CubeTensor,
             logits: CubeTensor,
+            bias: CubeTensor,
+            has_bias: bool,
             target: CubeTensor,
             lse: CubeTensor,
             mass: CubeTensor,
-        ) -> FloatTensor<Self> {
+        ) -> (FloatTensor<Self>, FloatTensor<Self>) {
             let shape = logits.meta.shape().clone();
-            let [_, b, n] = shape.dims::<3>();
-            let len = shape.num_elements();
-            if !f32s(&[&dloss, &logits, &target, &lse, &mass]) || len == 0 {
-                return backward_composed::<Self>(dloss, logits, target, lse, mass);
+            let [k, b, n] = shape.dims::<3>();
+            if !f32s(&[&dloss, &logits, &bias, &target, &lse, &mass]) || k * n == 0 {
+                let bias = has_bias.then_some(bias);
+                return backward_composed::<Self>(dloss, logits, bias, target, lse, mass);
             }
-            let [dloss, logits, target, lse, mass] =
-                [dloss, logits, target, lse, mass].map(into_contiguous);
+            let [dloss, logits, bias, target, lse, mass] =
+                [dloss, logits, bias, target, lse, mass].map(into_contiguous);
             let out = empty_f32(&logits, shape);
+            let dbias = empty_f32(&logits, Shape::new([k, n]));
             let client = logits.client.clone();
             let address = address(&[&logits, &out]);
-            let (cube_count, cube_dim) = units(&out, len);
-            // SAFETY: one unit per logit (position < K·B·N, checked); its
-            // row (< K·B) and client (< K) index the row and client tensors.
+            let (cube_count, cube_dim) = units(&dbias, k * n);
+            // SAFETY: one unit per client and class (< K·N, checked); it
+            // reads and writes (k, b, n) for b < B of the contiguous
+            // `[K, B, N]` tensors, row (k, b) of the row tensors and client
+            // k of `dloss`.
             unsafe {
                 cross_entropy_backward_kernel::launch_unchecked(
                     &client,
@@ -338,16 +510,19 @@ mod cube {
                     address,
                     dloss.into_tensor_arg(),
                     logits.into_tensor_arg(),
+                    bias.into_tensor_arg(),
                     target.into_tensor_arg(),
                     lse.into_tensor_arg(),
                     mass.into_tensor_arg(),
                     out.clone().into_tensor_arg(),
+                    dbias.clone().into_tensor_arg(),
                     b,
                     n,
+                    u32::from(has_bias),
                     F32,
                 );
             }
-            out
+            (out, dbias)
         }
     }
 }
@@ -359,11 +534,12 @@ mod tests {
     use burn::tensor::activation::log_softmax;
     use burn::tensor::{Device, Distribution, Tensor, TensorData};
 
-    /// Each client's loss and the logits' gradient equal burn's
-    /// log-softmax composition through autodiff (the batched trainer's loss
-    /// until now), with weighted one-hot rows, padding rows of zeros and a
-    /// client with no row at all; logits up to ±40 so the shift by the
-    /// row's maximum matters.
+    /// Each client's loss and the gradients of the logits and of the output
+    /// layer's bias equal burn's addition and log-softmax composition
+    /// through autodiff (the batched trainer's loss until now), with and
+    /// without the bias, with weighted one-hot rows, padding rows of zeros
+    /// and a client with no row at all; logits up to ±40 so the shift by
+    /// the row's maximum matters.
     #[test]
     fn the_operation_is_burns_log_softmax_loss() {
         let device = Device::flex().autodiff();
@@ -385,28 +561,48 @@ mod tests {
         }
         let target = Tensor::<3>::from_data(TensorData::new(t, [k, b, n]), &device);
         let dloss = Tensor::<1>::from_data(TensorData::new(vec![1.0f32, -2.0, 0.5], [k]), &device);
-        let run = |ours: bool| {
-            let loss = if ours {
-                weighted_cross_entropy(logits.clone(), target.clone())
-            } else {
-                log_softmax(logits.clone(), 2)
-                    .mul(target.clone())
-                    .sum_dim(2)
-                    .sum_dim(1)
-                    .neg()
-                    .reshape([k])
+        let bias =
+            Tensor::<2>::random([k, n], Distribution::Uniform(-5.0, 5.0), &device).require_grad();
+        for with_bias in [false, true] {
+            let run = |ours: bool| {
+                let loss = if ours {
+                    let bias = with_bias.then(|| bias.clone());
+                    weighted_cross_entropy(logits.clone(), bias, target.clone())
+                } else {
+                    let x = if with_bias {
+                        logits.clone() + bias.clone().reshape([k, 1, n])
+                    } else {
+                        logits.clone()
+                    };
+                    log_softmax(x, 2)
+                        .mul(target.clone())
+                        .sum_dim(2)
+                        .sum_dim(1)
+                        .neg()
+                        .reshape([k])
+                };
+                let grads = (loss.clone() * dloss.clone()).sum().backward();
+                (
+                    loss.inner(),
+                    logits.grad(&grads).expect("d logits"),
+                    bias.grad(&grads),
+                )
             };
-            let grads = (loss.clone() * dloss.clone()).sum().backward();
-            (loss.inner(), logits.grad(&grads).expect("d logits"))
-        };
-        let (l1, g1) = run(true);
-        let (l2, g2) = run(false);
-        close(l1.clone(), l2, 1e-5, "losses");
-        close(g1, g2, 1e-5, "gradients");
-        assert_eq!(
-            l1.into_data().try_to_vec::<f32>().unwrap()[2],
-            0.0,
-            "a resting client's loss"
-        );
+            let (l1, g1, b1) = run(true);
+            let (l2, g2, b2) = run(false);
+            let case = format!("bias {with_bias}");
+            close(l1.clone(), l2, 1e-5, &format!("{case}: losses"));
+            close(g1, g2, 1e-5, &format!("{case}: gradients"));
+            match (b1, b2) {
+                (Some(a), Some(b)) => close(a, b, 1e-5, &format!("{case}: bias gradients")),
+                (None, None) => assert!(!with_bias, "{case}: no bias gradient"),
+                _ => panic!("{case}: a bias gradient on one side only"),
+            }
+            assert_eq!(
+                l1.into_data().try_to_vec::<f32>().unwrap()[2],
+                0.0,
+                "{case}: a resting client's loss"
+            );
+        }
     }
 }
