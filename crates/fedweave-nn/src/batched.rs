@@ -46,10 +46,11 @@ use crate::NnError;
 use crate::arch::BatchedInput;
 use crate::batch::{Batch, LocalData};
 use crate::kernels::{
-    Around, REPLAYABLE, add_assign, bias_relu, conv2d, env_choice, masked_batch_norm, on_cpu,
-    plan_inputs, plan_row, sgd_momentum_rows, swap_leading, weighted_cross_entropy,
+    Around, REPLAYABLE, add_assign, bias_relu, conv2d, env_choice, masked_batch_norm,
+    masked_batch_norm_folding, on_cpu, plan_inputs, plan_row, sgd_momentum_rows, swap_leading,
+    weighted_cross_entropy,
 };
-use crate::model::{BN_EPS, ModelSpec, channel_sums};
+use crate::model::{BN_EPS, BN_MOMENTUM, ModelSpec, channel_sums};
 use crate::resident::{BatchStats, LossLog, RunningStats};
 use crate::train::{TrainConfig, TrainStats};
 use crate::trainer::{BatchSampler, SgdConfig};
@@ -589,6 +590,7 @@ impl<'a> BatchedTrainer<'a> {
             k,
             step,
             record: &mut record,
+            running: &mut self.running,
             norm: self.norm,
             loss: self.loss,
             head_bias: None,
@@ -856,8 +858,11 @@ pub(crate) struct BatchedCx<'a> {
     /// Clients.
     pub(crate) k: usize,
     step: &'a Step,
-    /// Batch-norm statistics over `K·C` channels, in order.
-    record: &'a mut Vec<BatchStats>,
+    /// Batch-norm statistics over `K·C` channels, in order (`None`: folded
+    /// into `running` already).
+    record: &'a mut Vec<Option<BatchStats>>,
+    /// The running statistics the kernels fold into in place.
+    running: &'a mut RunningStats,
     norm: BatchedNorm,
     loss: BatchedLoss,
     /// The output layer's bias (`[K, N]`), left for the loss's kernels
@@ -917,68 +922,50 @@ impl BatchedCx<'_> {
         self.batch_norm_around(y, i, Around { bias, relu: false })
     }
 
+    /// Batch norm with scale `i` and shift `i + 1` on `[B, K·C, H, W]`
+    /// plus `around`'s bias, then its ReLU, with statistics over each
+    /// client's valid samples: folded into the running statistics in the
+    /// operation where the backend can, else recorded for
+    /// [`RunningStats::fold_rows`].
     fn batch_norm_around(&mut self, y: Tensor<4>, i: usize, around: Around) -> Tensor<4> {
-        let Self {
-            stack,
-            k,
-            step,
-            record,
-            norm,
-            ..
-        } = self;
-        batch_norm(y, stack, i, step, *k, record, *norm, around)
+        let [_, kc, h, w] = y.dims();
+        let p = &self.stack;
+        if self.norm == BatchedNorm::Kernel {
+            let affine = [i, i + 1].map(|at| p.leaves[at].clone().reshape([kc]));
+            let valid = self.step.valid.clone().inner();
+            let sizes = self.step.sizes.clone().inner();
+            let layer = self.running.layer(self.record.len());
+            let folding = (&affine, &valid, &sizes, &around, layer);
+            if let Some(out) = masked_batch_norm_folding(&y, folding, BN_EPS, BN_MOMENTUM) {
+                self.record.push(None);
+                return out;
+            }
+            let (out, mean, var) = masked_batch_norm(y, affine, valid, sizes, BN_EPS, around);
+            self.record.push(Some(BatchStats::of(&mean, &var, h * w)));
+            return out;
+        }
+        let k = self.k;
+        let y = match around.bias {
+            Some(b) => y + b.reshape([1, kc, 1, 1]),
+            None => y,
+        };
+        let mask = self.step.channel_mask(k, kc / k);
+        let counts = self.step.channel_counts(k, kc / k, h * w);
+        let mean = channel_sums(y.clone() * mask.clone()).div(counts.clone());
+        // One row of ones for the layer's four operands.
+        let ones =
+            (self.norm == BatchedNorm::Product).then(|| Tensor::<2>::ones([1, h * w], &y.device()));
+        let spread = |v: Tensor<4>| match &ones {
+            None => v,
+            Some(ones) => spread_over_plane(v, ones, [h, w]),
+        };
+        let centred = y - spread(mean.clone());
+        let var = channel_sums((centred.clone() * mask).square()).div(counts);
+        self.record.push(Some(BatchStats::of(&mean, &var, h * w)));
+        let out = centred / spread((var + BN_EPS).sqrt()) * spread(p.channel(i))
+            + spread(p.channel(i + 1));
+        if around.relu { relu(out) } else { out }
     }
-}
-
-/// Batch norm with scale `i` and shift `i + 1` on `[B, K·C, H, W]` plus
-/// `around`'s bias, then its ReLU, with statistics over each client's valid
-/// samples; records them.
-#[allow(clippy::too_many_arguments)]
-fn batch_norm(
-    y: Tensor<4>,
-    p: &Stack,
-    i: usize,
-    step: &Step,
-    k: usize,
-    record: &mut Vec<BatchStats>,
-    norm: BatchedNorm,
-    around: Around,
-) -> Tensor<4> {
-    let [_, kc, h, w] = y.dims();
-    if norm == BatchedNorm::Kernel {
-        let (out, mean, var) = masked_batch_norm(
-            y,
-            [
-                p.leaves[i].clone().reshape([kc]),
-                p.leaves[i + 1].clone().reshape([kc]),
-            ],
-            step.valid.clone().inner(),
-            step.sizes.clone().inner(),
-            BN_EPS,
-            around,
-        );
-        record.push(BatchStats::of(&mean, &var, h * w));
-        return out;
-    }
-    let y = match around.bias {
-        Some(b) => y + b.reshape([1, kc, 1, 1]),
-        None => y,
-    };
-    let mask = step.channel_mask(k, kc / k);
-    let counts = step.channel_counts(k, kc / k, h * w);
-    let mean = channel_sums(y.clone() * mask.clone()).div(counts.clone());
-    // One row of ones for the layer's four operands.
-    let ones = (norm == BatchedNorm::Product).then(|| Tensor::<2>::ones([1, h * w], &y.device()));
-    let spread = |v: Tensor<4>| match &ones {
-        None => v,
-        Some(ones) => spread_over_plane(v, ones, [h, w]),
-    };
-    let centred = y - spread(mean.clone());
-    let var = channel_sums((centred.clone() * mask).square()).div(counts);
-    record.push(BatchStats::of(&mean, &var, h * w));
-    let out =
-        centred / spread((var + BN_EPS).sqrt()) * spread(p.channel(i)) + spread(p.channel(i + 1));
-    if around.relu { relu(out) } else { out }
 }
 
 /// How the batched trainer's batch norm is lowered.

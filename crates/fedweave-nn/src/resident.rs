@@ -116,12 +116,13 @@ impl RunningStats {
     /// what a replayed step does. The same arithmetic as `fold`, bit for
     /// bit (the unbiasing factor n/(n − 1) of exact integers); on the cube
     /// backends one kernel per layer ([`fold_running_rows`]).
-    pub(crate) fn fold_rows(&mut self, record: Vec<BatchStats>, sizes: &Tensor<1>) {
+    pub(crate) fn fold_rows(&mut self, record: Vec<Option<BatchStats>>, sizes: &Tensor<1>) {
         if record.is_empty() {
             return;
         }
         assert_eq!(record.len(), self.layers.len(), "one record per batch norm");
-        for ((rm, rv), stats) in self.layers.iter_mut().zip(record) {
+        let unfolded = self.layers.iter_mut().zip(record);
+        for ((rm, rv), stats) in unfolded.filter_map(|(layer, s)| Some((layer, s?))) {
             let batch = (stats.mean.clone(), stats.var.clone());
             if fold_running_rows(rm, rv, batch, sizes, stats.per_sample, BN_MOMENTUM).is_some() {
                 continue;
@@ -137,6 +138,13 @@ impl RunningStats {
             assign_rows(rm, new_m, sizes);
             assign_rows(rv, new_v, sizes);
         }
+    }
+
+    /// Layer `i`'s running means and variances (`[rows, C]`), for an
+    /// operation that folds a batch into them in place.
+    pub(crate) fn layer(&mut self, i: usize) -> [&mut Tensor<2>; 2] {
+        let (mean, var) = &mut self.layers[i];
+        [mean, var]
     }
 
     /// Writes row `row`'s statistics into a buffer vector `out` of the

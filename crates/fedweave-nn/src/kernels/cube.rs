@@ -43,6 +43,31 @@ pub(crate) fn channel_value(i: usize, ch: usize, channels: usize, plane: usize) 
     (b * channels + ch) * plane + i % plane
 }
 
+/// A running mean and variance folded with a batch's, as
+/// `RunningStats::fold_rows` does: `keep·old + momentum·batch`, the batch's
+/// variance unbiased by `count / (count − 1)` (1 for a count of at most 1),
+/// `count` the values per channel of the batch.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn folded<F: Float>(
+    old_mean: F,
+    old_var: F,
+    mean: F,
+    var: F,
+    count: F,
+    momentum: F,
+    keep: F,
+) -> (F, F) {
+    let mut unbias = F::new(1.0);
+    if count > F::new(1.0) {
+        unbias = count / (count - F::new(1.0));
+    }
+    (
+        old_mean * keep + mean * momentum,
+        old_var * keep + var * momentum * unbias,
+    )
+}
+
 /// The address type wide enough for every one of a launch's `tensors`.
 pub(crate) fn address(tensors: &[&CubeTensor]) -> AddressType {
     tensors

@@ -218,7 +218,7 @@ selected_assign!(burn::backend::Cube);
 
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube {
-    use super::super::cube::{F32, address, units};
+    use super::super::cube::{F32, address, folded, units};
     use super::{InPlace, Sgd, selected, sgd_then_selected};
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{BackendTensor, DispatchTensorKind};
@@ -359,15 +359,18 @@ mod cube {
         }
         let size = sizes[ABSOLUTE_POS / row_len];
         if size != F::new(0.0) {
-            let m = momentum.get::<F>();
-            let count = size * per_sample.get::<F>();
-            let mut unbias = F::new(1.0);
-            if count > F::new(1.0) {
-                unbias = count / (count - F::new(1.0));
-            }
             let i = ABSOLUTE_POS;
-            mean[i] = mean[i] * keep.get::<F>() + batch_mean[i] * m;
-            var[i] = var[i] * keep.get::<F>() + batch_var[i] * m * unbias;
+            let (m, v) = folded::<F>(
+                mean[i],
+                var[i],
+                batch_mean[i],
+                batch_var[i],
+                size * per_sample.get::<F>(),
+                momentum.get::<F>(),
+                keep.get::<F>(),
+            );
+            mean[i] = m;
+            var[i] = v;
         }
     }
 

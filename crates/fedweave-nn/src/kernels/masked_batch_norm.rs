@@ -89,6 +89,30 @@ pub trait MaskedBatchNorm: Backend {
         FloatTensor<Self>,
         FloatTensor<Self>,
     );
+
+    /// [`masked_batch_norm`](Self::masked_batch_norm) that also folds the
+    /// batch's statistics into `running_mean` and `running_var` (`[K, C]`)
+    /// in place, as `RunningStats::fold_rows` does (momentum `momentum`,
+    /// the variance unbiased; a client whose size is 0 keeps its own): one
+    /// launch per layer fewer. `None` where the backend does not write them
+    /// in place: the caller folds them.
+    #[allow(clippy::too_many_arguments)]
+    fn masked_batch_norm_folding(
+        _y: FloatTensor<Self>,
+        _bias: FloatTensor<Self>,
+        _has_bias: bool,
+        _gamma: FloatTensor<Self>,
+        _beta: FloatTensor<Self>,
+        _valid: FloatTensor<Self>,
+        _sizes: FloatTensor<Self>,
+        _eps: f32,
+        _relu: bool,
+        _running_mean: FloatTensor<Self>,
+        _running_var: FloatTensor<Self>,
+        _momentum: f32,
+    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>)> {
+        None
+    }
 }
 
 /// `(dy, dbias, dγ, dβ)` of [`MaskedBatchNorm::masked_batch_norm_backward`].
@@ -138,6 +162,47 @@ pub(crate) fn masked_batch_norm(
     );
     let stat = |t| Tensor::<1>::from_dispatch(t).reshape([1, kc, 1, 1]);
     (Tensor::from_dispatch(out), stat(mean), stat(var))
+}
+
+/// What [`masked_batch_norm_folding`] reads: γ and β, the validity, the
+/// sizes, what surrounds the operation and the running statistics (means,
+/// variances).
+pub(crate) type Folding<'a> = (
+    &'a [Tensor<1>; 2],
+    &'a Tensor<2>,
+    &'a Tensor<1>,
+    &'a Around,
+    [&'a mut Tensor<2>; 2],
+);
+
+/// [`masked_batch_norm`] folding the batch's statistics into the running
+/// ones (`running`: means and variances, `[K, C]`) in place
+/// ([`MaskedBatchNorm::masked_batch_norm_folding`]): the output, or `None`
+/// where the backend does not (the caller calls [`masked_batch_norm`]).
+pub(crate) fn masked_batch_norm_folding(
+    y: &Tensor<4>,
+    (affine, valid, sizes, around, running): Folding,
+    eps: f32,
+    momentum: f32,
+) -> Option<Tensor<4>> {
+    let [gamma, beta] = affine;
+    let [running_mean, running_var] = running;
+    let bias = around.bias.clone().unwrap_or_else(|| gamma.clone());
+    let (out, _, _) = <Dispatch as MaskedBatchNorm>::masked_batch_norm_folding(
+        y.clone().into_dispatch(),
+        bias.into_dispatch(),
+        around.bias.is_some(),
+        gamma.clone().into_dispatch(),
+        beta.clone().into_dispatch(),
+        valid.clone().into_dispatch(),
+        sizes.clone().into_dispatch(),
+        eps,
+        around.relu,
+        running_mean.clone().into_dispatch(),
+        running_var.clone().into_dispatch(),
+        momentum,
+    )?;
+    Some(Tensor::from_dispatch(out))
 }
 
 /// The shapes an operation works on.
@@ -395,36 +460,40 @@ impl<B: MaskedBatchNorm> Backward<B, 4> for MaskedBatchNormBackward<4> {
 
 /// The forward pass under autodiff of `inputs` (y, γ, β and, with `N` =
 /// 4, the bias).
+/// with the inner backend's `forward` (`None`: it declined, and nothing is
+/// recorded).
 fn tracked<B: MaskedBatchNorm, C: CheckpointStrategy, const N: usize>(
     op: MaskedBatchNormBackward<N>,
     inputs: [FloatTensor<Autodiff<B, C>>; N],
     valid: FloatTensor<Autodiff<B, C>>,
     sizes: FloatTensor<Autodiff<B, C>>,
-) -> [FloatTensor<Autodiff<B, C>>; 3]
+    forward: impl FnOnce(&Inputs<B>) -> Option<[FloatTensor<B>; 3]>,
+) -> Option<[FloatTensor<Autodiff<B, C>>; 3]>
 where
     MaskedBatchNormBackward<N>: Backward<B, N, State = State<B>>,
 {
-    let (eps, relu) = (op.eps, op.relu);
-    let prep = op
-        .prepare::<C>(inputs.each_ref().map(|t| t.node()))
-        .compute_bound()
-        .stateful();
+    let nodes = inputs.each_ref().map(|t| t.node());
     let mut prims = inputs.into_iter().map(|t| t.into_primitive());
     let mut next = || prims.next().expect("y, γ and β");
     let (y, gamma, beta) = (next(), next(), next());
-    let bias = prims.next();
-    let (valid, sizes) = (valid.into_primitive(), sizes.into_primitive());
-    let (out, mean, var) = B::masked_batch_norm(
-        y.clone(),
-        bias.clone().unwrap_or_else(|| gamma.clone()),
-        bias.is_some(),
-        gamma.clone(),
-        beta.clone(),
-        valid.clone(),
-        sizes.clone(),
-        eps,
-        relu,
-    );
+    let inner = Inputs {
+        y,
+        bias: prims.next(),
+        gamma,
+        beta,
+        valid: valid.into_primitive(),
+        sizes: sizes.into_primitive(),
+    };
+    let [out, mean, var] = forward(&inner)?;
+    let prep = op.prepare::<C>(nodes).compute_bound().stateful();
+    let Inputs {
+        y,
+        bias,
+        gamma,
+        beta,
+        valid,
+        sizes,
+    } = inner;
     let out = match prep {
         OpsKind::Tracked(prep) => {
             let state = State {
@@ -441,11 +510,55 @@ where
         }
         OpsKind::UnTracked(prep) => prep.finish(out),
     };
-    [
+    Some([
         out,
         Autodiff::<B, C>::from_inner(mean),
         Autodiff::<B, C>::from_inner(var),
-    ]
+    ])
+}
+
+/// The inner backend's inputs of a masked batch norm under autodiff.
+struct Inputs<B: Backend> {
+    y: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    valid: FloatTensor<B>,
+    sizes: FloatTensor<B>,
+}
+
+impl<B: Backend> Inputs<B> {
+    /// The bias and whether there is one (γ stands in, never read).
+    fn bias_arg(&self) -> (FloatTensor<B>, bool) {
+        match &self.bias {
+            Some(b) => (b.clone(), true),
+            None => (self.gamma.clone(), false),
+        }
+    }
+}
+
+/// [`tracked`] with or without a bias (`bias`, when `has_bias`).
+#[allow(clippy::too_many_arguments)]
+fn tracked_either<B: MaskedBatchNorm, C: CheckpointStrategy>(
+    [y, bias, gamma, beta]: [FloatTensor<Autodiff<B, C>>; 4],
+    has_bias: bool,
+    valid: FloatTensor<Autodiff<B, C>>,
+    sizes: FloatTensor<Autodiff<B, C>>,
+    (eps, relu): (f32, bool),
+    forward: impl FnOnce(&Inputs<B>) -> Option<[FloatTensor<B>; 3]>,
+) -> Option<(
+    FloatTensor<Autodiff<B, C>>,
+    FloatTensor<Autodiff<B, C>>,
+    FloatTensor<Autodiff<B, C>>,
+)> {
+    let [out, mean, var] = if has_bias {
+        let op = MaskedBatchNormBackward::<4> { eps, relu };
+        tracked::<B, C, 4>(op, [y, gamma, beta, bias], valid, sizes, forward)
+    } else {
+        let op = MaskedBatchNormBackward::<3> { eps, relu };
+        tracked::<B, C, 3>(op, [y, gamma, beta], valid, sizes, forward)
+    }?;
+    Some((out, mean, var))
 }
 
 impl<B: MaskedBatchNorm, C: CheckpointStrategy> MaskedBatchNorm for Autodiff<B, C> {
@@ -460,21 +573,46 @@ impl<B: MaskedBatchNorm, C: CheckpointStrategy> MaskedBatchNorm for Autodiff<B, 
         eps: f32,
         relu: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let [out, mean, var] = match has_bias.then_some(bias) {
-            Some(bias) => tracked::<B, C, 4>(
-                MaskedBatchNormBackward { eps, relu },
-                [y, gamma, beta, bias],
-                valid,
-                sizes,
-            ),
-            None => tracked::<B, C, 3>(
-                MaskedBatchNormBackward { eps, relu },
-                [y, gamma, beta],
-                valid,
-                sizes,
-            ),
+        let forward = |i: &Inputs<B>| {
+            let (bias, has_bias) = i.bias_arg();
+            let (y, gamma, beta) = (i.y.clone(), i.gamma.clone(), i.beta.clone());
+            let (valid, sizes) = (i.valid.clone(), i.sizes.clone());
+            let (out, mean, var) =
+                B::masked_batch_norm(y, bias, has_bias, gamma, beta, valid, sizes, eps, relu);
+            Some([out, mean, var])
         };
-        (out, mean, var)
+        let inputs = [y, bias, gamma, beta];
+        tracked_either::<B, C>(inputs, has_bias, valid, sizes, (eps, relu), forward)
+            .expect("the plain operation always runs")
+    }
+
+    fn masked_batch_norm_folding(
+        y: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        has_bias: bool,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        valid: FloatTensor<Self>,
+        sizes: FloatTensor<Self>,
+        eps: f32,
+        relu: bool,
+        running_mean: FloatTensor<Self>,
+        running_var: FloatTensor<Self>,
+        momentum: f32,
+    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>)> {
+        let running = [running_mean, running_var].map(|t| t.into_primitive());
+        let forward = |i: &Inputs<B>| {
+            let (bias, has_bias) = i.bias_arg();
+            let (y, gamma, beta) = (i.y.clone(), i.gamma.clone(), i.beta.clone());
+            let (valid, sizes) = (i.valid.clone(), i.sizes.clone());
+            let [rm, rv] = running;
+            let (out, mean, var) = B::masked_batch_norm_folding(
+                y, bias, has_bias, gamma, beta, valid, sizes, eps, relu, rm, rv, momentum,
+            )?;
+            Some([out, mean, var])
+        };
+        let inputs = [y, bias, gamma, beta];
+        tracked_either::<B, C>(inputs, has_bias, valid, sizes, (eps, relu), forward)
     }
 
     fn masked_batch_norm_backward(
@@ -560,7 +698,7 @@ mod cube {
     //! One cube per channel: its threads stride over the channel's B·H·W
     //! values and meet in shared memory for each sum.
 
-    use super::super::cube::{F32, THREADS, address, channel_value, cube_sum, empty_f32};
+    use super::super::cube::{F32, THREADS, address, channel_value, cube_sum, empty_f32, folded};
     use super::{Geom, Gradients4, MaskedBatchNorm, backward_composed, forward_composed};
     use burn::backend::tensor::FloatTensor;
     use burn::tensor::{DType, Shape};
@@ -623,6 +761,8 @@ mod cube {
         out: &mut Tensor<F>,
         mean_out: &mut Tensor<F>,
         var_out: &mut Tensor<F>,
+        running_mean: &mut Tensor<F>,
+        running_var: &mut Tensor<F>,
         clients: usize,
         per_client: usize,
         plane: usize,
@@ -630,6 +770,8 @@ mod cube {
         eps: InputScalar,
         has_bias: u32,
         relu: u32,
+        fold: u32,
+        momentum: InputScalar,
         #[define(F)] _dtype: ElemType,
     ) {
         let (ch, stride) = (CUBE_POS, CUBE_DIM as usize);
@@ -669,6 +811,14 @@ mod cube {
         if UNIT_POS == 0 {
             mean_out[ch] = mean;
             var_out[ch] = var;
+            if fold == 1 && sizes[k] != F::new(0.0) {
+                let m = momentum.get::<F>();
+                let count = sizes[k] * F::cast_from(plane);
+                let old = (running_mean[ch], running_var[ch]);
+                let (rm, rv) = folded::<F>(old.0, old.1, mean, var, count, m, F::new(1.0) - m);
+                running_mean[ch] = rm;
+                running_var[ch] = rv;
+            }
         }
     }
 
@@ -761,6 +911,67 @@ mod cube {
         threads_fit && tensors.iter().all(|t| t.dtype == DType::F32)
     }
 
+    /// The forward kernel's launch on `[y, bias, γ, β, valid, sizes]` (that
+    /// fit), folding into `running` (means and variances, with the momentum)
+    /// when given.
+    fn forward(
+        inputs: [CubeTensor; 6],
+        g: Geom,
+        (has_bias, relu, eps): (bool, bool, f32),
+        running: Option<([CubeTensor; 2], f32)>,
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        let [y, bias, gamma, beta, valid, sizes] = inputs.map(into_contiguous);
+        let out = empty_f32(&y, y.meta.shape().clone());
+        let (mean, var) = (
+            empty_f32(&y, Shape::new([g.channels()])),
+            empty_f32(&y, Shape::new([g.channels()])),
+        );
+        // Without running statistics two one-value buffers stand in (never
+        // read or written: the fold is off).
+        let (fold, [running_mean, running_var], momentum) = match running {
+            Some((running, momentum)) => (1, running, momentum),
+            None => (0, [0; 2].map(|_| empty_f32(&y, Shape::new([1]))), 0.0),
+        };
+        let client = y.client.clone();
+        let address = address(&[&y, &out]);
+        // SAFETY: one cube per channel of `y` (K·C of them); every index
+        // is below B·K·C·H·W (for `y` and `out`), K·C (the bias, `gamma`,
+        // `beta`, the statistics and the contiguous running statistics),
+        // B·K (`valid`) or K (`sizes`), all contiguous; the bias is read
+        // only when there is one, the running statistics written by unit 0
+        // of their own channel's cube only when folding.
+        unsafe {
+            masked_bn_forward_kernel::launch_unchecked(
+                &client,
+                CubeCount::Static(g.channels() as u32, 1, 1),
+                CubeDim::new_1d(THREADS),
+                address,
+                y.into_tensor_arg(),
+                bias.into_tensor_arg(),
+                gamma.into_tensor_arg(),
+                beta.into_tensor_arg(),
+                valid.into_tensor_arg(),
+                sizes.into_tensor_arg(),
+                out.clone().into_tensor_arg(),
+                mean.clone().into_tensor_arg(),
+                var.clone().into_tensor_arg(),
+                running_mean.into_tensor_arg(),
+                running_var.into_tensor_arg(),
+                g.clients,
+                g.per_client,
+                g.plane,
+                g.batch * g.plane,
+                InputScalar::new(eps, F32),
+                u32::from(has_bias),
+                u32::from(relu),
+                fold,
+                InputScalar::new(momentum, F32),
+                F32,
+            );
+        }
+        (out, mean, var)
+    }
+
     impl MaskedBatchNorm for CubeBackend {
         fn masked_batch_norm(
             y: CubeTensor,
@@ -778,45 +989,39 @@ mod cube {
                 let bias = has_bias.then_some(bias);
                 return forward_composed::<Self>(y, bias, gamma, beta, valid, sizes, eps, relu);
             }
-            let [y, bias, gamma, beta, valid, sizes] =
-                [y, bias, gamma, beta, valid, sizes].map(into_contiguous);
-            let out = empty_f32(&y, y.meta.shape().clone());
-            let (mean, var) = (
-                empty_f32(&y, Shape::new([g.channels()])),
-                empty_f32(&y, Shape::new([g.channels()])),
-            );
-            let client = y.client.clone();
-            let address = address(&[&y, &out]);
-            // SAFETY: one cube per channel of `y` (K·C of them); every index
-            // is below B·K·C·H·W (for `y` and `out`), K·C (the bias, `gamma`,
-            // `beta`, the statistics), B·K (`valid`) or K (`sizes`), all
-            // contiguous; the bias is read only when there is one.
-            unsafe {
-                masked_bn_forward_kernel::launch_unchecked(
-                    &client,
-                    CubeCount::Static(g.channels() as u32, 1, 1),
-                    CubeDim::new_1d(THREADS),
-                    address,
-                    y.into_tensor_arg(),
-                    bias.into_tensor_arg(),
-                    gamma.into_tensor_arg(),
-                    beta.into_tensor_arg(),
-                    valid.into_tensor_arg(),
-                    sizes.into_tensor_arg(),
-                    out.clone().into_tensor_arg(),
-                    mean.clone().into_tensor_arg(),
-                    var.clone().into_tensor_arg(),
-                    g.clients,
-                    g.per_client,
-                    g.plane,
-                    g.batch * g.plane,
-                    InputScalar::new(eps, F32),
-                    u32::from(has_bias),
-                    u32::from(relu),
-                    F32,
-                );
+            let inputs = [y, bias, gamma, beta, valid, sizes];
+            forward(inputs, g, (has_bias, relu, eps), None)
+        }
+
+        fn masked_batch_norm_folding(
+            y: CubeTensor,
+            bias: CubeTensor,
+            has_bias: bool,
+            gamma: CubeTensor,
+            beta: CubeTensor,
+            valid: CubeTensor,
+            sizes: CubeTensor,
+            eps: f32,
+            relu: bool,
+            running_mean: CubeTensor,
+            running_var: CubeTensor,
+            momentum: f32,
+        ) -> Option<(FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>)> {
+            let g = Geom::of::<Self>(&y, &valid);
+            let running = [&running_mean, &running_var];
+            // Written in place: their own buffers, `[K, C]`.
+            let in_place = running.iter().all(|t| {
+                t.is_contiguous() && t.meta.shape().dims::<2>() == [g.clients, g.per_client]
+            });
+            let tensors = [
+                &y, &bias, &gamma, &beta, &valid, &sizes, running[0], running[1],
+            ];
+            if !in_place || !fits(&tensors, g) {
+                return None;
             }
-            (out, mean, var)
+            let inputs = [y, bias, gamma, beta, valid, sizes];
+            let running = Some(([running_mean, running_var], momentum));
+            Some(forward(inputs, g, (has_bias, relu, eps), running))
         }
 
         fn masked_batch_norm_backward(

@@ -306,7 +306,7 @@ pub(crate) use bias_relu::bias_relu;
 pub(crate) use in_place::{
     REPLAYABLE, add_assign, assign_rows, fold_running_rows, sgd_momentum_rows,
 };
-pub(crate) use masked_batch_norm::{Around, masked_batch_norm};
+pub(crate) use masked_batch_norm::{Around, masked_batch_norm, masked_batch_norm_folding};
 pub(crate) use plan_row::{plan_inputs, plan_row};
 pub(crate) use sgd::{Sgd, sgd_momentum};
 pub(crate) use swap_leading::swap_leading;
