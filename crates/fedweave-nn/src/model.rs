@@ -407,12 +407,19 @@ impl Norm<'_> {
         let [_, _, h, w] = y.dims();
         // The CPU in `f32` and the GPU backends have their own training-mode
         // batch norm; the CPU in `f64` composes burn's operations below.
-        if let Norm::Batch(record, _) = self
-            && let Some(op) = kernels::batch_norm_for(&y)
-        {
-            let (out, mean, var) = kernels::batch_norm_train(op, y, gamma.t1(), beta.t1(), BN_EPS);
-            record_stats(record, which, c, h * w, mean, var);
-            return out;
+        if let Norm::Batch(record, _) = self {
+            if let Some(op) = kernels::batch_norm_for(&y) {
+                let (out, mean, var) =
+                    kernels::batch_norm_train(op, y, gamma.t1(), beta.t1(), BN_EPS);
+                record_stats(record, which, c, h * w, mean, var);
+                return out;
+            }
+            if !kernels::on_cpu(&y) {
+                let affine = [gamma.t1(), beta.t1()];
+                let (out, mean, var) = kernels::batch_norm_one_model(y, affine, BN_EPS, false);
+                record_stats(record, which, c, h * w, mean, var);
+                return out;
+            }
         }
         let (mean, var): (Tensor<4>, Tensor<4>) = match self {
             Norm::Running(buffers) => {
@@ -446,11 +453,16 @@ impl Norm<'_> {
         gamma: &ParamTensor,
         beta: &ParamTensor,
     ) -> Tensor<4> {
-        if let Norm::Batch(record, _) = self
-            && kernels::on_cpu_f32(&y)
-        {
+        if let Norm::Batch(record, _) = self {
             let [_, _, h, w] = y.dims();
-            let (out, mean, var) = kernels::batch_norm_relu_train(y, gamma.t1(), beta.t1(), BN_EPS);
+            let (out, mean, var) = if kernels::on_cpu_f32(&y) {
+                kernels::batch_norm_relu_train(y, gamma.t1(), beta.t1(), BN_EPS)
+            } else if !kernels::on_cpu(&y) {
+                let affine = [gamma.t1(), beta.t1()];
+                kernels::batch_norm_one_model(y, affine, BN_EPS, true)
+            } else {
+                return relu(self.apply(which, (c, at), y, gamma, beta));
+            };
             record_stats(record, which, c, h * w, mean, var);
             return out;
         }

@@ -12,7 +12,7 @@ use super::{
 use crate::NnError;
 use crate::batched::BatchedCx;
 use crate::kernels::linear;
-use crate::kernels::{conv2d, max_pool2d, relu_max_pool2d};
+use crate::kernels::{conv2d, max_pool2d, on_cpu, relu_max_pool2d};
 use crate::model::{Norm, ParamTensor, flatten, to_image};
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
@@ -91,8 +91,11 @@ impl Net for ConvBnFc {
             y = if self.bn_after_pool {
                 let z = relu_max_pool2d(z, pool());
                 norm.apply(i, bn, z, &p[at + 2], &p[at + 3])
-            } else {
+            } else if on_cpu(&z) {
                 max_pool2d(norm.apply_relu(i, bn, z, &p[at + 2], &p[at + 3]), pool())
+            } else {
+                // One kernel each way for the ReLU and the pooling together.
+                relu_max_pool2d(norm.apply(i, bn, z, &p[at + 2], &p[at + 3]), pool())
             };
         }
         relu(linear(flatten(y), p[8].t2(), Some(p[9].t1())))

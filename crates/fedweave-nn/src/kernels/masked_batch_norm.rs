@@ -40,7 +40,7 @@ use burn::backend::{
     Autodiff, AutodiffBackend, Backend, Dispatch, Flex, TensorMetadata, backend_extension,
     get_or_init_device_settings,
 };
-use burn::tensor::{Shape, Tensor};
+use burn::tensor::{Device, Shape, Tensor, TensorData};
 
 /// Masked batch norm over stacked clients.
 #[backend_extension(Flex, Cube: cfg(any(feature = "cuda", feature = "wgpu")), Autodiff)]
@@ -162,6 +162,48 @@ pub(crate) fn masked_batch_norm(
     );
     let stat = |t| Tensor::<1>::from_dispatch(t).reshape([1, kc, 1, 1]);
     (Tensor::from_dispatch(out), stat(mean), stat(var))
+}
+
+/// Training-mode batch norm of one model's `y` (`[B, C, H, W]`, every
+/// sample valid) with scale `gamma` and shift `beta`, then ReLU when
+/// `relu`: the masked operation with one client, one kernel each way off
+/// the CPU (burn's operations were ~45 launches a layer there). The output
+/// and the batch's mean and variance (`[C]`, detached).
+pub(crate) fn batch_norm_one_model(
+    y: Tensor<4>,
+    [gamma, beta]: [Tensor<1>; 2],
+    eps: f32,
+    relu: bool,
+) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
+    let [b, c, _, _] = y.dims();
+    let (valid, sizes) = all_valid(b, &y.device().inner());
+    let around = Around { bias: None, relu };
+    let (out, mean, var) = masked_batch_norm(y, [gamma, beta], valid, sizes, eps, around);
+    (out, mean.reshape([c]), var.reshape([c]))
+}
+
+/// One client's validity (`[B, 1]` of ones) and batch size (`[1]` = B) on
+/// `device`, uploaded once per thread and kept (a step of one model takes
+/// them for each batch norm).
+fn all_valid(batch: usize, device: &Device) -> (Tensor<2>, Tensor<1>) {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    thread_local! {
+        static KEPT: RefCell<HashMap<(usize, String), (Tensor<2>, Tensor<1>)>> =
+            RefCell::new(HashMap::new());
+    }
+    KEPT.with_borrow_mut(|kept| {
+        kept.entry((batch, format!("{device:?}")))
+            .or_insert_with(|| {
+                let ones = TensorData::new(vec![1.0f32; batch], [batch, 1]);
+                let size = TensorData::new(vec![batch as f32], [1]);
+                (
+                    Tensor::from_data(ones, device),
+                    Tensor::from_data(size, device),
+                )
+            })
+            .clone()
+    })
 }
 
 /// What [`masked_batch_norm_folding`] reads: γ and β, the validity, the

@@ -306,7 +306,9 @@ pub(crate) use bias_relu::bias_relu;
 pub(crate) use in_place::{
     REPLAYABLE, add_assign, assign_rows, fold_running_rows, sgd_momentum_rows,
 };
-pub(crate) use masked_batch_norm::{Around, masked_batch_norm, masked_batch_norm_folding};
+pub(crate) use masked_batch_norm::{
+    Around, batch_norm_one_model, masked_batch_norm, masked_batch_norm_folding,
+};
 pub(crate) use plan_row::{plan_inputs, plan_row};
 pub(crate) use sgd::{Sgd, sgd_momentum};
 pub(crate) use swap_leading::swap_leading;
@@ -337,18 +339,12 @@ pub(crate) type BatchNormOp = fn(
     FloatTensor<Dispatch>,
 );
 
-/// The training-mode batch norm for `y`'s backend: [`batch_norm`]'s fused
-/// kernel on the CPU in `f32`, [`batch_norm_ops`] (burn's operations with a
-/// backward step of contiguous sums) off the CPU, `None` on the CPU in
-/// `f64` (burn's composition, in `Norm::apply`).
+/// The training-mode batch norm for `y`'s backend when it is the CPU in
+/// `f32`: [`batch_norm`]'s fused kernel. `None` elsewhere: off the CPU
+/// `Norm::apply` takes [`batch_norm_one_model`], on the CPU in `f64`
+/// burn's composition.
 pub(crate) fn batch_norm_for(y: &Tensor<4>) -> Option<BatchNormOp> {
-    if on_cpu_f32(y) {
-        Some(<Dispatch as CpuKernels>::batch_norm_train)
-    } else if !on_cpu(y) {
-        Some(<Dispatch as batch_norm_ops::BatchNormOps>::batch_norm_composed)
-    } else {
-        None
-    }
+    on_cpu_f32(y).then_some(<Dispatch as CpuKernels>::batch_norm_train as BatchNormOp)
 }
 
 /// Training-mode batch norm then ReLU of `y` (`[b, c, h, w]`, on the CPU in
