@@ -588,19 +588,14 @@ fn tracked_either<B: MaskedBatchNorm, C: CheckpointStrategy>(
     sizes: FloatTensor<Autodiff<B, C>>,
     (eps, relu): (f32, bool),
     forward: impl FnOnce(&Inputs<B>) -> Option<[FloatTensor<B>; 3]>,
-) -> Option<(
-    FloatTensor<Autodiff<B, C>>,
-    FloatTensor<Autodiff<B, C>>,
-    FloatTensor<Autodiff<B, C>>,
-)> {
-    let [out, mean, var] = if has_bias {
+) -> Option<[FloatTensor<Autodiff<B, C>>; 3]> {
+    if has_bias {
         let op = MaskedBatchNormBackward::<4> { eps, relu };
         tracked::<B, C, 4>(op, [y, gamma, beta, bias], valid, sizes, forward)
     } else {
         let op = MaskedBatchNormBackward::<3> { eps, relu };
         tracked::<B, C, 3>(op, [y, gamma, beta], valid, sizes, forward)
-    }?;
-    Some((out, mean, var))
+    }
 }
 
 impl<B: MaskedBatchNorm, C: CheckpointStrategy> MaskedBatchNorm for Autodiff<B, C> {
@@ -624,8 +619,10 @@ impl<B: MaskedBatchNorm, C: CheckpointStrategy> MaskedBatchNorm for Autodiff<B, 
             Some([out, mean, var])
         };
         let inputs = [y, bias, gamma, beta];
-        tracked_either::<B, C>(inputs, has_bias, valid, sizes, (eps, relu), forward)
-            .expect("the plain operation always runs")
+        let [out, mean, var] =
+            tracked_either::<B, C>(inputs, has_bias, valid, sizes, (eps, relu), forward)
+                .expect("the plain operation always runs");
+        (out, mean, var)
     }
 
     fn masked_batch_norm_folding(
@@ -654,7 +651,9 @@ impl<B: MaskedBatchNorm, C: CheckpointStrategy> MaskedBatchNorm for Autodiff<B, 
             Some([out, mean, var])
         };
         let inputs = [y, bias, gamma, beta];
-        tracked_either::<B, C>(inputs, has_bias, valid, sizes, (eps, relu), forward)
+        let [out, mean, var] =
+            tracked_either::<B, C>(inputs, has_bias, valid, sizes, (eps, relu), forward)?;
+        Some((out, mean, var))
     }
 
     fn masked_batch_norm_backward(
