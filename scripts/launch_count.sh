@@ -35,16 +35,17 @@ def name(field):
     return " / ".join(p for p in parts if p.endswith("Op") or p is parts[0])
 
 names = [name(m.group(1)) for m in map(line.match, open(log, encoding="utf-8")) if m]
-# A step ends with its update: one update kernel per parameter tensor (the batched
-# trainer's writes the resting clients' rows back).
-update = "SgdMomentumRowsKernel" if mode == "batched" else "SgdMomentumKernel"
+# A step ends with its update: a few tensors a launch (the grouped kernel, which
+# writes resting clients' rows back), or one launch per tensor (one model with
+# frozen ranges).
+update = {"SgdMomentumRowsKernel", "SgdMomentumKernel"}
 ends, run = [], 0
 for i, name in enumerate(names):
-    run = run + 1 if name == update else 0
-    if run and (i + 1 == len(names) or names[i + 1] != update):
+    run = run + 1 if name in update else 0
+    if run and (i + 1 == len(names) or names[i + 1] not in update):
         ends.append(i)
 if len(ends) < 3:
-    sys.exit(f"found {len(ends)} steps in {len(names)} launches: no {update}?")
+    sys.exit(f"found {len(ends)} steps in {len(names)} launches: no update kernel?")
 lengths = [b - a for a, b in zip(ends, ends[1:])]
 step = statistics.median(lengths)
 last = names[ends[-2] + 1 : ends[-1] + 1]

@@ -7,7 +7,7 @@ pub use crate::arch::ModelKind;
 use crate::arch::sequential::SequentialConfig;
 use crate::arch::{Draw, LayerDesc, Net};
 use crate::kernels;
-use crate::resident::BatchStats;
+use crate::resident::{BatchStats, RunningStats};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor, TensorData};
 use fedweave_core::{ParamLayout, RngStream};
@@ -379,16 +379,22 @@ pub(crate) enum Norm<'a> {
     /// Evaluation: the running statistics in this buffer vector.
     Running(&'a [f32]),
     /// Training: the batch's own statistics, which are also recorded per
-    /// batch-norm layer (kept on the device, [`BatchStats`]), and the stream
-    /// dropout masks are drawn from (`None`: no dropout).
-    Batch(Vec<BatchStats>, Option<Box<RngStream>>),
+    /// batch-norm layer (kept on the device, [`BatchStats`]; `None` where
+    /// the layer folded them into the running statistics, the third field,
+    /// itself), and the stream dropout masks are drawn from (`None`: no
+    /// dropout).
+    Batch(
+        Vec<Option<BatchStats>>,
+        Option<Box<RngStream>>,
+        Option<&'a mut RunningStats>,
+    ),
 }
 
 impl Norm<'_> {
     /// The stream of training-mode dropout masks (`None` in evaluation).
     pub(crate) fn dropout(&mut self) -> Option<&mut RngStream> {
         match self {
-            Norm::Batch(_, rng) => rng.as_deref_mut(),
+            Norm::Batch(_, rng, _) => rng.as_deref_mut(),
             Norm::Running(_) => None,
         }
     }
@@ -407,17 +413,18 @@ impl Norm<'_> {
         let [_, _, h, w] = y.dims();
         // The CPU in `f32` and the GPU backends have their own training-mode
         // batch norm; the CPU in `f64` composes burn's operations below.
-        if let Norm::Batch(record, _) = self {
+        if let Norm::Batch(record, _, running) = self {
             if let Some(op) = kernels::batch_norm_for(&y) {
                 let (out, mean, var) =
                     kernels::batch_norm_train(op, y, gamma.t1(), beta.t1(), BN_EPS);
-                record_stats(record, which, c, h * w, mean, var);
+                record_stats(record, which, c, h * w, Some((mean, var)));
                 return out;
             }
             if !kernels::on_cpu(&y) {
                 let affine = [gamma.t1(), beta.t1()];
-                let (out, mean, var) = kernels::batch_norm_one_model(y, affine, BN_EPS, false);
-                record_stats(record, which, c, h * w, mean, var);
+                let layer = running.as_deref_mut().map(|r| r.layer(which));
+                let (out, stats) = kernels::batch_norm_one_model(y, affine, BN_EPS, false, layer);
+                record_stats(record, which, c, h * w, stats);
                 return out;
             }
         }
@@ -429,12 +436,12 @@ impl Norm<'_> {
                 };
                 (stat(at..at + c), stat(at + c..at + 2 * c))
             }
-            Norm::Batch(record, _) => {
+            Norm::Batch(record, _, _) => {
                 let count = (y.dims()[0] * h * w) as f32;
                 let mean = channel_sums(y.clone()) / count;
                 let var = channel_sums((y.clone() - mean.clone()).square()) / count;
                 debug_assert_eq!(record.len(), which, "batch norms run in order");
-                record.push(BatchStats::of(&mean, &var, h * w));
+                record.push(Some(BatchStats::of(&mean, &var, h * w)));
                 (mean, var)
             }
         };
@@ -453,36 +460,41 @@ impl Norm<'_> {
         gamma: &ParamTensor,
         beta: &ParamTensor,
     ) -> Tensor<4> {
-        if let Norm::Batch(record, _) = self {
+        if let Norm::Batch(record, _, running) = self {
             let [_, _, h, w] = y.dims();
-            let (out, mean, var) = if kernels::on_cpu_f32(&y) {
-                kernels::batch_norm_relu_train(y, gamma.t1(), beta.t1(), BN_EPS)
+            let (out, stats) = if kernels::on_cpu_f32(&y) {
+                let (out, mean, var) =
+                    kernels::batch_norm_relu_train(y, gamma.t1(), beta.t1(), BN_EPS);
+                (out, Some((mean, var)))
             } else if !kernels::on_cpu(&y) {
                 let affine = [gamma.t1(), beta.t1()];
-                kernels::batch_norm_one_model(y, affine, BN_EPS, true)
+                let layer = running.as_deref_mut().map(|r| r.layer(which));
+                kernels::batch_norm_one_model(y, affine, BN_EPS, true, layer)
             } else {
                 return relu(self.apply(which, (c, at), y, gamma, beta));
             };
-            record_stats(record, which, c, h * w, mean, var);
+            record_stats(record, which, c, h * w, stats);
             return out;
         }
         relu(self.apply(which, (c, at), y, gamma, beta))
     }
 }
 
-/// Appends batch norm `which`'s batch statistics (`[c]`) over planes of
+/// Appends batch norm `which`'s batch statistics (`[c]` mean and
+/// variance, `None` when the layer folded them already) over planes of
 /// `hw` values to `record`.
 fn record_stats(
-    record: &mut Vec<BatchStats>,
+    record: &mut Vec<Option<BatchStats>>,
     which: usize,
     c: usize,
     hw: usize,
-    mean: Tensor<1>,
-    var: Tensor<1>,
+    stats: Option<(Tensor<1>, Tensor<1>)>,
 ) {
     debug_assert_eq!(record.len(), which, "batch norms run in order");
-    let (mean, var) = (mean.reshape([1, c, 1, 1]), var.reshape([1, c, 1, 1]));
-    record.push(BatchStats::of(&mean, &var, hw));
+    record.push(stats.map(|(mean, var)| {
+        let (mean, var) = (mean.reshape([1, c, 1, 1]), var.reshape([1, c, 1, 1]));
+        BatchStats::of(&mean, &var, hw)
+    }));
 }
 
 /// Σ over the batch and the plane of each channel of `y` (`[b, c, h, w]`)

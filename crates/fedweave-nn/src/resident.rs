@@ -54,6 +54,14 @@ pub(crate) struct RunningStats {
 }
 
 impl RunningStats {
+    /// No layers and no rows: a placeholder while the statistics are lent.
+    pub(crate) fn empty() -> Self {
+        Self {
+            layers: Vec::new(),
+            rows: 0,
+        }
+    }
+
     /// Uploads each row's buffer vector (laid out as
     /// [`ModelSpec::batch_norms`] says) to `device`.
     pub(crate) fn upload(spec: &ModelSpec, rows: &[&[f32]], device: &Device) -> Self {
@@ -76,7 +84,8 @@ impl RunningStats {
     }
 
     /// Folds one step's `record` into the running statistics as PyTorch
-    /// does (momentum 0.1, unbiased variance): row `r`'s batch had
+    /// does (momentum 0.1, unbiased variance; `None`: a layer the forward
+    /// pass folded already): row `r`'s batch had
     /// `sizes[r]` samples (every row takes the step: the one-model trainer;
     /// the batched one, whose clients may rest, folds with
     /// [`fold_rows`](Self::fold_rows)).
@@ -85,14 +94,15 @@ impl RunningStats {
     ///
     /// If `sizes` does not have one entry per row or `record` is not one
     /// entry per batch-norm layer.
-    pub(crate) fn fold(&mut self, record: Vec<BatchStats>, sizes: &[usize]) {
+    pub(crate) fn fold(&mut self, record: Vec<Option<BatchStats>>, sizes: &[usize]) {
         assert_eq!(sizes.len(), self.rows, "one batch size per row");
         if record.is_empty() {
             return;
         }
         assert_eq!(record.len(), self.layers.len(), "one record per batch norm");
         let device = self.layers[0].0.device();
-        for ((rm, rv), stats) in self.layers.iter_mut().zip(record) {
+        let unfolded = self.layers.iter_mut().zip(record);
+        for ((rm, rv), stats) in unfolded.filter_map(|(layer, s)| Some((layer, s?))) {
             let rows = rm.dims()[0];
             let unbias: Vec<f32> = sizes
                 .iter()

@@ -61,7 +61,7 @@ use crate::Augment;
 use crate::auxiliary::{AuxObjective, Body};
 use crate::batch::{Batch, LocalData};
 use crate::extra::{DeviceTerm, ExtraLoss, PartsTerm};
-use crate::kernels::{Sgd, sgd_momentum, with_parts, with_values};
+use crate::kernels::{Sgd, on_cpu, sgd_momentum, sgd_momentum_rows, with_parts, with_values};
 use crate::model::{ModelSpec, Norm, ParamTensor, RegressionLoss};
 use crate::objective::{Objective, Outputs, cross_entropy};
 use crate::resident::{LossLog, RunningStats};
@@ -178,6 +178,9 @@ pub struct LocalTrainer<'a> {
     /// vectors.
     host_theta: Vec<f32>,
     host_grad: Vec<f32>,
+    /// `[1]` = 1 on the device: the one row of the grouped update
+    /// ([`step`](Self::step) off the CPU) takes the step.
+    active: Tensor<1>,
 }
 
 /// A training call's extra terms, made ready for a session by
@@ -235,6 +238,7 @@ impl<'a> LocalTrainer<'a> {
             terms_on_device: *device != Device::flex(),
             host_theta: Vec::new(),
             host_grad: Vec::new(),
+            active: Tensor::ones([1], &inner),
         }
     }
 
@@ -451,7 +455,10 @@ impl<'a> LocalTrainer<'a> {
                 Purpose::Augment,
             ))
         });
-        let mut norm = Norm::Batch(Vec::new(), masks);
+        // The running statistics, lent to the forward pass: off the CPU its
+        // batch norms fold the batch into them in place.
+        let mut running = std::mem::replace(&mut self.running, RunningStats::empty());
+        let mut norm = Norm::Batch(Vec::new(), masks, Some(&mut running));
         let mut aux_leaf = None;
         let loss = match &objective {
             Loss::Objective(objective) => {
@@ -507,9 +514,10 @@ impl<'a> LocalTrainer<'a> {
             grad = self.add_host_terms_flat(&terms.on_host, grad);
         }
         self.grad = Some(grad);
-        if let Norm::Batch(record, _) = norm {
-            self.running.fold(record, &[batch.len()]);
+        if let Norm::Batch(record, _, _) = norm {
+            running.fold(record, &[batch.len()]);
         }
+        self.running = running;
         value
     }
 
@@ -531,6 +539,26 @@ impl<'a> LocalTrainer<'a> {
             .as_ref()
             .expect("LocalTrainer::step needs a gradient: call loss_and_grad first");
         let hyper = self.sgd.with_lr(lr);
+        if frozen.is_empty() && !on_cpu(&self.active) {
+            // Off the CPU: a few tensors a launch, in their buffers.
+            let rows = |ts: &[Tensor<1>]| -> Vec<Tensor<2>> {
+                ts.iter()
+                    .map(|t| t.clone().reshape([1, t.dims()[0]]))
+                    .collect()
+            };
+            let (mut thetas, mut bufs) = (rows(&self.params), rows(&self.momentum));
+            sgd_momentum_rows(&mut thetas, &mut bufs, rows(grad), &self.active, hyper);
+            let flat = |ts: Vec<Tensor<2>>| -> Vec<Tensor<1>> {
+                ts.into_iter()
+                    .map(|t| {
+                        let n = t.dims()[1];
+                        t.reshape([n])
+                    })
+                    .collect()
+            };
+            (self.params, self.momentum) = (flat(thetas), flat(bufs));
+            return;
+        }
         let params = std::mem::take(&mut self.params);
         let buffers = std::mem::take(&mut self.momentum);
         let tensors = self.spec.layout().tensors();

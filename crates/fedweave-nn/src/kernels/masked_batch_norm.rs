@@ -31,6 +31,7 @@
 //!   ReLU and its gradient).
 
 use super::batch_norm_ops::{channel_sums, per_channel};
+use crate::model::BN_MOMENTUM;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -167,19 +168,28 @@ pub(crate) fn masked_batch_norm(
 /// Training-mode batch norm of one model's `y` (`[B, C, H, W]`, every
 /// sample valid) with scale `gamma` and shift `beta`, then ReLU when
 /// `relu`: the masked operation with one client, one kernel each way off
-/// the CPU (burn's operations were ~45 launches a layer there). The output
-/// and the batch's mean and variance (`[C]`, detached).
+/// the CPU (burn's operations were ~45 launches a layer there). The output,
+/// and the batch's mean and variance (`[C]`, detached) unless the
+/// operation folded them into `running` (means and variances, `[1, C]`)
+/// itself.
 pub(crate) fn batch_norm_one_model(
     y: Tensor<4>,
-    [gamma, beta]: [Tensor<1>; 2],
+    affine: [Tensor<1>; 2],
     eps: f32,
     relu: bool,
-) -> (Tensor<4>, Tensor<1>, Tensor<1>) {
+    running: Option<[&mut Tensor<2>; 2]>,
+) -> (Tensor<4>, Option<(Tensor<1>, Tensor<1>)>) {
     let [b, c, _, _] = y.dims();
     let (valid, sizes) = all_valid(b, &y.device().inner());
     let around = Around { bias: None, relu };
-    let (out, mean, var) = masked_batch_norm(y, [gamma, beta], valid, sizes, eps, around);
-    (out, mean.reshape([c]), var.reshape([c]))
+    if let Some(layer) = running {
+        let folding = (&affine, &valid, &sizes, &around, layer);
+        if let Some(out) = masked_batch_norm_folding(&y, folding, eps, BN_MOMENTUM) {
+            return (out, None);
+        }
+    }
+    let (out, mean, var) = masked_batch_norm(y, affine, valid, sizes, eps, around);
+    (out, Some((mean.reshape([c]), var.reshape([c]))))
 }
 
 /// One client's validity (`[B, 1]` of ones) and batch size (`[1]` = B) on
