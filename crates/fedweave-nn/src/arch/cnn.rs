@@ -7,11 +7,10 @@ use super::{
 };
 use crate::NnError;
 use crate::batched::BatchedCx;
-use crate::kernels::linear;
+use crate::kernels::linear_relu;
 use crate::kernels::{conv2d, relu_max_pool2d};
 use crate::model::{Norm, ParamTensor, flatten, to_image};
 use burn::tensor::Tensor;
-use burn::tensor::activation::relu;
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 use fedweave_core::ParamLayout;
 
@@ -76,8 +75,8 @@ impl Net for Cnn {
         let y = relu_max_pool2d(conv2d(x, p[0].t4(), Some(p[1].t1()), conv()), pool());
         let y = relu_max_pool2d(conv2d(y, p[2].t4(), Some(p[3].t1()), conv()), pool());
         let y = flatten(y);
-        let y = relu(linear(y, p[4].t2(), Some(p[5].t1())));
-        relu(linear(y, p[6].t2(), Some(p[7].t1())))
+        let y = linear_relu(y, p[4].t2(), p[5].t1());
+        linear_relu(y, p[6].t2(), p[7].t1())
     }
 
     fn feature_len(&self) -> usize {

@@ -11,11 +11,10 @@ use super::{
 };
 use crate::NnError;
 use crate::batched::BatchedCx;
-use crate::kernels::linear;
+use crate::kernels::linear_relu;
 use crate::kernels::{conv2d, max_pool2d, on_cpu, relu_max_pool2d};
 use crate::model::{Norm, ParamTensor, flatten, to_image};
 use burn::tensor::Tensor;
-use burn::tensor::activation::relu;
 use fedweave_core::ParamLayout;
 use std::sync::Arc;
 
@@ -98,7 +97,7 @@ impl Net for ConvBnFc {
                 relu_max_pool2d(norm.apply(i, bn, z, &p[at + 2], &p[at + 3]), pool())
             };
         }
-        relu(linear(flatten(y), p[8].t2(), Some(p[9].t1())))
+        linear_relu(flatten(y), p[8].t2(), p[9].t1())
     }
 
     fn feature_len(&self) -> usize {

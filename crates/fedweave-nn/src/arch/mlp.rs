@@ -3,10 +3,9 @@
 use super::{Batched, BatchedInput, BuildCx, Built, LayerDesc, ModelInfo, Net, linear_desc};
 use crate::NnError;
 use crate::batched::BatchedCx;
-use crate::kernels::linear;
+use crate::kernels::linear_relu;
 use crate::model::{Norm, ParamTensor};
 use burn::tensor::Tensor;
-use burn::tensor::activation::relu;
 use fedweave_core::ParamLayout;
 
 /// The registry entry.
@@ -50,8 +49,8 @@ fn build(cx: &BuildCx) -> Result<Built, NnError> {
 
 impl Net for Mlp {
     fn features(&self, p: &[ParamTensor], x: Tensor<2>, _: &mut Norm) -> Tensor<2> {
-        let h = relu(linear(x, p[0].t2(), Some(p[1].t1())));
-        relu(linear(h, p[2].t2(), Some(p[3].t1())))
+        let h = linear_relu(x, p[0].t2(), p[1].t1());
+        linear_relu(h, p[2].t2(), p[3].t1())
     }
 
     fn feature_len(&self) -> usize {
