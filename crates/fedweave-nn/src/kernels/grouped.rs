@@ -1,9 +1,11 @@
 //! Grouped convolution, and dense convolution (off the CPU) whose weight
-//! gradient is one batched matmul over gathered columns. Off the CPU a
-//! grouped convolution's forward pass and weight gradient take the columns
-//! and batched matmuls too: 2.1× the client-steps/s of burn-cubecl's direct
+//! gradient is one batched matmul over gathered columns. Off the CPU every
+//! convolution's forward pass and weight gradient take the columns and
+//! batched matmuls: 2.1× the client-steps/s of burn-cubecl's direct
 //! kernels for `cnn-bn` (K = 10, batch 10) and 1.5–1.6× for `cnn` (K = 100,
-//! batch 16) on an H200 (docs/results.md, "GPU, session 44"). On the CPU
+//! batch 16) on an H200 (docs/results.md, "GPU, session 44"); one model's
+//! since session 46 (unmeasured on a device: two launches a layer against
+//! the direct kernels' five with their channels-last copies). On the CPU
 //! they keep one grouped convolution for the weight gradient (the columns
 //! are 0.6–0.9× burn-flex's there). `FEDWEAVE_GROUPED_CONV=direct|columns`
 //! overrides the choice ([`Lowering`]). On the cube backends one kernel
@@ -131,7 +133,7 @@ fn forward_keeping<B: GroupedConv>(
     (stride, padding, groups): (usize, usize, usize),
 ) -> (FloatTensor<B>, Option<FloatTensor<B>>) {
     let columns = column_len(x.shape().dims(), weight.shape().dims(), stride, padding);
-    match lowering::<B>(groups, columns) {
+    match lowering::<B>(columns) {
         Lowering::Direct => (
             B::conv2d(x, weight, bias, options(stride, padding, groups)),
             None,
@@ -149,16 +151,16 @@ fn forward_keeping<B: GroupedConv>(
 /// again rather than hold every layer's at once between the passes.
 const KEPT_COLUMNS: usize = 1 << 24;
 
-/// The lowering of a convolution of `groups` groups on backend `B` whose
-/// column matrix would hold `columns` values: a single group keeps burn's
-/// forward (its dense weight gradient takes the columns anyway); more groups
-/// take the columns off the CPU when the matrix fits [`MAX_COLUMNS`], unless
-/// the environment says otherwise ([`lowering_override`]).
-fn lowering<B: Backend>(groups: usize, columns: usize) -> Lowering {
+/// The lowering of a convolution on backend `B` whose column matrix would
+/// hold `columns` values: the columns off the CPU when
+/// the matrix fits [`MAX_COLUMNS`], unless the environment says otherwise
+/// ([`lowering_override`]). One model's (a single group) too: burn-cubecl's
+/// direct kernels work channels-last, with layout copies around them (a
+/// `resnet8` step of one model had 49 of them), and the weight gradient
+/// takes the columns anyway.
+fn lowering<B: Backend>(columns: usize) -> Lowering {
     use std::any::TypeId;
-    if groups == 1 {
-        Lowering::Direct
-    } else if let Some(chosen) = lowering_override() {
+    if let Some(chosen) = lowering_override() {
         chosen
     } else if TypeId::of::<B>() == TypeId::of::<Flex>() || columns > MAX_COLUMNS {
         Lowering::Direct
@@ -713,7 +715,7 @@ fn input_grad_takes_columns<B: Backend>(
     }
     let turned = [groups * c, go / groups, k, k];
     let columns = column_len(dy, turned, 1, k - 1 - padding);
-    lowering::<B>(groups, columns) == Lowering::Columns
+    lowering::<B>(columns) == Lowering::Columns
 }
 
 /// The backward step of [`GroupedConv::conv2d_grouped`] with (`N` = 3)
@@ -792,7 +794,7 @@ fn register<B: GroupedConv>(
         let columns = column_len(x.shape().dims(), shape, stride, padding);
         let dw = if let Some(cols) = kept {
             weight_grad_from_columns::<B>(cols, dy, shape, groups)
-        } else if groups == 1 || lowering::<B>(groups, columns) == Lowering::Columns {
+        } else if groups == 1 || lowering::<B>(columns) == Lowering::Columns {
             weight_grad_by_columns::<B>(x, dy, shape, stride, padding, groups)
         } else {
             weight_grad::<B>(x, dy, shape, stride, padding, groups)
@@ -1051,30 +1053,27 @@ mod tests {
         }
     }
 
-    /// The CPU backend keeps burn-flex's grouped convolution (the columns
-    /// are 0.6–0.9× as fast there); any other backend takes the columns for
-    /// more than one group while they fit 1 GiB; one group keeps burn's
-    /// forward everywhere.
+    /// The CPU backend keeps burn-flex's convolutions (the columns are
+    /// 0.6–0.9× as fast there); any other backend takes the columns, for one
+    /// group or many, while they fit 1 GiB.
     #[test]
-    fn the_columns_are_for_grouped_convolutions_off_the_cpu() {
+    fn the_columns_are_for_convolutions_off_the_cpu() {
         if lowering_override().is_some() {
             return; // FEDWEAVE_GROUPED_CONV set for a comparison run
         }
-        assert_eq!(lowering::<Flex>(1, 1000), Lowering::Direct);
-        assert_eq!(lowering::<Flex>(10, 1000), Lowering::Direct);
-        assert_eq!(lowering::<Dispatch>(1, 1000), Lowering::Direct);
-        assert_eq!(lowering::<Dispatch>(10, 1000), Lowering::Columns);
+        assert_eq!(lowering::<Flex>(1000), Lowering::Direct);
+        assert_eq!(lowering::<Dispatch>(1000), Lowering::Columns);
         // Over 1 GiB of columns the direct kernels stay.
-        assert_eq!(lowering::<Dispatch>(10, MAX_COLUMNS), Lowering::Columns);
-        assert_eq!(lowering::<Dispatch>(10, MAX_COLUMNS + 1), Lowering::Direct);
+        assert_eq!(lowering::<Dispatch>(MAX_COLUMNS), Lowering::Columns);
+        assert_eq!(lowering::<Dispatch>(MAX_COLUMNS + 1), Lowering::Direct);
         // Ten ResNet-18s at batch 64 on 32×32 inputs, a 64-channel 3×3 layer: 1.5 GB.
         let resnet = column_len([64, 640, 32, 32], [640, 64, 3, 3], 1, 1);
         assert_eq!(resnet, 64 * 640 * 9 * 1024);
-        assert_eq!(lowering::<Dispatch>(10, resnet), Lowering::Direct);
+        assert_eq!(lowering::<Dispatch>(resnet), Lowering::Direct);
         // PFLlib's step, cnn-bn's second layer at K = 10, batch 10: 10·320·25·64.
         let cnn_bn = column_len([10, 320, 12, 12], [640, 32, 5, 5], 1, 0);
         assert_eq!(cnn_bn, 10 * 320 * 25 * 64);
-        assert_eq!(lowering::<Dispatch>(10, cnn_bn), Lowering::Columns);
+        assert_eq!(lowering::<Dispatch>(cnn_bn), Lowering::Columns);
         // The input gradient by columns only when asked for.
         if std::env::var_os("FEDWEAVE_GROUPED_DX").is_none() {
             let dy = [10, 640, 8, 8];
