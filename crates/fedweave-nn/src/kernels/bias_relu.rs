@@ -72,18 +72,27 @@ fn backward_composed<B: Backend>(
     (dz, dbias)
 }
 
-impl BiasRelu for Flex {
-    fn bias_relu(z: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
-        forward_composed::<Self>(z, bias)
-    }
+/// [`BiasRelu`] as burn's operations: the CPU's form (the kernels' reference)
+/// and, with burn's fusion (`cuda-tuned`), the cube backend's, whose fusion
+/// joins the element-wise operations itself.
+macro_rules! composed {
+    ($backend:ty) => {
+        impl BiasRelu for $backend {
+            fn bias_relu(z: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
+                forward_composed::<Self>(z, bias)
+            }
 
-    fn bias_relu_backward(
-        out: FloatTensor<Self>,
-        dout: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        backward_composed::<Self>(out, dout)
-    }
+            fn bias_relu_backward(
+                out: FloatTensor<Self>,
+                dout: FloatTensor<Self>,
+            ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+                backward_composed::<Self>(out, dout)
+            }
+        }
+    };
 }
+
+composed!(Flex);
 
 /// The backward step; its state: the output.
 #[derive(Debug)]
@@ -128,21 +137,8 @@ impl<B: BiasRelu, C: CheckpointStrategy> BiasRelu for Autodiff<B, C> {
     }
 }
 
-// With burn's `fusion` (`cuda-tuned`) the cube backend fuses the
-// composition's element-wise operations itself.
 #[cfg(feature = "cuda-tuned")]
-impl BiasRelu for burn::backend::Cube {
-    fn bias_relu(z: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
-        forward_composed::<Self>(z, bias)
-    }
-
-    fn bias_relu_backward(
-        out: FloatTensor<Self>,
-        dout: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        backward_composed::<Self>(out, dout)
-    }
-}
+composed!(burn::backend::Cube);
 
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube {

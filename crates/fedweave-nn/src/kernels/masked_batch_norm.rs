@@ -407,42 +407,51 @@ fn backward_composed<B: Backend>(
     (dy, dbias, dgamma, s1)
 }
 
-impl MaskedBatchNorm for Flex {
-    fn masked_batch_norm(
-        y: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-        has_bias: bool,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        valid: FloatTensor<Self>,
-        sizes: FloatTensor<Self>,
-        eps: f32,
-        relu: bool,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let bias = has_bias.then_some(bias);
-        forward_composed::<Self>(y, bias, gamma, beta, valid, sizes, eps, relu)
-    }
+/// [`MaskedBatchNorm`] as burn's operations: the CPU's form (the kernels' reference)
+/// and, with burn's fusion (`cuda-tuned`), the cube backend's, whose fusion
+/// joins the element-wise operations itself.
+macro_rules! composed {
+    ($backend:ty) => {
+        impl MaskedBatchNorm for $backend {
+            fn masked_batch_norm(
+                y: FloatTensor<Self>,
+                bias: FloatTensor<Self>,
+                has_bias: bool,
+                gamma: FloatTensor<Self>,
+                beta: FloatTensor<Self>,
+                valid: FloatTensor<Self>,
+                sizes: FloatTensor<Self>,
+                eps: f32,
+                relu: bool,
+            ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+                let bias = has_bias.then_some(bias);
+                forward_composed::<Self>(y, bias, gamma, beta, valid, sizes, eps, relu)
+            }
 
-    fn masked_batch_norm_backward(
-        dout: FloatTensor<Self>,
-        y: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-        has_bias: bool,
-        mean: FloatTensor<Self>,
-        var: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        valid: FloatTensor<Self>,
-        sizes: FloatTensor<Self>,
-        eps: f32,
-        relu: bool,
-    ) -> Gradients4<Self> {
-        let bias = has_bias.then_some(bias);
-        backward_composed::<Self>(
-            dout, y, bias, mean, var, gamma, beta, valid, sizes, eps, relu,
-        )
-    }
+            fn masked_batch_norm_backward(
+                dout: FloatTensor<Self>,
+                y: FloatTensor<Self>,
+                bias: FloatTensor<Self>,
+                has_bias: bool,
+                mean: FloatTensor<Self>,
+                var: FloatTensor<Self>,
+                gamma: FloatTensor<Self>,
+                beta: FloatTensor<Self>,
+                valid: FloatTensor<Self>,
+                sizes: FloatTensor<Self>,
+                eps: f32,
+                relu: bool,
+            ) -> Gradients4<Self> {
+                let bias = has_bias.then_some(bias);
+                backward_composed::<Self>(
+                    dout, y, bias, mean, var, gamma, beta, valid, sizes, eps, relu,
+                )
+            }
+        }
+    };
 }
+
+composed!(Flex);
 
 /// The backward step, with (`N` = 4) or without (`N` = 3) a bias; its
 /// state: [`State`].
@@ -704,45 +713,8 @@ impl<B: MaskedBatchNorm, C: CheckpointStrategy> MaskedBatchNorm for Autodiff<B, 
     }
 }
 
-// With burn's `fusion` (`cuda-tuned`) the cube backend fuses the
-// composition's element-wise operations itself.
 #[cfg(feature = "cuda-tuned")]
-impl MaskedBatchNorm for burn::backend::Cube {
-    fn masked_batch_norm(
-        y: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-        has_bias: bool,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        valid: FloatTensor<Self>,
-        sizes: FloatTensor<Self>,
-        eps: f32,
-        relu: bool,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let bias = has_bias.then_some(bias);
-        forward_composed::<Self>(y, bias, gamma, beta, valid, sizes, eps, relu)
-    }
-
-    fn masked_batch_norm_backward(
-        dout: FloatTensor<Self>,
-        y: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-        has_bias: bool,
-        mean: FloatTensor<Self>,
-        var: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        beta: FloatTensor<Self>,
-        valid: FloatTensor<Self>,
-        sizes: FloatTensor<Self>,
-        eps: f32,
-        relu: bool,
-    ) -> Gradients4<Self> {
-        let bias = has_bias.then_some(bias);
-        backward_composed::<Self>(
-            dout, y, bias, mean, var, gamma, beta, valid, sizes, eps, relu,
-        )
-    }
-}
+composed!(burn::backend::Cube);
 
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube {

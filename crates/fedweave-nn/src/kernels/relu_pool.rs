@@ -88,19 +88,28 @@ fn backward_composed<B: Backend>(
     B::float_mask_fill(dx, mask, 0f32.into())
 }
 
-impl ReluMaxPool for Flex {
-    fn relu_max_pool(x: FloatTensor<Self>, k: usize) -> FloatTensor<Self> {
-        forward_composed::<Self>(x, k)
-    }
+/// [`ReluMaxPool`] as burn's operations: the CPU's form (the kernels' reference)
+/// and, with burn's fusion (`cuda-tuned`), the cube backend's, whose fusion
+/// joins the element-wise operations itself.
+macro_rules! composed {
+    ($backend:ty) => {
+        impl ReluMaxPool for $backend {
+            fn relu_max_pool(x: FloatTensor<Self>, k: usize) -> FloatTensor<Self> {
+                forward_composed::<Self>(x, k)
+            }
 
-    fn relu_max_pool_backward(
-        x: FloatTensor<Self>,
-        dout: FloatTensor<Self>,
-        k: usize,
-    ) -> FloatTensor<Self> {
-        backward_composed::<Self>(x, dout, k)
-    }
+            fn relu_max_pool_backward(
+                x: FloatTensor<Self>,
+                dout: FloatTensor<Self>,
+                k: usize,
+            ) -> FloatTensor<Self> {
+                backward_composed::<Self>(x, dout, k)
+            }
+        }
+    };
 }
+
+composed!(Flex);
 
 /// The backward step; its state: the input.
 #[derive(Debug)]
@@ -148,22 +157,8 @@ impl<B: ReluMaxPool, C: CheckpointStrategy> ReluMaxPool for Autodiff<B, C> {
     }
 }
 
-// With burn's `fusion` (`cuda-tuned`) the cube backend fuses the
-// composition's element-wise operations itself.
 #[cfg(feature = "cuda-tuned")]
-impl ReluMaxPool for burn::backend::Cube {
-    fn relu_max_pool(x: FloatTensor<Self>, k: usize) -> FloatTensor<Self> {
-        forward_composed::<Self>(x, k)
-    }
-
-    fn relu_max_pool_backward(
-        x: FloatTensor<Self>,
-        dout: FloatTensor<Self>,
-        k: usize,
-    ) -> FloatTensor<Self> {
-        backward_composed::<Self>(x, dout, k)
-    }
-}
+composed!(burn::backend::Cube);
 
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube {

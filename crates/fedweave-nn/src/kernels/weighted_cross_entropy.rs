@@ -126,29 +126,38 @@ fn backward_composed<B: Backend>(
     (d, dbias)
 }
 
-impl WeightedCrossEntropy for Flex {
-    fn weighted_cross_entropy(
-        logits: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-        has_bias: bool,
-        target: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        forward_composed::<Self>(logits, has_bias.then_some(bias), target)
-    }
+/// [`WeightedCrossEntropy`] as burn's operations: the CPU's form (the kernels' reference)
+/// and, with burn's fusion (`cuda-tuned`), the cube backend's, whose fusion
+/// joins the element-wise operations itself.
+macro_rules! composed {
+    ($backend:ty) => {
+        impl WeightedCrossEntropy for $backend {
+            fn weighted_cross_entropy(
+                logits: FloatTensor<Self>,
+                bias: FloatTensor<Self>,
+                has_bias: bool,
+                target: FloatTensor<Self>,
+            ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+                forward_composed::<Self>(logits, has_bias.then_some(bias), target)
+            }
 
-    fn weighted_cross_entropy_backward(
-        dloss: FloatTensor<Self>,
-        logits: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-        has_bias: bool,
-        target: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        mass: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let bias = has_bias.then_some(bias);
-        backward_composed::<Self>(dloss, logits, bias, target, lse, mass)
-    }
+            fn weighted_cross_entropy_backward(
+                dloss: FloatTensor<Self>,
+                logits: FloatTensor<Self>,
+                bias: FloatTensor<Self>,
+                has_bias: bool,
+                target: FloatTensor<Self>,
+                lse: FloatTensor<Self>,
+                mass: FloatTensor<Self>,
+            ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+                let bias = has_bias.then_some(bias);
+                backward_composed::<Self>(dloss, logits, bias, target, lse, mass)
+            }
+        }
+    };
 }
+
+composed!(Flex);
 
 /// The backward step, with (`N` = 2) or without (`N` = 1) a bias.
 #[derive(Debug)]
@@ -286,32 +295,8 @@ impl<B: WeightedCrossEntropy, C: CheckpointStrategy> WeightedCrossEntropy for Au
     }
 }
 
-// With burn's `fusion` (`cuda-tuned`) the cube backend fuses the
-// composition's element-wise operations itself.
 #[cfg(feature = "cuda-tuned")]
-impl WeightedCrossEntropy for burn::backend::Cube {
-    fn weighted_cross_entropy(
-        logits: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-        has_bias: bool,
-        target: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        forward_composed::<Self>(logits, has_bias.then_some(bias), target)
-    }
-
-    fn weighted_cross_entropy_backward(
-        dloss: FloatTensor<Self>,
-        logits: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
-        has_bias: bool,
-        target: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        mass: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let bias = has_bias.then_some(bias);
-        backward_composed::<Self>(dloss, logits, bias, target, lse, mass)
-    }
-}
+composed!(burn::backend::Cube);
 
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "cuda-tuned")))]
 mod cube {
