@@ -897,7 +897,8 @@ impl BatchedCx<'_> {
         x.matmul(self.stack.lin_w(i))
     }
 
-    /// Batch norm with scale `i` and shift `i + 1` (see [`batch_norm`]).
+    /// Batch norm with scale `i` and shift `i + 1` (see
+    /// [`batch_norm_around`](Self::batch_norm_around)).
     pub(crate) fn batch_norm(&mut self, y: Tensor<4>, i: usize) -> Tensor<4> {
         self.batch_norm_around(y, i, Around::default())
     }

@@ -18,8 +18,10 @@
 //! every step. Each step makes autodiff leaves of these tensors (a reshape,
 //! no copy) and the optimiser updates them with element-wise tensor ops.
 //!
-//! Batch-norm running statistics stay on the host: they are a few hundred
-//! floats, updated from statistics the forward pass records anyway.
+//! Batch-norm running statistics stay on the device too (`RunningStats`):
+//! on the CPU they are folded after each step from the statistics the
+//! forward pass records; off the CPU batch norm's kernel folds them in
+//! place.
 //!
 //! # Exactness
 //!

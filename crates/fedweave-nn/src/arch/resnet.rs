@@ -22,10 +22,9 @@ use super::{
 use crate::NnError;
 use crate::batched::BatchedCx;
 use crate::kernels::linear;
-use crate::kernels::{conv2d, max_pool2d, swap_leading};
+use crate::kernels::{add_relu, conv2d, max_pool2d, swap_leading};
 use crate::model::{Norm, ParamTensor, to_image};
 use burn::tensor::Tensor;
-use burn::tensor::activation::relu;
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 use fedweave_core::{ParamLayout, TensorSpec};
 use std::sync::Arc;
@@ -276,7 +275,7 @@ impl Batched for ResNet {
                     } else {
                         x
                     };
-                    relu(y + shortcut)
+                    add_relu(y, shortcut)
                 }
                 Stage::Residual { .. } => {
                     let y = conv_bn(cx, x.clone(), 1, 1, true);
@@ -524,7 +523,7 @@ impl Plan {
                     } else {
                         x
                     };
-                    relu(y + shortcut)
+                    add_relu(y, shortcut)
                 }
                 Stage::Residual { .. } => {
                     let y = walk.conv_bn(x.clone(), 1, 1, true);

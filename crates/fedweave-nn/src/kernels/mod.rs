@@ -13,19 +13,25 @@
 //! in `Norm::apply`: shapes the kernels do not cover (dilation, groups,
 //! non-square windows, ceil mode) take burn's own operations.
 //!
-//! The GPU backends (CUDA, wgpu) run burn's operations with hand-written
-//! backward steps where burn's are slow there: convolutions through
-//! [`grouped`] (a grouped weight gradient in one convolution instead of one
-//! per group, a dense one as one batched matmul over gathered columns; the
-//! batched trainer's K clients take it on every backend), batch norm
-//! through [`batch_norm_ops`] (per-channel sums in two contiguous steps),
-//! momentum SGD as one kernel per tensor ([`sgd`]), and a step's new state
-//! written into the old state's buffers ([`in_place`]), which CUDA graphs
-//! need.
+//! The GPU backends (CUDA, wgpu) take burn's operations where they are
+//! fast there and fedweave's own cube kernels, with hand-written backward
+//! steps, where a step of small models would otherwise be dozens of small
+//! launches: convolutions through [`grouped`] (columns written by one
+//! kernel and one batched matmul, forward and weight gradient; the batched
+//! trainer's K clients take it on every backend), batch norm with the
+//! convolution's bias, a ReLU and the running statistics
+//! ([`masked_batch_norm`], one client for one model), the loss with the
+//! output layer's bias ([`weighted_cross_entropy`]), a hidden dense layer's
+//! bias and ReLU ([`bias_relu`]), ReLU with tiled max pooling
+//! ([`relu_pool`]), the flatten ([`swap_leading`]), the step's samples and
+//! targets from the round's plan ([`plan_row`]), momentum SGD ([`sgd`]) and
+//! a step's new state written into the old state's buffers, a few tensors a
+//! launch ([`in_place`]), which CUDA graphs need.
 //!
 //! Element-wise loops run at the CPU's widest vectors through
 //! [`fedweave_core::wide`].
 
+mod add_relu;
 mod batch_norm;
 mod batch_norm_ops;
 mod bias_relu;
@@ -315,6 +321,7 @@ pub(crate) fn on_cpu<const D: usize>(x: &Tensor<D>) -> bool {
     x.device().inner() == Device::flex()
 }
 
+pub(crate) use add_relu::add_relu;
 pub(crate) use bias_relu::bias_relu;
 pub(crate) use in_place::{
     REPLAYABLE, add_assign, assign_rows, fold_running_rows, sgd_momentum_rows,
