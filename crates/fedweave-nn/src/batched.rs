@@ -792,11 +792,15 @@ impl<'a> BatchedTrainer<'a> {
     /// upload, no read), so it can be recorded.
     fn plan_step(&mut self, plan: &RoundPlan, state: &mut Replay, lr: f32) {
         let (k, b) = (self.k, plan.b);
-        // The step's row of the plan's integers, where a kernel does not
-        // read it in place.
-        let ints = || {
-            let at = state.counter.clone().int();
-            plan.ints.clone().select(0, at).reshape([2 * k * b])
+        // The step's row of the plan's integers, selected once, where a
+        // kernel does not read it in place.
+        let mut row = None;
+        let mut ints = || {
+            row.get_or_insert_with(|| {
+                let at = state.counter.clone().int();
+                plan.ints.clone().select(0, at).reshape([2 * k * b])
+            })
+            .clone()
         };
         let table = &self
             .resident

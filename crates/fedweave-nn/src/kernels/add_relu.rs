@@ -8,16 +8,14 @@
 //! on). The CPU keeps burn's composition (its results are pinned); the
 //! `Flex` form here is that composition, the reference for the kernels.
 
+use super::relu_masked;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{
-    Autodiff, AutodiffBackend, Backend, Dispatch, Flex, TensorMetadata, backend_extension,
-    get_or_init_device_settings,
-};
+use burn::backend::{Autodiff, AutodiffBackend, Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::Tensor;
 
 /// A sum, then ReLU.
@@ -41,13 +39,6 @@ pub(crate) fn add_relu<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> 
         a.into_dispatch(),
         b.into_dispatch(),
     ))
-}
-
-/// burn's ReLU mask (`x ≤ 0`) applied to `t`: zero where `x` is.
-fn relu_masked<B: Backend>(t: FloatTensor<B>, x: FloatTensor<B>) -> FloatTensor<B> {
-    let bool_dtype = get_or_init_device_settings::<B>(&x.device()).bool_dtype;
-    let off = B::float_lower_equal_elem(x, 0f32.into(), bool_dtype);
-    B::float_mask_fill(t, off, 0f32.into())
 }
 
 /// [`AddRelu`] as burn's operations: the CPU's form (the kernels'

@@ -16,6 +16,7 @@
 //! ReLU is burn's: `x ≤ 0` → 0 (NaN passes, −0 becomes +0), and its gradient
 //! passes where the output is not `≤ 0`.
 
+use super::relu_masked;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -23,7 +24,6 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{
     Autodiff, AutodiffBackend, Backend, Dispatch, Flex, TensorMetadata, backend_extension,
-    get_or_init_device_settings,
 };
 use burn::tensor::{Shape, Tensor};
 
@@ -54,9 +54,7 @@ pub(crate) fn bias_relu(z: Tensor<3>, bias: Tensor<2>) -> Tensor<3> {
 fn forward_composed<B: Backend>(z: FloatTensor<B>, bias: FloatTensor<B>) -> FloatTensor<B> {
     let [k, j] = bias.shape().dims::<2>();
     let y = B::float_add(z, B::float_reshape(bias, Shape::new([k, 1, j])));
-    let bool_dtype = get_or_init_device_settings::<B>(&y.device()).bool_dtype;
-    let off = B::float_lower_equal_elem(y.clone(), 0f32.into(), bool_dtype);
-    B::float_mask_fill(y, off, 0f32.into())
+    relu_masked::<B>(y.clone(), y)
 }
 
 /// The backward formula as burn's operations.
@@ -65,9 +63,7 @@ fn backward_composed<B: Backend>(
     dout: FloatTensor<B>,
 ) -> (FloatTensor<B>, FloatTensor<B>) {
     let [k, _, j] = out.shape().dims::<3>();
-    let bool_dtype = get_or_init_device_settings::<B>(&out.device()).bool_dtype;
-    let off = B::float_lower_equal_elem(out, 0f32.into(), bool_dtype);
-    let dz = B::float_mask_fill(dout, off, 0f32.into());
+    let dz = relu_masked::<B>(dout, out);
     let dbias = B::float_reshape(B::float_sum_dim(dz.clone(), 1), Shape::new([k, j]));
     (dz, dbias)
 }

@@ -31,6 +31,7 @@
 //!   ReLU and its gradient).
 
 use super::batch_norm_ops::{channel_sums, per_channel};
+use super::relu_masked;
 use crate::model::BN_MOMENTUM;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -39,7 +40,6 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{
     Autodiff, AutodiffBackend, Backend, Dispatch, Flex, TensorMetadata, backend_extension,
-    get_or_init_device_settings,
 };
 use burn::tensor::{Device, Shape, Tensor, TensorData};
 
@@ -309,13 +309,6 @@ fn biased<B: Backend>(y: FloatTensor<B>, bias: Option<FloatTensor<B>>) -> FloatT
         Some(b) => B::float_add(y, per_channel::<B>(b)),
         None => y,
     }
-}
-
-/// burn's ReLU mask (`x ≤ 0`) applied to `t`: zero where `x` is.
-fn relu_masked<B: Backend>(t: FloatTensor<B>, x: FloatTensor<B>) -> FloatTensor<B> {
-    let bool_dtype = get_or_init_device_settings::<B>(&x.device()).bool_dtype;
-    let off = B::float_lower_equal_elem(x, 0f32.into(), bool_dtype);
-    B::float_mask_fill(t, off, 0f32.into())
 }
 
 /// The forward formula as burn's operations: `(out, mean, var)`.

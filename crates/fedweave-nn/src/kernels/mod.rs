@@ -316,6 +316,16 @@ pub(crate) fn on_cpu_f32(x: &Tensor<4>) -> bool {
     on_cpu(x) && x.dtype() == DType::F32
 }
 
+/// `t` zeroed where `x ≤ 0`: burn's ReLU (`t` = `x`) and its gradient (`x`
+/// the output), as burn's operations, for the composed forms of the fused
+/// ReLU operations.
+pub(super) fn relu_masked<B: Backend>(t: FloatTensor<B>, x: FloatTensor<B>) -> FloatTensor<B> {
+    use burn::backend::{TensorMetadata, get_or_init_device_settings};
+    let bool_dtype = get_or_init_device_settings::<B>(&x.device()).bool_dtype;
+    let off = B::float_lower_equal_elem(x, 0f32.into(), bool_dtype);
+    B::float_mask_fill(t, off, 0f32.into())
+}
+
 /// Whether `x` lives on the CPU backend (with or without autodiff).
 pub(crate) fn on_cpu<const D: usize>(x: &Tensor<D>) -> bool {
     x.device().inner() == Device::flex()

@@ -12,6 +12,7 @@
 //! the `Flex` form here is burn's composition, the reference for the cube
 //! kernels.
 
+use super::relu_masked;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -46,15 +47,15 @@ pub(crate) fn relu_max_pool(x: Tensor<4>, k: usize) -> Tensor<4> {
     ))
 }
 
-/// ReLU as burn defines it (`x ≤ 0` → 0).
-fn relu<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
-    let bool_dtype = get_or_init_device_settings::<B>(&x.device()).bool_dtype;
-    let mask = B::float_lower_equal_elem(x.clone(), 0f32.into(), bool_dtype);
-    B::float_mask_fill(x, mask, 0f32.into())
-}
-
 fn forward_composed<B: Backend>(x: FloatTensor<B>, k: usize) -> FloatTensor<B> {
-    B::max_pool2d(relu::<B>(x), [k, k], [k, k], [0, 0], [1, 1], false)
+    B::max_pool2d(
+        relu_masked::<B>(x.clone(), x),
+        [k, k],
+        [k, k],
+        [0, 0],
+        [1, 1],
+        false,
+    )
 }
 
 fn backward_composed<B: Backend>(
@@ -63,7 +64,7 @@ fn backward_composed<B: Backend>(
     k: usize,
 ) -> FloatTensor<B> {
     let settings = get_or_init_device_settings::<B>(&x.device());
-    let r = relu::<B>(x.clone());
+    let r = relu_masked::<B>(x.clone(), x.clone());
     let pooled = B::max_pool2d_with_indices(
         r.clone(),
         [k, k],
@@ -84,8 +85,7 @@ fn backward_composed<B: Backend>(
         pooled.indices,
     )
     .x_grad;
-    let mask = B::float_lower_equal_elem(x, 0f32.into(), settings.bool_dtype);
-    B::float_mask_fill(dx, mask, 0f32.into())
+    relu_masked::<B>(dx, x)
 }
 
 /// [`ReluMaxPool`] as burn's operations: the CPU's form (the kernels' reference)
