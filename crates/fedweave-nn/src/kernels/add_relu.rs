@@ -13,7 +13,6 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, AutodiffBackend, Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::Tensor;
@@ -41,6 +40,12 @@ pub(crate) fn add_relu<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> 
     ))
 }
 
+/// The forward formula as burn's operations.
+fn forward_composed<B: Backend>(a: FloatTensor<B>, b: FloatTensor<B>) -> FloatTensor<B> {
+    let sum = B::float_add(a, b);
+    relu_masked::<B>(sum.clone(), sum)
+}
+
 /// [`AddRelu`] as burn's operations: the CPU's form (the kernels'
 /// reference) and, with burn's fusion (`cuda-tuned`), the cube backend's,
 /// whose fusion joins the element-wise operations itself.
@@ -48,8 +53,7 @@ macro_rules! composed {
     ($backend:ty) => {
         impl AddRelu for $backend {
             fn add_relu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
-                let sum = Self::float_add(a, b);
-                relu_masked::<Self>(sum.clone(), sum)
+                forward_composed::<Self>(a, b)
             }
 
             fn add_relu_backward(
@@ -115,7 +119,6 @@ composed!(burn::backend::Cube);
 mod cube {
     use super::super::cube::{F32, address, empty_f32, units};
     use super::AddRelu;
-    use burn::backend::ops::FloatTensorOps;
     use burn::backend::tensor::FloatTensor;
     use burn::tensor::DType;
     use burn_cubecl::CubeBackend;
@@ -169,8 +172,7 @@ mod cube {
     impl AddRelu for CubeBackend {
         fn add_relu(a: CubeTensor, b: CubeTensor) -> FloatTensor<Self> {
             if !fits(&a, &b) {
-                let sum = Self::float_add(a, b);
-                return super::relu_masked::<Self>(sum.clone(), sum);
+                return super::forward_composed::<Self>(a, b);
             }
             let [a, b] = [a, b].map(into_contiguous);
             let out = empty_f32(&a, a.meta.shape().clone());
